@@ -1,0 +1,27 @@
+"""memlord: an exact, cheap per-device ledger of PyTorch memory.
+
+    from memlord import MemLord
+    lord = MemLord(auto_gc_bytes="auto")
+    lord.allocate(model)
+    lord.free(model)
+    print(lord.allocated("cuda:0"))
+"""
+
+from __future__ import annotations
+
+import os as _os
+
+import numpy as _numpy  # noqa: F401  (the C core uses the NumPy C API)
+import torch as _torch
+
+from . import _backend, _core
+from ._core import MemLord, format_bytes
+
+__all__ = ["MemLord", "format_bytes", "__version__"]
+__version__ = "0.1.0"
+
+_core._configure(
+    release_cache=_backend.release_cache,
+    torch_prefix=_os.path.dirname(_os.path.abspath(_torch.__file__)) + _os.sep,
+    memlord_prefix=_os.path.dirname(_os.path.abspath(__file__)) + _os.sep,
+)

@@ -1,0 +1,33 @@
+"""Backend cache release for auto-GC (called from C; not on a hot path)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def release_cache(device_type: str, index: int) -> None:
+    """Release the caching allocator of one device, leaving the caller's
+    current device as it was.  A backend that was never initialised holds no
+    cache, so nothing runs (and nothing initialises it)."""
+    if device_type == "cuda":
+        cuda = torch.cuda
+        if not cuda.is_initialized():
+            return
+        with cuda.device(index):
+            cuda.empty_cache()
+        return
+    backend = getattr(torch, device_type, None)
+    if backend is None:
+        return
+    is_initialized = getattr(backend, "is_initialized", None)
+    if is_initialized is not None and not is_initialized():
+        return
+    empty_cache = getattr(backend, "empty_cache", None)
+    if empty_cache is None:
+        return
+    device_ctx = getattr(backend, "device", None)
+    if device_ctx is not None and index >= 0 and device_type != "mps":
+        with device_ctx(index):
+            empty_cache()
+    else:
+        empty_cache()

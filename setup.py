@@ -1,0 +1,46 @@
+"""Build of the memlord._core C extension.
+
+The CUDA driver API is loaded at run time with dlopen; cuda.h is only used
+for its declarations when a CUDA toolkit is found at build time.
+"""
+import os
+import sys
+
+import numpy
+from setuptools import Extension, setup
+
+SOURCES = sorted(
+    os.path.join("src", f) for f in os.listdir("src") if f.endswith(".c")
+)
+
+define_macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
+include_dirs = ["src", numpy.get_include()]
+for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+    if root and os.path.exists(os.path.join(root, "include", "cuda.h")):
+        define_macros.append(("MEMLORD_HAVE_CUDA_H", "1"))
+        include_dirs.append(os.path.join(root, "include"))
+        break
+
+extra_compile_args = ["-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers"]
+extra_link_args = []
+if os.environ.get("MEMLORD_SANITIZE"):
+    flags = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined", "-O1", "-g"]
+    extra_compile_args += flags
+    extra_link_args += flags
+if os.environ.get("MEMLORD_WERROR"):
+    extra_compile_args.append("-Werror")
+libraries = [] if sys.platform == "win32" else ["dl"]
+
+setup(
+    ext_modules=[
+        Extension(
+            "memlord._core",
+            sources=SOURCES,
+            include_dirs=include_dirs,
+            define_macros=define_macros,
+            extra_compile_args=extra_compile_args,
+            extra_link_args=extra_link_args,
+            libraries=libraries,
+        )
+    ]
+)

@@ -1,0 +1,59 @@
+/* Colored log lines.  The environment is read on every call, so DEBUG and
+ * NO_COLOR can be flipped while a program runs. */
+#include "log.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+int ml_debug_on(void)
+{
+    const char *v = getenv("DEBUG");
+    if (v == NULL || v[0] == '\0') {
+        return 0;
+    }
+    return !(strcmp(v, "0") == 0 || strcasecmp(v, "false") == 0 || strcasecmp(v, "no") == 0 ||
+             strcasecmp(v, "off") == 0);
+}
+
+static int color_on(void)
+{
+    const char *v = getenv("NO_COLOR");
+    return v == NULL || v[0] == '\0';
+}
+
+void ml_log_line(const char *color, PyObject *text)
+{
+    PyObject *line;
+    if (color_on()) {
+        line = PyUnicode_FromFormat("\x1b[%sm%U\x1b[0m\n", color, text);
+    } else {
+        line = PyUnicode_FromFormat("%U\n", text);
+    }
+    if (line == NULL) {
+        PyErr_WriteUnraisable(NULL);
+        return;
+    }
+    PyObject *out = PySys_GetObject("stdout"); /* borrowed */
+    if (out != NULL && out != Py_None) {
+        if (PyFile_WriteObject(line, out, Py_PRINT_RAW) < 0) {
+            PyErr_WriteUnraisable(out);
+        }
+    }
+    Py_DECREF(line);
+}
+
+void ml_log(const char *color, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    PyObject *text = PyUnicode_FromFormatV(fmt, ap);
+    va_end(ap);
+    if (text == NULL) {
+        PyErr_WriteUnraisable(NULL);
+        return;
+    }
+    ml_log_line(color, text);
+    Py_DECREF(text);
+}

@@ -1,0 +1,716 @@
+/* The MemLord type: argument parsing and orchestration.  The counting
+ * itself lives in walk.c (what an object holds), ledger.c (per-device
+ * counters), sites.c (hotspots) and policy.c (auto-GC). */
+#include "lord.h"
+#include "log.h"
+#include "walk.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <structmember.h>
+
+/* ---- recording --------------------------------------------------------- */
+
+#define ML_DELTAS_INLINE 8
+
+typedef struct {
+    ml_delta *d;
+    int n, cap;
+    ml_delta inline_d[ML_DELTAS_INLINE];
+} ml_deltas;
+
+static void deltas_init(ml_deltas *ds)
+{
+    ds->d = ds->inline_d;
+    ds->n = 0;
+    ds->cap = ML_DELTAS_INLINE;
+}
+
+static void deltas_clear(ml_deltas *ds)
+{
+    if (ds->d != ds->inline_d) {
+        PyMem_Free(ds->d);
+    }
+    deltas_init(ds);
+}
+
+static int deltas_add(ml_deltas *ds, ml_dev dev, int64_t bytes, int64_t count)
+{
+    for (int i = 0; i < ds->n; i++) {
+        if (ds->d[i].dev == dev) {
+            ds->d[i].bytes += bytes;
+            ds->d[i].count += count;
+            return 0;
+        }
+    }
+    if (ds->n == ds->cap) {
+        int cap = ds->cap * 2;
+        ml_delta *d = PyMem_Malloc((size_t)cap * sizeof(ml_delta));
+        if (d == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(d, ds->d, (size_t)ds->n * sizeof(ml_delta));
+        if (ds->d != ds->inline_d) {
+            PyMem_Free(ds->d);
+        }
+        ds->d = d;
+        ds->cap = cap;
+    }
+    ds->d[ds->n++] = (ml_delta){dev, bytes, count};
+    return 0;
+}
+
+static void log_event(MemLordObject *self, ml_state *st, int is_free, const ml_delta *d,
+                      PyObject *where, const char *label)
+{
+    ml_slot *slot = ml_ledger_find(&self->ledger, d->dev);
+    char dev[64], amount[ML_FMT_BYTES_MAX], now[ML_FMT_BYTES_MAX];
+    ml_dev_name(st, d->dev, dev, sizeof(dev));
+    ml_format_bytes(d->bytes, amount, sizeof(amount));
+    ml_format_bytes(is_free ? slot->freed : slot->allocated, now, sizeof(now));
+    ml_log(is_free ? ML_GREEN : ML_RED, "[%s]%s%s %s %s%s (%lld storage%s) at %U; %s %s",
+           is_free ? "free" : "allocate", label ? " " : "", label ? label : "", dev,
+           is_free ? "-" : "+", amount, (long long)d->count, d->count == 1 ? "" : "s", where,
+           is_free ? "freed since GC" : "allocated", now);
+}
+
+/* The summary block of one allocate/free call: a line per known device and
+ * a line per device type that has more than one device. */
+static void log_summary(MemLordObject *self, ml_state *st, const char *what, const ml_delta *d,
+                        int n, PyObject *where)
+{
+    int64_t bytes = 0, count = 0;
+    for (int i = 0; i < n; i++) {
+        bytes += d[i].bytes;
+        count += d[i].count;
+    }
+    char amount[ML_FMT_BYTES_MAX], a[ML_FMT_BYTES_MAX], f[ML_FMT_BYTES_MAX], dev[64];
+    ml_format_bytes(bytes, amount, sizeof(amount));
+    ml_log(ML_CYAN, "[%s-summary] %s in %lld storage%s at %U", what, amount, (long long)count,
+           count == 1 ? "" : "s", where);
+    const ml_ledger *l = &self->ledger;
+    for (int i = 0; i < l->n; i++) {
+        const ml_slot *s = &l->slots[i];
+        ml_dev_name(st, s->dev, dev, sizeof(dev));
+        ml_format_bytes(s->allocated, a, sizeof(a));
+        ml_format_bytes(s->freed, f, sizeof(f));
+        ml_log(ML_CYAN, "  %s: allocated %s, freed %s", dev, a, f);
+    }
+    for (int i = 0; i < l->n;) {
+        int type = ML_DEV_TYPE(l->slots[i].dev);
+        int j = i;
+        int64_t ta = 0, tf = 0;
+        while (j < l->n && ML_DEV_TYPE(l->slots[j].dev) == type) {
+            ta += l->slots[j].allocated;
+            tf += l->slots[j].freed;
+            j++;
+        }
+        if (j - i > 1) {
+            ml_format_bytes(ta, a, sizeof(a));
+            ml_format_bytes(tf, f, sizeof(f));
+            ml_log(ML_CYAN, "  %s (%d devices): allocated %s, freed %s", ml_type_name(st, type),
+                   j - i, a, f);
+        }
+        i = j;
+    }
+}
+
+typedef struct {
+    ml_dev dev;
+    int64_t value;
+    int64_t runs;
+} ml_gc_run;
+
+static void run_gc(MemLordObject *self, ml_state *st, const ml_gc_run *g)
+{
+    char dev[64], value[ML_FMT_BYTES_MAX], thr[ML_FMT_BYTES_MAX];
+    if (ml_policy_release(st, g->dev) < 0) {
+        PyErr_WriteUnraisable((PyObject *)self);
+    }
+    if (ml_debug_on()) {
+        ml_dev_name(st, g->dev, dev, sizeof(dev));
+        ml_format_bytes(g->value, value, sizeof(value));
+        ml_format_bytes(self->policy.threshold, thr, sizeof(thr));
+        ml_log(ML_YELLOW, "[auto_gc] %s: freed %s >= threshold %s; cache released (run %lld on %s)",
+               dev, value, thr, (long long)g->runs, dev);
+    }
+}
+
+int ml_lord_record(MemLordObject *self, int flags, const ml_delta *d, int n, const ml_site *site,
+                   const char *label, const char *what)
+{
+    ml_state *st = ml_lord_state(self);
+    int is_free = flags & ML_REC_FREE;
+    ml_hotspots *hot = is_free ? &self->free_sites : &self->alloc_sites;
+    ml_gc_run gc_inline[ML_DELTAS_INLINE];
+    ml_gc_run *gc = gc_inline;
+    int ngc = 0;
+
+    /* Everything that can fail happens before the first counter moves. */
+    if (n > ML_DELTAS_INLINE) {
+        gc = PyMem_Malloc((size_t)n * sizeof(ml_gc_run));
+        if (gc == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    if (ml_ledger_reserve(&self->ledger, d, n) < 0 ||
+        (site->code != NULL && ml_hotspots_reserve(hot, n) < 0)) {
+        if (gc != gc_inline) {
+            PyMem_Free(gc);
+        }
+        return -1;
+    }
+
+    /* Critical section: no Python calls until the ledger is consistent. */
+    if (is_free) {
+        ml_ledger_apply_free(&self->ledger, d, n);
+    } else {
+        ml_ledger_apply_alloc(&self->ledger, d, n);
+    }
+    for (int i = 0; i < n; i++) {
+        ml_hotspots_add(hot, d[i].dev, site, d[i].bytes);
+        ml_slot *slot = ml_ledger_find(&self->ledger, d[i].dev);
+        if (is_free && ml_policy_due(st, &self->policy, slot)) {
+            gc[ngc].dev = slot->dev;
+            gc[ngc].value = slot->freed;
+            ml_ledger_gc_done(&self->ledger, slot);
+            gc[ngc].runs = slot->gc_runs;
+            ngc++;
+        }
+    }
+    self->version++;
+    /* End of critical section. */
+
+    if (ml_debug_on()) {
+        PyObject *where = ml_site_str(site->code, site->line);
+        if (where == NULL) {
+            PyErr_WriteUnraisable((PyObject *)self);
+        } else {
+            for (int i = 0; i < n; i++) {
+                log_event(self, st, is_free, &d[i], where, label);
+            }
+            if (flags & ML_REC_SUMMARY) {
+                log_summary(self, st, what, d, n, where);
+            }
+            Py_DECREF(where);
+        }
+    }
+    for (int i = 0; i < ngc; i++) {
+        run_gc(self, st, &gc[i]);
+    }
+    if (gc != gc_inline) {
+        PyMem_Free(gc);
+    }
+    return 0;
+}
+
+static PyObject *record_object(MemLordObject *self, PyObject *obj, int is_free)
+{
+    ml_state *st = ml_lord_state(self);
+    const char *what = is_free ? "free" : "allocate";
+    ml_walk w;
+    ml_deltas ds;
+    ml_site site = {NULL, 0};
+    PyObject *result = NULL;
+    ml_walk_init(&w);
+    deltas_init(&ds);
+    if (ml_walk_object(st, &w, obj, what) < 0) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < w.n; i++) {
+        if (deltas_add(&ds, w.blocks[i].dev, w.blocks[i].nbytes, 1) < 0) {
+            goto done;
+        }
+    }
+    if (self->track_callsite) {
+        ml_site_capture(st, &site);
+    }
+    if (ml_lord_record(self, (is_free ? ML_REC_FREE : 0) | ML_REC_SUMMARY, ds.d, ds.n, &site, NULL,
+                       what) < 0) {
+        goto done;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    ml_site_clear(&site);
+    deltas_clear(&ds);
+    ml_walk_clear(&w);
+    return result;
+}
+
+static PyObject *lord_allocate(MemLordObject *self, PyObject *obj)
+{
+    return record_object(self, obj, 0);
+}
+
+static PyObject *lord_free(MemLordObject *self, PyObject *obj)
+{
+    return record_object(self, obj, 1);
+}
+
+/* ---- queries ----------------------------------------------------------- */
+
+/* Parse the optional `device` argument of a fastcall method. */
+static int parse_device_arg(MemLordObject *self, const char *fname, PyObject *const *args,
+                            Py_ssize_t nargs, PyObject *kwnames, ml_selector *sel)
+{
+    PyObject *arg = NULL;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs + nkw > 1) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most 1 argument (%zd given)", fname,
+                     nargs + nkw);
+        return -1;
+    }
+    if (nargs == 1) {
+        arg = args[0];
+    } else if (nkw == 1) {
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "device") != 0) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", fname,
+                         PyTuple_GET_ITEM(kwnames, 0));
+            return -1;
+        }
+        arg = args[0];
+    }
+    if (arg != NULL && PyUnicode_CheckExact(arg)) {
+        if (arg == self->last_sel_str) {
+            *sel = self->last_sel;
+            return 0;
+        }
+        if (ml_selector_parse(ml_lord_state(self), arg, sel) < 0) {
+            return -1;
+        }
+        Py_XSETREF(self->last_sel_str, Py_NewRef(arg));
+        self->last_sel = *sel;
+        return 0;
+    }
+    return ml_selector_parse(ml_lord_state(self), arg, sel);
+}
+
+static int same_sel(const ml_selector *a, const ml_selector *b)
+{
+    return a->all == b->all && (a->all || (a->type == b->type && a->index == b->index));
+}
+
+static PyObject *bytes_pair(int64_t v)
+{
+    char buf[ML_FMT_BYTES_MAX];
+    int len = ml_format_bytes(v, buf, sizeof(buf));
+    PyObject *raw = PyLong_FromLongLong(v);
+    if (raw == NULL) {
+        return NULL;
+    }
+    PyObject *human = PyUnicode_FromStringAndSize(buf, len);
+    if (human == NULL) {
+        Py_DECREF(raw);
+        return NULL;
+    }
+    PyObject *t = PyTuple_New(2);
+    if (t == NULL) {
+        Py_DECREF(raw);
+        Py_DECREF(human);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(t, 0, raw);
+    PyTuple_SET_ITEM(t, 1, human);
+    return t;
+}
+
+static PyObject *bytes_query(MemLordObject *self, int kind, const char *fname,
+                             PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    ml_selector sel;
+    if (parse_device_arg(self, fname, args, nargs, kwnames, &sel) < 0) {
+        return NULL;
+    }
+    /* Unchanged ledger, same question: the same (immutable) answer. */
+    for (int i = 0; i < ML_QCACHE; i++) {
+        ml_qcache *c = &self->qcache[i];
+        if (c->result != NULL && c->version == self->version && c->kind == kind &&
+            same_sel(&c->sel, &sel)) {
+            return Py_NewRef(c->result);
+        }
+    }
+    int64_t v = kind == 0 ? ml_ledger_sum_allocated(&self->ledger, &sel)
+                          : ml_ledger_sum_freed(&self->ledger, &sel);
+    PyObject *result = bytes_pair(v);
+    if (result == NULL) {
+        return NULL;
+    }
+    ml_qcache *c = &self->qcache[self->qnext];
+    self->qnext = (self->qnext + 1) % ML_QCACHE;
+    Py_XSETREF(c->result, Py_NewRef(result));
+    c->version = self->version;
+    c->kind = kind;
+    c->sel = sel;
+    return result;
+}
+
+static PyObject *lord_allocated(MemLordObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames)
+{
+    return bytes_query(self, 0, "allocated", args, nargs, kwnames);
+}
+
+static PyObject *lord_freed(MemLordObject *self, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames)
+{
+    return bytes_query(self, 1, "freed", args, nargs, kwnames);
+}
+
+static int dict_set_int(PyObject *d, const char *key, int64_t v)
+{
+    PyObject *o = PyLong_FromLongLong(v);
+    if (o == NULL) {
+        return -1;
+    }
+    int rc = PyDict_SetItemString(d, key, o);
+    Py_DECREF(o);
+    return rc;
+}
+
+static PyObject *slot_dict(const ml_slot *s)
+{
+    PyObject *d = PyDict_New();
+    if (d == NULL) {
+        return NULL;
+    }
+    if (dict_set_int(d, "allocated", s->allocated) < 0 || dict_set_int(d, "freed", s->freed) < 0 ||
+        dict_set_int(d, "allocated_total", s->allocated_total) < 0 ||
+        dict_set_int(d, "freed_total", s->freed_total) < 0 ||
+        dict_set_int(d, "peak_allocated", s->peak_allocated) < 0 ||
+        dict_set_int(d, "allocs", s->allocs) < 0 || dict_set_int(d, "frees", s->frees) < 0 ||
+        dict_set_int(d, "gc_runs", s->gc_runs) < 0) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+static PyObject *lord_stats(MemLordObject *self, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames)
+{
+    ml_selector sel;
+    if (parse_device_arg(self, "stats", args, nargs, kwnames, &sel) < 0) {
+        return NULL;
+    }
+    ml_state *st = ml_lord_state(self);
+    PyObject *out = PyDict_New();
+    if (out == NULL) {
+        return NULL;
+    }
+    /* Copy first: building dicts runs the allocator, which may run GC
+     * callbacks that change the ledger. */
+    int n = self->ledger.n;
+    ml_slot *copy = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(ml_slot));
+    if (copy == NULL) {
+        Py_DECREF(out);
+        return PyErr_NoMemory();
+    }
+    memcpy(copy, self->ledger.slots, (size_t)n * sizeof(ml_slot));
+    for (int i = 0; i < n; i++) {
+        if (!ml_selector_match(&sel, copy[i].dev)) {
+            continue;
+        }
+        PyObject *key = ml_dev_str(st, copy[i].dev);
+        PyObject *val = key ? slot_dict(&copy[i]) : NULL;
+        int rc = val ? PyDict_SetItem(out, key, val) : -1;
+        Py_XDECREF(key);
+        Py_XDECREF(val);
+        if (rc < 0) {
+            PyMem_Free(copy);
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    PyMem_Free(copy);
+    return out;
+}
+
+static PyObject *top_site(MemLordObject *self, int is_free, const char *fname,
+                          PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    ml_selector sel;
+    if (parse_device_arg(self, fname, args, nargs, kwnames, &sel) < 0) {
+        return NULL;
+    }
+    const ml_hot *e = ml_hotspots_top(is_free ? &self->free_sites : &self->alloc_sites, &sel);
+    if (e == NULL) {
+        Py_RETURN_NONE;
+    }
+    ml_hot top = *e;
+    Py_INCREF(top.code); /* keep it while Python code runs below */
+    ml_state *st = ml_lord_state(self);
+    PyObject *dev = ml_dev_to_torch(st, top.dev);
+    PyObject *where = dev ? ml_site_str(top.code, top.line) : NULL;
+    PyObject *result = where ? Py_BuildValue("(NNL)", dev, where, (long long)top.bytes) : NULL;
+    if (result == NULL) {
+        Py_XDECREF(dev);
+        Py_XDECREF(where);
+    }
+    Py_DECREF(top.code);
+    return result;
+}
+
+static PyObject *lord_top_alloc_site(MemLordObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                     PyObject *kwnames)
+{
+    return top_site(self, 0, "top_alloc_site", args, nargs, kwnames);
+}
+
+static PyObject *lord_top_free_site(MemLordObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                    PyObject *kwnames)
+{
+    return top_site(self, 1, "top_free_site", args, nargs, kwnames);
+}
+
+static void clear_qcache(MemLordObject *self)
+{
+    for (int i = 0; i < ML_QCACHE; i++) {
+        Py_CLEAR(self->qcache[i].result);
+    }
+}
+
+static PyObject *lord_reset(MemLordObject *self, PyObject *Py_UNUSED(ignored))
+{
+    ml_ledger_reset(&self->ledger);
+    /* Detach the tables before releasing code objects: their deallocation
+     * may run Python code that records into this lord. */
+    ml_hotspots a = self->alloc_sites, f = self->free_sites;
+    ml_hotspots_init(&self->alloc_sites);
+    ml_hotspots_init(&self->free_sites);
+    self->version++;
+    ml_hotspots_clear(&a);
+    ml_hotspots_clear(&f);
+    clear_qcache(self);
+    if (ml_debug_on()) {
+        ml_log(ML_MAGENTA, "[reset] counters and hotspots cleared");
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *lord_set_auto_gc(MemLordObject *self, PyObject *value)
+{
+    ml_policy p;
+    if (ml_policy_parse_bytes(value, &p) < 0) {
+        return NULL;
+    }
+    self->policy = p;
+    self->version++;
+    Py_RETURN_NONE;
+}
+
+static PyObject *lord_set_callsite_tracking(MemLordObject *self, PyObject *value)
+{
+    if (!PyBool_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "argument 'enabled': expected a bool, got %.100s",
+                     Py_TYPE(value)->tp_name);
+        return NULL;
+    }
+    self->track_callsite = value == Py_True;
+    Py_RETURN_NONE;
+}
+
+static PyObject *lord_bench_noop(PyObject *Py_UNUSED(self), PyObject *const *Py_UNUSED(args),
+                                 Py_ssize_t Py_UNUSED(nargs), PyObject *Py_UNUSED(kwnames))
+{
+    Py_RETURN_NONE;
+}
+
+static PyObject *lord_get_auto_gc_bytes(MemLordObject *self, void *Py_UNUSED(closure))
+{
+    if (!self->policy.enabled) {
+        Py_RETURN_NONE;
+    }
+    return PyLong_FromLongLong(self->policy.threshold);
+}
+
+static PyObject *lord_get_track_callsite(MemLordObject *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->track_callsite);
+}
+
+static PyObject *lord_repr(MemLordObject *self)
+{
+    ml_state *st = ml_lord_state(self);
+    char thr[ML_FMT_BYTES_MAX] = "off";
+    if (self->policy.enabled) {
+        ml_format_bytes(self->policy.threshold, thr, sizeof(thr));
+    }
+    PyObject *out = PyUnicode_FromFormat("<MemLord auto_gc=%s%s, %d device%s>", thr,
+                                         self->policy.is_auto ? " (auto)" : "", self->ledger.n,
+                                         self->ledger.n == 1 ? "" : "s");
+    for (int i = 0; out != NULL && i < self->ledger.n; i++) {
+        const ml_slot *s = &self->ledger.slots[i];
+        char dev[64], a[ML_FMT_BYTES_MAX], f[ML_FMT_BYTES_MAX], p[ML_FMT_BYTES_MAX];
+        ml_dev_name(st, s->dev, dev, sizeof(dev));
+        ml_format_bytes(s->allocated, a, sizeof(a));
+        ml_format_bytes(s->freed, f, sizeof(f));
+        ml_format_bytes(s->peak_allocated, p, sizeof(p));
+        char buf[256];
+        int len = snprintf(buf, sizeof(buf),
+                           "\n  %-8s allocated %10s  freed %10s  peak %10s  gc_runs %lld", dev, a,
+                           f, p, (long long)s->gc_runs);
+        PyObject *line = PyUnicode_FromStringAndSize(buf, len < 0 ? 0 : len);
+        if (line == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyUnicode_AppendAndDel(&out, line);
+    }
+    return out;
+}
+
+/* ---- lifecycle --------------------------------------------------------- */
+
+static PyObject *lord_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"auto_gc_bytes", "track_callsite", NULL};
+    PyObject *auto_gc = NULL;
+    int track = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O$p:MemLord", kwlist, &auto_gc, &track)) {
+        return NULL;
+    }
+    PyObject *module = PyType_GetModule(type);
+    if (module == NULL) {
+        /* a Python subclass: find the module through the base type */
+        PyErr_Clear();
+        PyTypeObject *base = type;
+        while (base != NULL && module == NULL) {
+            base = base->tp_base;
+            if (base != NULL && PyType_HasFeature(base, Py_TPFLAGS_HEAPTYPE)) {
+                module = PyType_GetModule(base);
+                if (module == NULL) {
+                    PyErr_Clear();
+                }
+            }
+        }
+        if (module == NULL) {
+            PyErr_SetString(PyExc_TypeError, "MemLord: cannot find the memlord._core module");
+            return NULL;
+        }
+    }
+    ml_policy policy;
+    PyObject *auto_str = NULL;
+    if (auto_gc == NULL) {
+        auto_str = PyUnicode_FromString("auto");
+        if (auto_str == NULL) {
+            return NULL;
+        }
+        auto_gc = auto_str;
+    }
+    int rc = ml_policy_parse_bytes(auto_gc, &policy);
+    Py_XDECREF(auto_str);
+    if (rc < 0) {
+        return NULL;
+    }
+    MemLordObject *self = (MemLordObject *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    self->module = Py_NewRef(module);
+    ml_ledger_init(&self->ledger);
+    ml_hotspots_init(&self->alloc_sites);
+    ml_hotspots_init(&self->free_sites);
+    self->policy = policy;
+    self->track_callsite = track;
+    return (PyObject *)self;
+}
+
+static int lord_traverse(MemLordObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->module);
+    return ml_hotspots_traverse(&self->alloc_sites, visit, arg) ||
+           ml_hotspots_traverse(&self->free_sites, visit, arg);
+}
+
+static int lord_clear(MemLordObject *self)
+{
+    clear_qcache(self);
+    Py_CLEAR(self->last_sel_str);
+    ml_hotspots_clear(&self->alloc_sites);
+    ml_hotspots_clear(&self->free_sites);
+    Py_CLEAR(self->module);
+    return 0;
+}
+
+static void lord_dealloc(MemLordObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    if (self->weakreflist != NULL) {
+        PyObject_ClearWeakRefs((PyObject *)self);
+    }
+    lord_clear(self);
+    ml_ledger_free(&self->ledger);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+#define FASTKW (METH_FASTCALL | METH_KEYWORDS)
+
+static PyMethodDef lord_methods[] = {
+    {"allocate", (PyCFunction)lord_allocate, METH_O,
+     "allocate(obj)\n--\n\nCount the storages of obj (module, tensor, ndarray, or a tuple/list "
+     "of them) as allocated on their devices."},
+    {"free", (PyCFunction)lord_free, METH_O,
+     "free(obj)\n--\n\nCount the storages of obj as freed; may trigger per-device auto-GC."},
+    {"allocated", (PyCFunction)(void (*)(void))lord_allocated, FASTKW,
+     "allocated(device=None)\n--\n\nLive bytes as (raw_bytes, human_string)."},
+    {"freed", (PyCFunction)(void (*)(void))lord_freed, FASTKW,
+     "freed(device=None)\n--\n\nBytes freed since each device's last auto-GC, as (raw_bytes, "
+     "human_string)."},
+    {"stats", (PyCFunction)(void (*)(void))lord_stats, FASTKW,
+     "stats(device=None)\n--\n\nPer-device counters: {device: {name: int}}."},
+    {"top_alloc_site", (PyCFunction)(void (*)(void))lord_top_alloc_site, FASTKW,
+     "top_alloc_site(device=None)\n--\n\n(torch.device, 'file:line', bytes) of the biggest "
+     "cumulative allocation site, or None."},
+    {"top_free_site", (PyCFunction)(void (*)(void))lord_top_free_site, FASTKW,
+     "top_free_site(device=None)\n--\n\n(torch.device, 'file:line', bytes) of the biggest "
+     "cumulative free site, or None."},
+    {"reset", (PyCFunction)lord_reset, METH_NOARGS,
+     "reset()\n--\n\nClear every counter and hotspot; the auto-GC threshold is kept."},
+    {"set_auto_gc", (PyCFunction)lord_set_auto_gc, METH_O,
+     "set_auto_gc(value)\n--\n\nSet the auto-GC threshold: \"auto\", an int >= 0 (0 disables) or "
+     "None."},
+    {"set_callsite_tracking", (PyCFunction)lord_set_callsite_tracking, METH_O,
+     "set_callsite_tracking(enabled)\n--\n\nSwitch call-site recording on or off."},
+    {"_bench_noop", (PyCFunction)(void (*)(void))lord_bench_noop, FASTKW,
+     "A no-op method: the floor of the query benchmarks."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef lord_getset[] = {
+    {"auto_gc_bytes", (getter)lord_get_auto_gc_bytes, NULL,
+     "The auto-GC threshold in force, in bytes, or None when disabled.", NULL},
+    {"track_callsite", (getter)lord_get_track_callsite, NULL, "Whether call sites are recorded.",
+     NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef lord_members[] = {
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(MemLordObject, weakreflist), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot lord_slots[] = {
+    {Py_tp_doc, "MemLord(auto_gc_bytes=\"auto\", *, track_callsite=True)\n--\n\n"
+                "A per-device ledger of the memory a program allocated and freed."},
+    {Py_tp_new, lord_new},
+    {Py_tp_dealloc, lord_dealloc},
+    {Py_tp_traverse, lord_traverse},
+    {Py_tp_clear, lord_clear},
+    {Py_tp_repr, lord_repr},
+    {Py_tp_methods, lord_methods},
+    {Py_tp_getset, lord_getset},
+    {Py_tp_members, lord_members},
+    {0, NULL},
+};
+
+PyType_Spec ml_lord_spec = {
+    .name = "memlord.MemLord",
+    .basicsize = sizeof(MemLordObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .slots = lord_slots,
+};

@@ -1,0 +1,51 @@
+/* The MemLord type. */
+#ifndef MEMLORD_LORD_H
+#define MEMLORD_LORD_H
+
+#include "ledger.h"
+#include "policy.h"
+#include "sites.h"
+
+#define ML_QCACHE 4
+
+typedef struct {
+    PyObject *result; /* (int, str), strong */
+    uint64_t version;
+    ml_selector sel;
+    int kind; /* 0 allocated, 1 freed */
+} ml_qcache;
+
+typedef struct {
+    PyObject_HEAD PyObject *module; /* the _core module, strong: gives the state */
+    ml_ledger ledger;
+    ml_hotspots alloc_sites;
+    ml_hotspots free_sites;
+    ml_policy policy;
+    int track_callsite;
+    uint64_t version; /* bumped on every change, keys the query cache */
+    ml_qcache qcache[ML_QCACHE];
+    int qnext;
+    PyObject *last_sel_str; /* last str selector and its parse */
+    ml_selector last_sel;
+    PyObject *weakreflist;
+} MemLordObject;
+
+extern PyType_Spec ml_lord_spec;
+
+static inline ml_state *ml_lord_state(MemLordObject *self)
+{
+    return ml_state_of_module(self->module);
+}
+
+/* Flags of ml_lord_record */
+#define ML_REC_FREE 1    /* a free (else an allocation) */
+#define ML_REC_SUMMARY 2 /* print the per-call summary block under DEBUG */
+
+/* Record deltas as one allocation or free: ledger, hotspots, DEBUG lines
+ * (label, e.g. "(hook)", may be NULL), then auto-GC for the devices it
+ * touched.  what is the call name for the summary ("allocate").  All or
+ * nothing: on failure no counter has changed. */
+int ml_lord_record(MemLordObject *self, int flags, const ml_delta *d, int n, const ml_site *site,
+                   const char *label, const char *what);
+
+#endif

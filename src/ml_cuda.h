@@ -1,0 +1,30 @@
+/* The CUDA driver API, loaded at run time with dlopen: one build serves
+ * machines with and without a GPU. */
+#ifndef MEMLORD_ML_CUDA_H
+#define MEMLORD_ML_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* 1 when libcuda loaded and cuInit succeeded; loads on first use. */
+int ml_cuda_ready(void);
+/* Number of visible devices (honours CUDA_VISIBLE_DEVICES), 0 without CUDA. */
+int ml_cuda_device_count(void);
+/* Smallest total memory among visible devices: 1 and *out set, or 0. */
+int ml_cuda_min_total(int64_t *out);
+/* Free and total memory of a visible device: 0 on success, -1 otherwise. */
+int ml_cuda_mem_info(int index, int64_t *free_bytes, int64_t *total_bytes);
+
+/* Events, pooled per device, for deferred frees.  An event is recorded on
+ * a stream (a CUstream handle as torch reports it) of a device. */
+typedef struct ml_cuda_event ml_cuda_event;
+ml_cuda_event *ml_cuda_event_record(int index, uintptr_t stream);
+/* 1 completed, 0 pending, -1 error (treated as completed by callers) */
+int ml_cuda_event_query(ml_cuda_event *e);
+int ml_cuda_event_wait(ml_cuda_event *e);
+void ml_cuda_event_release(ml_cuda_event *e);
+/* Events created so far (live + pooled), for tests of the pool bound. */
+size_t ml_cuda_events_created(void);
+size_t ml_cuda_events_pooled(void);
+
+#endif

@@ -1,0 +1,247 @@
+/* memlord._core: PEP 489 multi-phase init, module state, type registration.
+ *
+ * The module imports torch and numpy when it is executed: memlord counts
+ * torch objects, and reads their types and singletons once here. */
+#include "lord.h"
+#include "ml_cuda.h"
+
+#define PY_ARRAY_UNIQUE_SYMBOL memlord_ARRAY_API
+#include <numpy/arrayobject.h>
+
+ml_state *ml_state_of_module(PyObject *module)
+{
+    return (ml_state *)PyModule_GetState(module);
+}
+
+static int intern(PyObject **slot, const char *s)
+{
+    *slot = PyUnicode_InternFromString(s);
+    return *slot ? 0 : -1;
+}
+
+static int load_interned(ml_state *st)
+{
+    return intern(&st->s_untyped_storage, "untyped_storage") ||
+           intern(&st->s_data_ptr, "data_ptr") || intern(&st->s_nbytes, "nbytes") ||
+           intern(&st->s_device, "device") || intern(&st->s_layout, "layout") ||
+           intern(&st->s_type, "type") || intern(&st->s_index, "index") ||
+           intern(&st->s_parameters, "_parameters") || intern(&st->s_buffers, "_buffers") ||
+           intern(&st->s_modules, "_modules") || intern(&st->s_indices, "_indices") ||
+           intern(&st->s_values, "_values") || intern(&st->s_crow_indices, "crow_indices") ||
+           intern(&st->s_col_indices, "col_indices") ||
+           intern(&st->s_ccol_indices, "ccol_indices") ||
+           intern(&st->s_row_indices, "row_indices") || intern(&st->s_values_pub, "values") ||
+           intern(&st->s_write, "write") || intern(&st->s_flush, "flush") ||
+           intern(&st->s_main_py, "__main__.py");
+}
+
+static PyObject *import_attr(const char *module, const char *attr)
+{
+    PyObject *m = PyImport_ImportModule(module);
+    if (m == NULL) {
+        return NULL;
+    }
+    PyObject *a = PyObject_GetAttrString(m, attr);
+    Py_DECREF(m);
+    return a;
+}
+
+/* The descriptor type lookup finds for name (new reference), or NULL
+ * without error when it is not a C method or getter we can call directly. */
+static int load_descriptor(PyObject *type, PyObject *name, PyObject **out)
+{
+    PyObject *d = _PyType_Lookup((PyTypeObject *)type, name); /* borrowed */
+    if (d != NULL && (Py_IS_TYPE(d, &PyMethodDescr_Type) || Py_IS_TYPE(d, &PyGetSetDescr_Type))) {
+        *out = Py_NewRef(d);
+    }
+    return 0;
+}
+
+static int load_torch(ml_state *st)
+{
+    if (!(st->tensor_type = import_attr("torch", "Tensor")) ||
+        !(st->module_type = import_attr("torch.nn", "Module")) ||
+        !(st->parameter_type = import_attr("torch.nn", "Parameter")) ||
+        !(st->device_type = import_attr("torch", "device")) ||
+        !(st->storage_type = import_attr("torch", "UntypedStorage")) ||
+        !(st->layout_coo = import_attr("torch", "sparse_coo")) ||
+        !(st->layout_csr = import_attr("torch", "sparse_csr")) ||
+        !(st->layout_csc = import_attr("torch", "sparse_csc")) ||
+        !(st->layout_bsr = import_attr("torch", "sparse_bsr")) ||
+        !(st->layout_bsc = import_attr("torch", "sparse_bsc"))) {
+        return -1;
+    }
+    if (!PyType_Check(st->tensor_type) || !PyType_Check(st->module_type) ||
+        !PyType_Check(st->device_type)) {
+        PyErr_SetString(PyExc_ImportError, "memlord: unexpected torch types");
+        return -1;
+    }
+    if (load_descriptor(st->tensor_type, st->s_untyped_storage, &st->d_untyped_storage) < 0 ||
+        load_descriptor(st->tensor_type, st->s_device, &st->d_device) < 0 ||
+        load_descriptor(st->storage_type, st->s_data_ptr, &st->d_data_ptr) < 0 ||
+        load_descriptor(st->storage_type, st->s_nbytes, &st->d_nbytes) < 0 ||
+        load_descriptor(st->storage_type, st->s_device, &st->d_storage_device) < 0) {
+        return -1;
+    }
+    if (ml_device_register_types(st) < 0) {
+        return -1;
+    }
+    st->meta_type = -1;
+    for (int t = 0; t < ML_MAX_DEV_TYPES; t++) {
+        if (st->type_names[t] != NULL &&
+            PyUnicode_CompareWithASCIIString(st->type_names[t], "meta") == 0) {
+            st->meta_type = t;
+        }
+    }
+    return 0;
+}
+
+static int core_exec(PyObject *module)
+{
+    ml_state *st = ml_state_of_module(module);
+    if (_import_array() < 0) {
+        return -1;
+    }
+    if (load_interned(st) < 0 || load_torch(st) < 0) {
+        return -1;
+    }
+    st->lord_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_lord_spec, NULL);
+    if (st->lord_type == NULL) {
+        return -1;
+    }
+    if (PyModule_AddType(module, st->lord_type) < 0) {
+        return -1;
+    }
+    return 0;
+}
+
+/* _configure(release_cache, torch_prefix, memlord_prefix): wiring done by
+ * memlord/__init__.py, where Python is the natural place to find paths. */
+static PyObject *core_configure(PyObject *module, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"release_cache", "torch_prefix", "memlord_prefix", NULL};
+    PyObject *release, *tp, *mp;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OUU:_configure", kwlist, &release, &tp, &mp)) {
+        return NULL;
+    }
+    if (release != Py_None && !PyCallable_Check(release)) {
+        PyErr_SetString(PyExc_TypeError, "_configure(): release_cache must be callable or None");
+        return NULL;
+    }
+    ml_state *st = ml_state_of_module(module);
+    Py_XSETREF(st->release_cache, release == Py_None ? NULL : Py_NewRef(release));
+    Py_XSETREF(st->torch_prefix, Py_NewRef(tp));
+    Py_XSETREF(st->memlord_prefix, Py_NewRef(mp));
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_cuda_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
+{
+    int64_t total = 0;
+    int has = ml_cuda_min_total(&total);
+    return Py_BuildValue(
+        "{s:O,s:i,s:L,s:n,s:n}", "driver", ml_cuda_ready() ? Py_True : Py_False, "device_count",
+        ml_cuda_device_count(), "min_total", has ? (long long)total : -1LL, "events_created",
+        (Py_ssize_t)ml_cuda_events_created(), "events_pooled", (Py_ssize_t)ml_cuda_events_pooled());
+}
+
+static PyMethodDef core_methods[] = {
+    {"format_bytes", (PyCFunction)ml_format_bytes_py, METH_O,
+     "format_bytes(n)\n--\n\nA byte count as a human string with binary units: '1.5 KiB'."},
+    {"_configure", (PyCFunction)(void (*)(void))core_configure, METH_VARARGS | METH_KEYWORDS,
+     "Internal wiring from memlord/__init__.py."},
+    {"_cuda_info", (PyCFunction)core_cuda_info, METH_NOARGS,
+     "What the CUDA driver API reports (driver loaded, device count, smallest total)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int core_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    ml_state *st = ml_state_of_module(module);
+    Py_VISIT(st->lord_type);
+    Py_VISIT(st->tensor_type);
+    Py_VISIT(st->module_type);
+    Py_VISIT(st->device_type);
+    Py_VISIT(st->release_cache);
+    return 0;
+}
+
+static int core_clear(PyObject *module)
+{
+    ml_state *st = ml_state_of_module(module);
+    PyObject **objs[] = {
+        &st->storage_type,
+        &st->parameter_type,
+        &st->d_untyped_storage,
+        &st->d_device,
+        &st->d_data_ptr,
+        &st->d_nbytes,
+        &st->d_storage_device,
+        (PyObject **)&st->lord_type,
+        &st->tensor_type,
+        &st->module_type,
+        &st->device_type,
+        &st->layout_coo,
+        &st->layout_csr,
+        &st->layout_csc,
+        &st->layout_bsr,
+        &st->layout_bsc,
+        &st->release_cache,
+        &st->torch_prefix,
+        &st->memlord_prefix,
+        &st->s_untyped_storage,
+        &st->s_data_ptr,
+        &st->s_nbytes,
+        &st->s_device,
+        &st->s_layout,
+        &st->s_type,
+        &st->s_index,
+        &st->s_parameters,
+        &st->s_buffers,
+        &st->s_modules,
+        &st->s_indices,
+        &st->s_values,
+        &st->s_crow_indices,
+        &st->s_col_indices,
+        &st->s_ccol_indices,
+        &st->s_row_indices,
+        &st->s_values_pub,
+        &st->s_write,
+        &st->s_flush,
+        &st->s_main_py,
+    };
+    for (size_t i = 0; i < sizeof(objs) / sizeof(objs[0]); i++) {
+        Py_CLEAR(*objs[i]);
+    }
+    for (int t = 0; t < ML_MAX_DEV_TYPES; t++) {
+        Py_CLEAR(st->type_names[t]);
+    }
+    return 0;
+}
+
+static void core_free(void *module)
+{
+    core_clear((PyObject *)module);
+}
+
+static PyModuleDef_Slot core_slots[] = {
+    {Py_mod_exec, core_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef core_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "memlord._core",
+    .m_doc = "memlord's C core: the MemLord ledger, walkers, hooks and policy.",
+    .m_size = sizeof(ml_state),
+    .m_methods = core_methods,
+    .m_slots = core_slots,
+    .m_traverse = core_traverse,
+    .m_clear = core_clear,
+    .m_free = core_free,
+};
+
+PyMODINIT_FUNC PyInit__core(void)
+{
+    return PyModuleDef_Init(&core_def);
+}

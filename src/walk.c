@@ -1,0 +1,518 @@
+/* Collect storages from tensors, modules, numpy arrays and sequences.
+ *
+ * Within one call a storage counts once, keyed by (data pointer, nbytes,
+ * device).  Modules are walked through their own registries (_parameters,
+ * _buffers, _modules in the instance dict): the data nn.Module.parameters()
+ * reads, without a Python generator per tensor. */
+#include "walk.h"
+
+#define NO_IMPORT_ARRAY
+#define PY_ARRAY_UNIQUE_SYMBOL memlord_ARRAY_API
+#include <numpy/arrayobject.h>
+
+#include <string.h>
+
+void ml_walk_init(ml_walk *w)
+{
+    w->blocks = w->inline_blocks;
+    w->n = 0;
+    w->cap = ML_WALK_INLINE;
+    w->slots = w->inline_slots;
+    w->nslots = ML_WALK_INLINE * 2;
+    memset(w->inline_slots, 0, sizeof(w->inline_slots));
+    w->seen = NULL;
+    w->nseen = 0;
+    w->seencap = 0;
+}
+
+void ml_walk_clear(ml_walk *w)
+{
+    if (w->blocks != w->inline_blocks) {
+        PyMem_Free(w->blocks);
+    }
+    if (w->slots != w->inline_slots) {
+        PyMem_Free(w->slots);
+    }
+    PyMem_Free(w->seen);
+    ml_walk_init(w);
+}
+
+static inline size_t hash_block(uintptr_t ptr, int64_t nbytes, ml_dev dev)
+{
+    uint64_t h = (uint64_t)ptr * 0x9E3779B97F4A7C15ULL;
+    h ^= ((uint64_t)nbytes + 0x632BE59BD9B4E019ULL) * 0xBF58476D1CE4E5B9ULL;
+    h ^= (uint64_t)dev * 0x94D049BB133111EBULL;
+    return (size_t)(h ^ (h >> 31));
+}
+
+static int grow_slots(ml_walk *w)
+{
+    Py_ssize_t nslots = w->nslots * 2;
+    uint32_t *slots = PyMem_Calloc((size_t)nslots, sizeof(uint32_t));
+    if (slots == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < w->n; i++) {
+        ml_block *b = &w->blocks[i];
+        size_t j = hash_block(b->ptr, b->nbytes, b->dev) & (size_t)(nslots - 1);
+        while (slots[j]) {
+            j = (j + 1) & (size_t)(nslots - 1);
+        }
+        slots[j] = (uint32_t)(i + 1);
+    }
+    if (w->slots != w->inline_slots) {
+        PyMem_Free(w->slots);
+    }
+    w->slots = slots;
+    w->nslots = nslots;
+    return 0;
+}
+
+static int add_block(ml_walk *w, ml_dev dev, uintptr_t ptr, int64_t nbytes)
+{
+    size_t mask = (size_t)(w->nslots - 1);
+    size_t j = hash_block(ptr, nbytes, dev) & mask;
+    while (w->slots[j]) {
+        ml_block *b = &w->blocks[w->slots[j] - 1];
+        if (b->ptr == ptr && b->nbytes == nbytes && b->dev == dev) {
+            return 0; /* already counted in this call */
+        }
+        j = (j + 1) & mask;
+    }
+    if (w->n == w->cap) {
+        Py_ssize_t cap = w->cap * 2;
+        ml_block *blocks = PyMem_Malloc((size_t)cap * sizeof(ml_block));
+        if (blocks == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        memcpy(blocks, w->blocks, (size_t)w->n * sizeof(ml_block));
+        if (w->blocks != w->inline_blocks) {
+            PyMem_Free(w->blocks);
+        }
+        w->blocks = blocks;
+        w->cap = cap;
+    }
+    w->blocks[w->n] = (ml_block){dev, ptr, nbytes};
+    w->slots[j] = (uint32_t)(w->n + 1);
+    w->n++;
+    if (w->n * 2 > w->nslots) {
+        return grow_slots(w);
+    }
+    return 0;
+}
+
+/* 1 if m was already visited in this call, 0 after marking it, -1 on error. */
+static int visit_module(ml_walk *w, PyObject *m)
+{
+    uintptr_t p = (uintptr_t)m;
+    for (Py_ssize_t i = 0; i < w->nseen; i++) {
+        if (w->seen[i] == p) {
+            return 1;
+        }
+    }
+    if (w->nseen == w->seencap) {
+        Py_ssize_t cap = w->seencap ? w->seencap * 2 : 16;
+        uintptr_t *seen = PyMem_Realloc(w->seen, (size_t)cap * sizeof(uintptr_t));
+        if (seen == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        w->seen = seen;
+        w->seencap = cap;
+    }
+    w->seen[w->nseen++] = p;
+    return 0;
+}
+
+static int as_int64(PyObject *o, int64_t *out)
+{
+    if (o == NULL) {
+        return -1;
+    }
+    long long v = PyLong_AsLongLong(o);
+    Py_DECREF(o);
+    if (v == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *out = (int64_t)v;
+    return 0;
+}
+
+static int as_uintptr(PyObject *o, uintptr_t *out)
+{
+    if (o == NULL) {
+        return -1;
+    }
+    unsigned long long v = PyLong_AsUnsignedLongLongMask(o);
+    Py_DECREF(o);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+        return -1;
+    }
+    *out = (uintptr_t)v;
+    return 0;
+}
+
+/* obj.name(), through torch's own descriptor when obj's type resolves name
+ * to it (the method cache makes that check cheap). */
+static inline PyObject *call_fast(PyObject *obj, PyObject *name, PyObject *descr)
+{
+    if (descr != NULL && _PyType_Lookup(Py_TYPE(obj), name) == descr) {
+        return PyObject_Vectorcall(descr, &obj, 1, NULL);
+    }
+    return PyObject_CallMethodNoArgs(obj, name);
+}
+
+static inline PyObject *get_fast(PyObject *obj, PyObject *name, PyObject *descr)
+{
+    if (descr != NULL && _PyType_Lookup(Py_TYPE(obj), name) == descr) {
+        return Py_TYPE(descr)->tp_descr_get(descr, obj, (PyObject *)Py_TYPE(obj));
+    }
+    return PyObject_GetAttr(obj, name);
+}
+
+static int tensor_device(ml_state *st, PyObject *t, ml_dev *dev)
+{
+    PyObject *d = get_fast(t, st->s_device, st->d_device);
+    if (d == NULL) {
+        return -1;
+    }
+    int rc = ml_dev_from_torch_device(st, d, dev);
+    Py_DECREF(d);
+    return rc;
+}
+
+static int is_meta(ml_state *st, ml_dev dev)
+{
+    return ML_DEV_TYPE(dev) == st->meta_type;
+}
+
+/* The component tensors of a sparse tensor: returns the number of component
+ * method names written to names (0 when the tensor is not sparse). */
+static int sparse_components(ml_state *st, PyObject *t, PyObject *names[3])
+{
+    PyObject *layout = PyObject_GetAttr(t, st->s_layout);
+    if (layout == NULL) {
+        return -1;
+    }
+    int n = 0;
+    if (layout == st->layout_coo) {
+        names[0] = st->s_indices;
+        names[1] = st->s_values;
+        n = 2;
+    } else if (layout == st->layout_csr || layout == st->layout_bsr) {
+        names[0] = st->s_crow_indices;
+        names[1] = st->s_col_indices;
+        names[2] = st->s_values_pub;
+        n = 3;
+    } else if (layout == st->layout_csc || layout == st->layout_bsc) {
+        names[0] = st->s_ccol_indices;
+        names[1] = st->s_row_indices;
+        names[2] = st->s_values_pub;
+        n = 3;
+    }
+    Py_DECREF(layout);
+    return n;
+}
+
+static int walk_sparse(ml_state *st, ml_walk *w, PyObject *t, PyObject *names[3], int n)
+{
+    for (int i = 0; i < n; i++) {
+        PyObject *c = PyObject_CallMethodNoArgs(t, names[i]);
+        if (c == NULL) {
+            return -1;
+        }
+        int rc = ml_walk_tensor(st, w, c);
+        Py_DECREF(c);
+        if (rc < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int ml_walk_tensor(ml_state *st, ml_walk *w, PyObject *t)
+{
+    PyObject *storage = call_fast(t, st->s_untyped_storage, st->d_untyped_storage);
+    if (storage == NULL) {
+        /* Sparse tensors have no storage of their own: count components. */
+        PyObject *exc_type, *exc, *tb;
+        PyErr_Fetch(&exc_type, &exc, &tb);
+        PyObject *names[3];
+        int n = sparse_components(st, t, names);
+        if (n <= 0) {
+            if (n == 0) {
+                PyErr_Restore(exc_type, exc, tb);
+            } else {
+                Py_XDECREF(exc_type);
+                Py_XDECREF(exc);
+                Py_XDECREF(tb);
+            }
+            return -1;
+        }
+        Py_XDECREF(exc_type);
+        Py_XDECREF(exc);
+        Py_XDECREF(tb);
+        return walk_sparse(st, w, t, names, n);
+    }
+    /* The storage's device getter is cheaper than the tensor's, and for plain
+     * tensors and parameters it is the same device.  A subclass may differ
+     * (FakeTensor reports cuda:1 over a meta storage): ask the tensor. */
+    ml_dev dev;
+    PyObject *d = Py_IS_TYPE(t, (PyTypeObject *)st->tensor_type) ||
+                          Py_IS_TYPE(t, (PyTypeObject *)st->parameter_type)
+                      ? get_fast(storage, st->s_device, st->d_storage_device)
+                      : get_fast(t, st->s_device, st->d_device);
+    int rc = d == NULL ? -1 : ml_dev_from_torch_device(st, d, &dev);
+    Py_XDECREF(d);
+    if (rc < 0) {
+        Py_DECREF(storage);
+        return -1;
+    }
+    if (is_meta(st, dev)) {
+        Py_DECREF(storage);
+        return 0;
+    }
+    uintptr_t ptr;
+    int64_t nbytes;
+    if (as_uintptr(call_fast(storage, st->s_data_ptr, st->d_data_ptr), &ptr) < 0 ||
+        as_int64(call_fast(storage, st->s_nbytes, st->d_nbytes), &nbytes) < 0) {
+        Py_DECREF(storage);
+        return -1;
+    }
+    Py_DECREF(storage);
+    if (nbytes <= 0) {
+        return 0;
+    }
+    return add_block(w, dev, ptr, nbytes);
+}
+
+/* New reference to one of a module's registries (a dict), or NULL with no
+ * error set when the module has none. */
+static PyObject *module_registry(PyObject *m, PyObject *dict, PyObject *name)
+{
+    if (dict != NULL) {
+        PyObject *reg = PyDict_GetItemWithError(dict, name);
+        if (reg != NULL) {
+            Py_INCREF(reg);
+            return reg;
+        }
+        if (PyErr_Occurred()) {
+            return NULL;
+        }
+    }
+    PyObject *reg = PyObject_GetAttr(m, name);
+    if (reg == NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+    }
+    return reg;
+}
+
+static int walk_tensor_registry(ml_state *st, ml_walk *w, PyObject *reg)
+{
+    if (!PyDict_Check(reg)) {
+        PyErr_Format(PyExc_TypeError, "memlord: module registry is a %.100s, expected a dict",
+                     Py_TYPE(reg)->tp_name);
+        return -1;
+    }
+    Py_ssize_t pos = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(reg, &pos, &key, &value)) {
+        if (value == Py_None) {
+            continue;
+        }
+        Py_INCREF(value); /* the dict may change while torch code runs */
+        int rc = ml_walk_tensor(st, w, value);
+        Py_DECREF(value);
+        if (rc < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int walk_one_module(ml_state *st, ml_walk *w, PyObject *m, PyObject *stack)
+{
+    PyObject *dict = PyObject_GenericGetDict(m, NULL);
+    if (dict == NULL) {
+        PyErr_Clear();
+    }
+    PyObject *names[2] = {st->s_parameters, st->s_buffers};
+    for (int i = 0; i < 2; i++) {
+        PyObject *reg = module_registry(m, dict, names[i]);
+        if (reg == NULL) {
+            if (PyErr_Occurred()) {
+                Py_XDECREF(dict);
+                return -1;
+            }
+            continue;
+        }
+        int rc = walk_tensor_registry(st, w, reg);
+        Py_DECREF(reg);
+        if (rc < 0) {
+            Py_XDECREF(dict);
+            return -1;
+        }
+    }
+    PyObject *subs = module_registry(m, dict, st->s_modules);
+    Py_XDECREF(dict);
+    if (subs == NULL) {
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    if (PyDict_Check(subs)) {
+        Py_ssize_t pos = 0;
+        PyObject *key, *value;
+        while (PyDict_Next(subs, &pos, &key, &value)) {
+            if (value != Py_None && PyList_Append(stack, value) < 0) {
+                Py_DECREF(subs);
+                return -1;
+            }
+        }
+    }
+    Py_DECREF(subs);
+    return 0;
+}
+
+static int walk_module(ml_state *st, ml_walk *w, PyObject *root)
+{
+    /* A list as the work stack keeps strong references to pending modules. */
+    PyObject *stack = PyList_New(1);
+    if (stack == NULL) {
+        return -1;
+    }
+    Py_INCREF(root);
+    PyList_SET_ITEM(stack, 0, root);
+    while (PyList_GET_SIZE(stack) > 0) {
+        Py_ssize_t last = PyList_GET_SIZE(stack) - 1;
+        PyObject *m = PyList_GET_ITEM(stack, last);
+        Py_INCREF(m);
+        if (PyList_SetSlice(stack, last, last + 1, NULL) < 0) {
+            Py_DECREF(m);
+            Py_DECREF(stack);
+            return -1;
+        }
+        int seen = visit_module(w, m);
+        int rc = seen < 0 ? -1 : seen ? 0 : walk_one_module(st, w, m, stack);
+        Py_DECREF(m);
+        if (rc < 0) {
+            Py_DECREF(stack);
+            return -1;
+        }
+    }
+    Py_DECREF(stack);
+    return 0;
+}
+
+/* A numpy array counts its base buffer: follow .base through arrays to the
+ * array that owns (or first wraps) the memory. */
+static int walk_ndarray(ml_walk *w, PyObject *obj)
+{
+    PyArrayObject *owner = (PyArrayObject *)obj;
+    for (;;) {
+        PyObject *base = PyArray_BASE(owner);
+        if (base == NULL || !PyArray_Check(base)) {
+            break;
+        }
+        owner = (PyArrayObject *)base;
+    }
+    int64_t nbytes = (int64_t)PyArray_NBYTES(owner);
+    if (nbytes <= 0) {
+        return 0;
+    }
+    return add_block(w, ML_DEV(ML_TYPE_CPU, -1), (uintptr_t)PyArray_DATA(owner), nbytes);
+}
+
+static int walk_item(ml_state *st, ml_walk *w, PyObject *obj, Py_ssize_t pos, const char *what)
+{
+    if (PyObject_TypeCheck(obj, (PyTypeObject *)st->tensor_type)) {
+        return ml_walk_tensor(st, w, obj);
+    }
+    if (PyObject_TypeCheck(obj, (PyTypeObject *)st->module_type)) {
+        return walk_module(st, w, obj);
+    }
+    if (PyArray_Check(obj)) {
+        return walk_ndarray(w, obj);
+    }
+    if (pos < 0) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s(): argument 'obj' must be an nn.Module, a torch.Tensor, a "
+                     "numpy.ndarray, or a tuple or list of them, got %.100s",
+                     what, Py_TYPE(obj)->tp_name);
+    } else {
+        PyErr_Format(PyExc_TypeError,
+                     "%s(): argument 'obj[%zd]' must be an nn.Module, a torch.Tensor or a "
+                     "numpy.ndarray, got %.100s",
+                     what, pos, Py_TYPE(obj)->tp_name);
+    }
+    return -1;
+}
+
+int ml_walk_object(ml_state *st, ml_walk *w, PyObject *obj, const char *what)
+{
+    if (PyTuple_Check(obj) || PyList_Check(obj)) {
+        /* Hold the sequence alive and index it freshly: a list may change
+         * while torch code runs. */
+        Py_INCREF(obj);
+        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(obj); i++) {
+            PyObject *item = PySequence_Fast_GET_ITEM(obj, i);
+            Py_INCREF(item);
+            int rc = walk_item(st, w, item, i, what);
+            Py_DECREF(item);
+            if (rc < 0) {
+                Py_DECREF(obj);
+                return -1;
+            }
+        }
+        Py_DECREF(obj);
+        return 0;
+    }
+    return walk_item(st, w, obj, -1, what);
+}
+
+static int elem_meta_bytes(ml_state *st, PyObject *t, int64_t *nbytes)
+{
+    return as_int64(PyObject_GetAttr(t, st->s_nbytes), nbytes);
+}
+
+int ml_tensor_meta_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes)
+{
+    if (tensor_device(st, t, dev) < 0) {
+        return -1;
+    }
+    if (is_meta(st, *dev)) {
+        *nbytes = 0;
+        return 0;
+    }
+    PyObject *names[3];
+    PyObject *layout = PyObject_GetAttr(t, st->s_layout);
+    if (layout == NULL) {
+        return -1;
+    }
+    int strided = layout != st->layout_coo && layout != st->layout_csr &&
+                  layout != st->layout_csc && layout != st->layout_bsr && layout != st->layout_bsc;
+    Py_DECREF(layout);
+    if (strided) {
+        return elem_meta_bytes(st, t, nbytes);
+    }
+    int n = sparse_components(st, t, names);
+    if (n < 0) {
+        return -1;
+    }
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        PyObject *c = PyObject_CallMethodNoArgs(t, names[i]);
+        if (c == NULL) {
+            return -1;
+        }
+        int64_t b;
+        int rc = elem_meta_bytes(st, c, &b);
+        Py_DECREF(c);
+        if (rc < 0) {
+            return -1;
+        }
+        total += b;
+    }
+    *nbytes = total;
+    return 0;
+}

@@ -1,0 +1,38 @@
+/* Collect the storages an argument holds, each once per call. */
+#ifndef MEMLORD_WALK_H
+#define MEMLORD_WALK_H
+
+#include "memlord.h"
+
+typedef struct {
+    ml_dev dev;
+    uintptr_t ptr;
+    int64_t nbytes;
+} ml_block;
+
+/* Open-addressing set; slots hold index + 1 into blocks (0 = empty) for the
+ * block set, or a pointer value for the visited-module set. */
+#define ML_WALK_INLINE 32
+typedef struct {
+    ml_block *blocks;
+    Py_ssize_t n, cap;
+    uint32_t *slots;
+    Py_ssize_t nslots; /* power of two */
+    uintptr_t *seen;   /* visited modules */
+    Py_ssize_t nseen, seencap;
+    ml_block inline_blocks[ML_WALK_INLINE];
+    uint32_t inline_slots[ML_WALK_INLINE * 2];
+} ml_walk;
+
+void ml_walk_init(ml_walk *w);
+void ml_walk_clear(ml_walk *w);
+/* Walk obj (tensor, module, ndarray, or a tuple/list of them).  what names
+ * the calling method for error messages ("allocate"). */
+int ml_walk_object(ml_state *st, ml_walk *w, PyObject *obj, const char *what);
+/* Size of one tensor from metadata only (numel * element size, sparse
+ * components summed), for the hooks.  *dev receives its device. */
+int ml_tensor_meta_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes);
+/* Walk a single tensor (no type check). */
+int ml_walk_tensor(ml_state *st, ml_walk *w, PyObject *t);
+
+#endif
