@@ -7,7 +7,16 @@
 #include <string.h>
 #include <strings.h>
 
-int ml_debug_on(void)
+/* Process-wide cache of the DEBUG setting (documented with the dispatcher
+ * in hooks.c as memlord's process-wide state).  getenv on every hook event
+ * costs more than the rest of the ledger update, so the value is cached
+ * and re-read when Python changes the environment (os.putenv/os.unsetenv,
+ * which os.environ uses, raise audit events) and every 1024th call, which
+ * covers changes made from C with setenv. */
+static int debug_cached = -1;
+static unsigned debug_calls;
+
+static int read_debug(void)
 {
     const char *v = getenv("DEBUG");
     if (v == NULL || v[0] == '\0') {
@@ -15,6 +24,35 @@ int ml_debug_on(void)
     }
     return !(strcmp(v, "0") == 0 || strcasecmp(v, "false") == 0 || strcasecmp(v, "no") == 0 ||
              strcasecmp(v, "off") == 0);
+}
+
+int ml_debug_on(void)
+{
+    if (debug_cached < 0 || (++debug_calls & 1023u) == 0) {
+        debug_cached = read_debug();
+    }
+    return debug_cached;
+}
+
+static int env_audit_hook(const char *event, PyObject *Py_UNUSED(args), void *Py_UNUSED(data))
+{
+    if (event[0] == 'o' && (strcmp(event, "os.putenv") == 0 || strcmp(event, "os.unsetenv") == 0)) {
+        debug_cached = -1;
+    }
+    return 0;
+}
+
+int ml_log_install_env_watch(void)
+{
+    static int installed;
+    if (installed) {
+        return 0;
+    }
+    if (PySys_AddAuditHook(env_audit_hook, NULL) < 0) {
+        return -1;
+    }
+    installed = 1;
+    return 0;
 }
 
 static int color_on(void)

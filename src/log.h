@@ -10,8 +10,10 @@
 #define ML_MAGENTA "35"
 #define ML_CYAN "36"
 
-/* DEBUG read at call time: set, non-empty and not 0/false/no/off. */
+/* DEBUG at call time: set, non-empty and not 0/false/no/off. */
 int ml_debug_on(void);
+/* Watch os.putenv/os.unsetenv so ml_debug_on can cache (once per process). */
+int ml_log_install_env_watch(void);
 /* Write text (a str) as one colored line; NO_COLOR drops the escapes.
  * Steals nothing; a write failure is reported as unraisable, never raised. */
 void ml_log_line(const char *color, PyObject *text);

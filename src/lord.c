@@ -2,6 +2,7 @@
  * itself lives in walk.c (what an object holds), ledger.c (per-device
  * counters), sites.c (hotspots) and policy.c (auto-GC). */
 #include "lord.h"
+#include "hooks.h"
 #include "log.h"
 #include "walk.h"
 
@@ -434,15 +435,17 @@ static PyObject *top_site(MemLordObject *self, int is_free, const char *fname,
     if (parse_device_arg(self, fname, args, nargs, kwnames, &sel) < 0) {
         return NULL;
     }
-    const ml_hot *e = ml_hotspots_top(is_free ? &self->free_sites : &self->alloc_sites, &sel);
-    if (e == NULL) {
+    ml_hot top;
+    int found = ml_hotspots_top(is_free ? &self->free_sites : &self->alloc_sites, &sel, &top);
+    if (found <= 0) {
+        if (found < 0) {
+            return NULL;
+        }
         Py_RETURN_NONE;
     }
-    ml_hot top = *e;
-    Py_INCREF(top.code); /* keep it while Python code runs below */
     ml_state *st = ml_lord_state(self);
     PyObject *dev = ml_dev_to_torch(st, top.dev);
-    PyObject *where = dev ? ml_site_str(top.code, top.line) : NULL;
+    PyObject *where = dev ? ml_site_str_line(top.code, top.line) : NULL;
     PyObject *result = where ? Py_BuildValue("(NNL)", dev, where, (long long)top.bytes) : NULL;
     if (result == NULL) {
         Py_XDECREF(dev);
@@ -515,6 +518,11 @@ static PyObject *lord_bench_noop(PyObject *Py_UNUSED(self), PyObject *const *Py_
                                  Py_ssize_t Py_UNUSED(nargs), PyObject *Py_UNUSED(kwnames))
 {
     Py_RETURN_NONE;
+}
+
+static PyObject *lord_hook_into_torch(MemLordObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return ml_hooks_enable(self);
 }
 
 static PyObject *lord_get_auto_gc_bytes(MemLordObject *self, void *Py_UNUSED(closure))
@@ -621,6 +629,7 @@ static int lord_traverse(MemLordObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->module);
+    Py_VISIT(self->torch_handle);
     return ml_hotspots_traverse(&self->alloc_sites, visit, arg) ||
            ml_hotspots_traverse(&self->free_sites, visit, arg);
 }
@@ -629,6 +638,7 @@ static int lord_clear(MemLordObject *self)
 {
     clear_qcache(self);
     Py_CLEAR(self->last_sel_str);
+    Py_CLEAR(self->torch_handle);
     ml_hotspots_clear(&self->alloc_sites);
     ml_hotspots_clear(&self->free_sites);
     Py_CLEAR(self->module);
@@ -676,6 +686,10 @@ static PyMethodDef lord_methods[] = {
      "None."},
     {"set_callsite_tracking", (PyCFunction)lord_set_callsite_tracking, METH_O,
      "set_callsite_tracking(enabled)\n--\n\nSwitch call-site recording on or off."},
+    {"hook_into_torch", (PyCFunction)lord_hook_into_torch, METH_NOARGS,
+     "hook_into_torch()\n--\n\nCount Tensor.to/.cuda/.cpu/.half/.float/.double/.bfloat16 "
+     "conversions as they happen; returns a handle (disable(), enabled, poll(), pending(), "
+     "context manager)."},
     {"_bench_noop", (PyCFunction)(void (*)(void))lord_bench_noop, FASTKW,
      "A no-op method: the floor of the query benchmarks."},
     {NULL, NULL, 0, NULL},

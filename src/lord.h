@@ -27,6 +27,7 @@ typedef struct {
     int qnext;
     PyObject *last_sel_str; /* last str selector and its parse */
     ml_selector last_sel;
+    PyObject *torch_handle; /* the enabled hook_into_torch() handle, strong */
     PyObject *weakreflist;
 } MemLordObject;
 

@@ -47,14 +47,17 @@ static inline int ml_selector_match(const ml_selector *s, ml_dev d)
 /* ---- module state ------------------------------------------------------ */
 typedef struct {
     PyTypeObject *lord_type;
-    PyObject *tensor_type;    /* torch.Tensor */
-    PyObject *module_type;    /* torch.nn.Module */
-    PyObject *parameter_type; /* torch.nn.Parameter */
-    PyObject *device_type;    /* torch.device */
-    PyObject *storage_type;   /* torch.UntypedStorage */
+    PyTypeObject *hook_type;   /* wrapper installed in torch */
+    PyTypeObject *handle_type; /* hook_into_torch() handle */
+    PyObject *tensor_type;     /* torch.Tensor */
+    PyObject *module_type;     /* torch.nn.Module */
+    PyObject *parameter_type;  /* torch.nn.Parameter */
+    PyObject *device_type;     /* torch.device */
+    PyObject *storage_type;    /* torch.UntypedStorage */
     /* torch's own descriptors, called directly when a type has not
      * overridden them (saves a method lookup per tensor) */
-    PyObject *d_untyped_storage, *d_device, *d_data_ptr, *d_nbytes, *d_storage_device;
+    PyObject *d_untyped_storage, *d_device, *d_data_ptr, *d_nbytes, *d_storage_device,
+        *d_tensor_nbytes;
     PyObject *layout_coo; /* torch.sparse_coo, ... (singletons) */
     PyObject *layout_csr;
     PyObject *layout_csc;
@@ -74,6 +77,8 @@ typedef struct {
     PyObject *release_cache; /* callable(type_name, index) or NULL */
     PyObject *torch_prefix;  /* directory of the torch package, with trailing slash */
     PyObject *memlord_prefix;
+    PyObject *last_code; /* sites.c: last code object classified, strong */
+    int last_code_internal;
 } ml_state;
 
 ml_state *ml_state_of_module(PyObject *module); /* borrowed module */

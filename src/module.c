@@ -3,6 +3,8 @@
  * The module imports torch and numpy when it is executed: memlord counts
  * torch objects, and reads their types and singletons once here. */
 #include "lord.h"
+#include "hooks.h"
+#include "log.h"
 #include "ml_cuda.h"
 
 #define PY_ARRAY_UNIQUE_SYMBOL memlord_ARRAY_API
@@ -80,7 +82,8 @@ static int load_torch(ml_state *st)
         load_descriptor(st->tensor_type, st->s_device, &st->d_device) < 0 ||
         load_descriptor(st->storage_type, st->s_data_ptr, &st->d_data_ptr) < 0 ||
         load_descriptor(st->storage_type, st->s_nbytes, &st->d_nbytes) < 0 ||
-        load_descriptor(st->storage_type, st->s_device, &st->d_storage_device) < 0) {
+        load_descriptor(st->storage_type, st->s_device, &st->d_storage_device) < 0 ||
+        load_descriptor(st->tensor_type, st->s_nbytes, &st->d_tensor_nbytes) < 0) {
         return -1;
     }
     if (ml_device_register_types(st) < 0) {
@@ -102,7 +105,7 @@ static int core_exec(PyObject *module)
     if (_import_array() < 0) {
         return -1;
     }
-    if (load_interned(st) < 0 || load_torch(st) < 0) {
+    if (ml_log_install_env_watch() < 0 || load_interned(st) < 0 || load_torch(st) < 0) {
         return -1;
     }
     st->lord_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_lord_spec, NULL);
@@ -110,6 +113,14 @@ static int core_exec(PyObject *module)
         return -1;
     }
     if (PyModule_AddType(module, st->lord_type) < 0) {
+        return -1;
+    }
+    st->hook_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_hook_spec, NULL);
+    if (st->hook_type == NULL) {
+        return -1;
+    }
+    st->handle_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_handle_spec, NULL);
+    if (st->handle_type == NULL || PyModule_AddType(module, st->handle_type) < 0) {
         return -1;
     }
     return 0;
@@ -150,6 +161,8 @@ static PyMethodDef core_methods[] = {
      "format_bytes(n)\n--\n\nA byte count as a human string with binary units: '1.5 KiB'."},
     {"_configure", (PyCFunction)(void (*)(void))core_configure, METH_VARARGS | METH_KEYWORDS,
      "Internal wiring from memlord/__init__.py."},
+    {"_hooks_info", (PyCFunction)ml_hooks_info, METH_NOARGS,
+     "The dispatcher's state: installed, subscribers, pending, event pool counts."},
     {"_cuda_info", (PyCFunction)core_cuda_info, METH_NOARGS,
      "What the CUDA driver API reports (driver loaded, device count, smallest total)."},
     {NULL, NULL, 0, NULL},
@@ -159,6 +172,8 @@ static int core_traverse(PyObject *module, visitproc visit, void *arg)
 {
     ml_state *st = ml_state_of_module(module);
     Py_VISIT(st->lord_type);
+    Py_VISIT(st->hook_type);
+    Py_VISIT(st->handle_type);
     Py_VISIT(st->tensor_type);
     Py_VISIT(st->module_type);
     Py_VISIT(st->device_type);

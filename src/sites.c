@@ -20,6 +20,20 @@ static int is_internal(ml_state *st, PyObject *filename)
     return 0;
 }
 
+/* The verdict for the last code object seen first on the stack: a loop
+ * calling from one line asks about the same code object every time.  The
+ * strong reference keeps the address from being reused by another one. */
+static int code_is_internal(ml_state *st, PyCodeObject *code)
+{
+    if ((PyObject *)code == st->last_code) {
+        return st->last_code_internal;
+    }
+    int internal = is_internal(st, code->co_filename);
+    Py_XSETREF(st->last_code, Py_NewRef(code));
+    st->last_code_internal = internal;
+    return internal;
+}
+
 void ml_site_capture(ml_state *st, ml_site *out)
 {
     out->code = NULL;
@@ -27,9 +41,13 @@ void ml_site_capture(ml_state *st, ml_site *out)
     PyFrameObject *frame = PyThreadState_GetFrame(PyThreadState_Get());
     while (frame != NULL) {
         PyCodeObject *code = PyFrame_GetCode(frame);
-        if (!is_internal(st, code->co_filename)) {
+        if (!code_is_internal(st, code)) {
             out->code = (PyObject *)code;
-            out->line = PyFrame_GetLineNumber(frame);
+#if PY_VERSION_HEX >= 0x030B0000
+            out->line = PyFrame_GetLasti(frame);
+#else
+            out->line = frame->f_lasti * 2;
+#endif
             Py_DECREF(frame);
             return;
         }
@@ -48,7 +66,15 @@ void ml_site_clear(ml_site *s)
     Py_CLEAR(s->code);
 }
 
-PyObject *ml_site_str(PyObject *code, int line)
+PyObject *ml_site_str(PyObject *code, int offset)
+{
+    if (code == NULL) {
+        return PyUnicode_FromString("<unknown>:0");
+    }
+    return ml_site_str_line(code, PyCode_Addr2Line((PyCodeObject *)code, offset));
+}
+
+PyObject *ml_site_str_line(PyObject *code, int line)
 {
     if (code == NULL) {
         return PyUnicode_FromString("<unknown>:0");
@@ -133,18 +159,41 @@ void ml_hotspots_add(ml_hotspots *h, ml_dev dev, const ml_site *site, int64_t by
     e->bytes += bytes;
 }
 
-const ml_hot *ml_hotspots_top(const ml_hotspots *h, const ml_selector *s)
+int ml_hotspots_top(const ml_hotspots *h, const ml_selector *s, ml_hot *out)
 {
-    const ml_hot *best = NULL;
+    /* Offsets on one line are one site: fold them into a table keyed by
+     * line, then take the biggest. */
+    ml_hotspots agg;
+    ml_hotspots_init(&agg);
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = 0; i < h->cap; i++) {
+        n += h->entries[i].code != NULL && ml_selector_match(s, h->entries[i].dev);
+    }
+    if (n == 0) {
+        return 0;
+    }
+    if (ml_hotspots_reserve(&agg, n) < 0) {
+        return -1;
+    }
     for (Py_ssize_t i = 0; i < h->cap; i++) {
         const ml_hot *e = &h->entries[i];
-        if (e->code != NULL && ml_selector_match(s, e->dev) &&
-            (best == NULL || e->bytes > best->bytes ||
-             (e->bytes == best->bytes && e->dev < best->dev))) {
+        if (e->code != NULL && ml_selector_match(s, e->dev)) {
+            ml_site site = {e->code, PyCode_Addr2Line((PyCodeObject *)e->code, e->line)};
+            ml_hotspots_add(&agg, e->dev, &site, e->bytes);
+        }
+    }
+    const ml_hot *best = NULL;
+    for (Py_ssize_t i = 0; i < agg.cap; i++) {
+        const ml_hot *e = &agg.entries[i];
+        if (e->code != NULL && (best == NULL || e->bytes > best->bytes ||
+                                (e->bytes == best->bytes && e->dev < best->dev))) {
             best = e;
         }
     }
-    return best;
+    *out = *best;
+    Py_INCREF(out->code);
+    ml_hotspots_clear(&agg);
+    return 1;
 }
 
 int ml_hotspots_traverse(ml_hotspots *h, visitproc visit, void *arg)

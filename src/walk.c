@@ -172,7 +172,7 @@ static inline PyObject *get_fast(PyObject *obj, PyObject *name, PyObject *descr)
     return PyObject_GetAttr(obj, name);
 }
 
-static int tensor_device(ml_state *st, PyObject *t, ml_dev *dev)
+int ml_tensor_device(ml_state *st, PyObject *t, ml_dev *dev)
 {
     PyObject *d = get_fast(t, st->s_device, st->d_device);
     if (d == NULL) {
@@ -470,43 +470,44 @@ int ml_walk_object(ml_state *st, ml_walk *w, PyObject *obj, const char *what)
     return walk_item(st, w, obj, -1, what);
 }
 
-static int elem_meta_bytes(ml_state *st, PyObject *t, int64_t *nbytes)
-{
-    return as_int64(PyObject_GetAttr(t, st->s_nbytes), nbytes);
-}
-
 int ml_tensor_meta_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes)
 {
-    if (tensor_device(st, t, dev) < 0) {
+    if (ml_tensor_device(st, t, dev) < 0) {
         return -1;
     }
     if (is_meta(st, *dev)) {
         *nbytes = 0;
         return 0;
     }
+    PyObject *n = get_fast(t, st->s_nbytes, st->d_tensor_nbytes);
+    if (n != NULL) {
+        return as_int64(n, nbytes);
+    }
+    /* nbytes is not defined for sparse tensors: sum the components. */
+    PyObject *exc_type, *exc, *tb;
+    PyErr_Fetch(&exc_type, &exc, &tb);
     PyObject *names[3];
-    PyObject *layout = PyObject_GetAttr(t, st->s_layout);
-    if (layout == NULL) {
-        return -1;
+    int ncomp = sparse_components(st, t, names);
+    if (ncomp <= 0) {
+        if (ncomp == 0) {
+            PyErr_Restore(exc_type, exc, tb);
+            return -1;
+        }
     }
-    int strided = layout != st->layout_coo && layout != st->layout_csr &&
-                  layout != st->layout_csc && layout != st->layout_bsr && layout != st->layout_bsc;
-    Py_DECREF(layout);
-    if (strided) {
-        return elem_meta_bytes(st, t, nbytes);
-    }
-    int n = sparse_components(st, t, names);
-    if (n < 0) {
+    Py_XDECREF(exc_type);
+    Py_XDECREF(exc);
+    Py_XDECREF(tb);
+    if (ncomp < 0) {
         return -1;
     }
     int64_t total = 0;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < ncomp; i++) {
         PyObject *c = PyObject_CallMethodNoArgs(t, names[i]);
         if (c == NULL) {
             return -1;
         }
         int64_t b;
-        int rc = elem_meta_bytes(st, c, &b);
+        int rc = as_int64(get_fast(c, st->s_nbytes, st->d_tensor_nbytes), &b);
         Py_DECREF(c);
         if (rc < 0) {
             return -1;

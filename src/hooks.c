@@ -1,0 +1,890 @@
+/* Torch move hooks.
+ *
+ * Process-wide state (the one place memlord keeps mutable globals): the
+ * dispatcher below.  Patching torch.Tensor.to is a process-wide act, so the
+ * record of what was patched, the subscribed lords and the queue of
+ * deferred frees belong to the process, not to a module instance.  All of
+ * it is touched only with the GIL held.
+ *
+ * A conversion is sized from tensor metadata only (numel * element size);
+ * the hook never touches data or storages. */
+#include "hooks.h"
+#include "log.h"
+#include "ml_cuda.h"
+#include "walk.h"
+
+#include <string.h>
+#include <structmember.h>
+
+/* HK_MOVE may change device (to, cuda, cpu); HK_CAST never does (half,
+ * float, double, bfloat16), so it needs no source metadata at all. */
+enum hook_kind { HK_MOVE = 0, HK_CAST = 1, HK_MODULE_TO = 2, HK_SYNC = 3 };
+
+typedef struct {
+    PyObject_HEAD vectorcallfunc vectorcall;
+    PyObject *original; /* what the attribute resolved to before patching */
+    PyObject *name;
+    int kind;
+} HookObject;
+
+typedef struct {
+    PyObject_HEAD MemLordObject *lord; /* strong */
+    int enabled;
+} HandleObject;
+
+/* One patched attribute. */
+typedef struct {
+    PyObject *owner;    /* class or module that was patched */
+    PyObject *name;     /* attribute name */
+    PyObject *own;      /* owner.__dict__[name] before patching, or NULL */
+    PyObject *original; /* getattr(owner, name) before patching */
+    PyObject *hook;     /* the HookObject installed */
+} ml_patch;
+
+/* A free waiting for a CUDA event. */
+typedef struct {
+    ml_cuda_event *event;
+    ml_dev dev;
+    int64_t bytes;
+    PyObject *lords; /* tuple of lords to credit */
+    ml_site site;
+} ml_pending;
+
+#define ML_MAX_PATCHES 16
+#define ML_PENDING_HARD_CAP 8192
+
+static struct {
+    PyObject *module; /* memlord._core, strong while installed */
+    ml_patch patches[ML_MAX_PATCHES];
+    int npatches;
+    PyObject *lords;          /* tuple of subscribed lords; replaced, never mutated */
+    PyObject *current_stream; /* torch.cuda.current_stream, or NULL */
+    PyObject *s_cuda_stream;
+    ml_pending *pending;
+    Py_ssize_t npending, cap;
+} disp;
+
+/* Module.to passes its non_blocking flag down through this counter. */
+static _Thread_local int module_non_blocking;
+
+/* ---- pending queue ----------------------------------------------------- */
+
+static int lords_contain(PyObject *lords, PyObject *lord)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
+        if (PyTuple_GET_ITEM(lords, i) == lord) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void credit(ml_pending *p, const char *label)
+{
+    ml_delta d = {p->dev, p->bytes, 1};
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(p->lords); i++) {
+        MemLordObject *lord = (MemLordObject *)PyTuple_GET_ITEM(p->lords, i);
+        if (ml_lord_record(lord, ML_REC_FREE, &d, 1, &p->site, label, NULL) < 0) {
+            PyErr_WriteUnraisable((PyObject *)lord);
+        }
+    }
+}
+
+static void pending_dispose(ml_pending *p)
+{
+    if (p->event != NULL) {
+        ml_cuda_event_release(p->event);
+    }
+    Py_CLEAR(p->lords);
+    ml_site_clear(&p->site);
+}
+
+/* Credit every completed entry (all of them when wait is set; only those of
+ * `only` when it is not NULL).  Completed entries are detached from the
+ * queue before any Python code runs, so crediting may re-enter the hooks. */
+static void pending_drain(int wait, PyObject *only, int head_only)
+{
+    if (disp.npending == 0) {
+        return;
+    }
+    ml_pending *done = PyMem_Malloc((size_t)disp.npending * sizeof(ml_pending));
+    if (done == NULL) {
+        return; /* try again at the next poll */
+    }
+    Py_ssize_t ndone = 0, keep = 0;
+    int stop = 0;
+    for (Py_ssize_t i = 0; i < disp.npending; i++) {
+        ml_pending *p = &disp.pending[i];
+        int ready = 0;
+        if (!stop && (only == NULL || lords_contain(p->lords, only))) {
+            int q = ml_cuda_event_query(p->event);
+            if (q == 0 && wait) {
+                q = ml_cuda_event_wait(p->event) == 0 ? 1 : -1;
+            }
+            ready = q != 0; /* an error counts as done: never hold a free forever */
+            if (!ready && head_only) {
+                stop = 1;
+            }
+        }
+        if (ready) {
+            done[ndone++] = *p;
+        } else {
+            disp.pending[keep++] = *p;
+        }
+    }
+    disp.npending = keep;
+    for (Py_ssize_t i = 0; i < ndone; i++) {
+        if (only != NULL && PyTuple_GET_SIZE(done[i].lords) > 1) {
+            /* Credit only `only`; the others keep waiting on their own. */
+            PyObject *one = PyTuple_Pack(1, only);
+            if (one != NULL) {
+                PyObject *saved = done[i].lords;
+                done[i].lords = one;
+                credit(&done[i], "(hook, deferred)");
+                done[i].lords = saved;
+                Py_DECREF(one);
+            }
+            continue;
+        }
+        credit(&done[i], "(hook, deferred)");
+        pending_dispose(&done[i]);
+    }
+    /* Entries credited for `only` go back without it. */
+    if (only != NULL) {
+        for (Py_ssize_t i = 0; i < ndone; i++) {
+            if (done[i].lords == NULL || PyTuple_GET_SIZE(done[i].lords) <= 1) {
+                continue;
+            }
+            Py_ssize_t n = PyTuple_GET_SIZE(done[i].lords);
+            PyObject *rest = PyTuple_New(n - 1);
+            if (rest == NULL) {
+                PyErr_Clear();
+                pending_dispose(&done[i]);
+                continue;
+            }
+            for (Py_ssize_t j = 0, k = 0; j < n; j++) {
+                PyObject *l = PyTuple_GET_ITEM(done[i].lords, j);
+                if (l != only) {
+                    PyTuple_SET_ITEM(rest, k++, Py_NewRef(l));
+                }
+            }
+            Py_SETREF(done[i].lords, rest);
+            if (disp.npending < disp.cap) {
+                disp.pending[disp.npending++] = done[i];
+            } else {
+                pending_dispose(&done[i]);
+            }
+        }
+    }
+    PyMem_Free(done);
+}
+
+static int pending_push(ml_cuda_event *ev, ml_dev dev, int64_t bytes, PyObject *lords,
+                        const ml_site *site)
+{
+    if (disp.npending == disp.cap) {
+        Py_ssize_t cap = disp.cap ? disp.cap * 2 : 64;
+        ml_pending *p = PyMem_Realloc(disp.pending, (size_t)cap * sizeof(ml_pending));
+        if (p == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        disp.pending = p;
+        disp.cap = cap;
+    }
+    ml_pending *p = &disp.pending[disp.npending++];
+    p->event = ev;
+    p->dev = dev;
+    p->bytes = bytes;
+    p->lords = Py_NewRef(lords);
+    p->site.code = Py_XNewRef(site->code);
+    p->site.line = site->line;
+    return 0;
+}
+
+static int64_t pending_bytes(PyObject *lord, const ml_selector *sel)
+{
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < disp.npending; i++) {
+        ml_pending *p = &disp.pending[i];
+        if (lords_contain(p->lords, lord) && ml_selector_match(sel, p->dev)) {
+            total += p->bytes;
+        }
+    }
+    return total;
+}
+
+/* ---- accounting of one conversion -------------------------------------- */
+
+static int any_tracks_callsite(PyObject *lords)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
+        if (((MemLordObject *)PyTuple_GET_ITEM(lords, i))->track_callsite) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void record_all(PyObject *lords, int flags, ml_dev dev, int64_t bytes, const ml_site *site)
+{
+    ml_delta d = {dev, bytes, 1};
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
+        MemLordObject *lord = (MemLordObject *)PyTuple_GET_ITEM(lords, i);
+        ml_site none = {NULL, 0};
+        if (ml_lord_record(lord, flags, &d, 1, lord->track_callsite ? site : &none, "(hook)",
+                           NULL) < 0) {
+            PyErr_WriteUnraisable((PyObject *)lord);
+        }
+    }
+}
+
+/* Record an event on the current stream of the source device; NULL when the
+ * driver cannot (then the free is credited at once). */
+static ml_cuda_event *record_event(ml_dev src)
+{
+    if (disp.current_stream == NULL) {
+        return NULL;
+    }
+    PyObject *stream = PyObject_CallFunction(disp.current_stream, "i", ML_DEV_INDEX(src));
+    if (stream == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *handle = PyObject_GetAttr(stream, disp.s_cuda_stream);
+    Py_DECREF(stream);
+    if (handle == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    uintptr_t h = (uintptr_t)PyLong_AsUnsignedLongLongMask(handle);
+    Py_DECREF(handle);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return ml_cuda_event_record(ML_DEV_INDEX(src), h);
+}
+
+static int is_non_blocking(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    if (module_non_blocking > 0) {
+        return 1;
+    }
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, i), "non_blocking") == 0) {
+            return PyObject_IsTrue(args[nargs + i]) == 1;
+        }
+    }
+    /* Every Tensor.to/.cuda overload takes non_blocking as its first bool. */
+    for (Py_ssize_t i = 1; i < nargs; i++) {
+        if (PyBool_Check(args[i])) {
+            return args[i] == Py_True;
+        }
+    }
+    return 0;
+}
+
+static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyObject *dst, int kind,
+                              int non_blocking)
+{
+    ml_dev sdev, ddev;
+    int64_t sbytes = 0, dbytes = 0;
+    if (ml_tensor_meta_bytes(st, dst, &ddev, &dbytes) < 0) {
+        return -1;
+    }
+    int moved = 0;
+    if (kind == HK_MOVE) {
+        if (ml_tensor_device(st, src, &sdev) < 0) {
+            return -1;
+        }
+        moved = sdev != ddev;
+        if (moved && ml_tensor_meta_bytes(st, src, &sdev, &sbytes) < 0) {
+            return -1;
+        }
+    }
+    ml_site site = {NULL, 0};
+    if (any_tracks_callsite(lords)) {
+        ml_site_capture(st, &site);
+    }
+    int queued = 0;
+    if (dbytes > 0) {
+        record_all(lords, 0, ddev, dbytes, &site);
+    }
+    if (moved && sbytes > 0) {
+        ml_cuda_event *ev = NULL;
+        if (non_blocking && ML_DEV_TYPE(sdev) == ML_TYPE_CUDA) {
+            if (disp.npending >= ML_PENDING_HARD_CAP) {
+                pending_drain(1, NULL, 1); /* bound the queue and the event pool */
+            }
+            ev = record_event(sdev);
+        }
+        if (ev != NULL) {
+            if (pending_push(ev, sdev, sbytes, lords, &site) < 0) {
+                ml_cuda_event_release(ev);
+                PyErr_Clear();
+                record_all(lords, ML_REC_FREE, sdev, sbytes, &site);
+            } else {
+                queued = 1;
+            }
+        } else {
+            record_all(lords, ML_REC_FREE, sdev, sbytes, &site);
+        }
+    }
+    ml_site_clear(&site);
+    if (!queued && disp.npending > 0) {
+        pending_drain(0, NULL, 1);
+    }
+    return 0;
+}
+
+/* ---- the wrapper type -------------------------------------------------- */
+
+static PyObject *hook_tensor(HookObject *self, PyObject *const *args, size_t nargsf,
+                             PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    if (result == NULL || nargs < 1 || result == args[0] || disp.lords == NULL ||
+        PyTuple_GET_SIZE(disp.lords) == 0) {
+        if (result != NULL && result == args[0] && disp.npending > 0) {
+            pending_drain(0, NULL, 1);
+        }
+        return result;
+    }
+    ml_state *st = ml_state_of_module(disp.module);
+    if (!PyObject_TypeCheck(result, (PyTypeObject *)st->tensor_type)) {
+        PyErr_Format(PyExc_TypeError,
+                     "memlord hook: torch.Tensor.%U() returned %.100s, expected a torch.Tensor",
+                     self->name, Py_TYPE(result)->tp_name);
+        Py_DECREF(result);
+        return NULL;
+    }
+    if (!PyObject_TypeCheck(args[0], (PyTypeObject *)st->tensor_type)) {
+        return result; /* called unbound on something else: not ours to count */
+    }
+    PyObject *lords = Py_NewRef(disp.lords); /* a snapshot: subscribers may change */
+    int nb = self->kind == HK_MOVE && is_non_blocking(args, nargs, kwnames);
+    int rc = account_conversion(st, lords, args[0], result, self->kind, nb);
+    Py_DECREF(lords);
+    if (rc < 0) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    return result;
+}
+
+static PyObject *hook_module_to(HookObject *self, PyObject *const *args, size_t nargsf,
+                                PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    int nb = 0;
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, i), "non_blocking") == 0) {
+            nb = PyObject_IsTrue(args[nargs + i]) == 1;
+        }
+    }
+    for (Py_ssize_t i = 1; i < nargs && !nb; i++) {
+        if (PyBool_Check(args[i])) {
+            nb = args[i] == Py_True;
+            break;
+        }
+    }
+    module_non_blocking += nb;
+    PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    module_non_blocking -= nb;
+    return result;
+}
+
+static PyObject *hook_sync(HookObject *self, PyObject *const *args, size_t nargsf,
+                           PyObject *kwnames)
+{
+    PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    if (result != NULL) {
+        pending_drain(0, NULL, 0);
+    }
+    return result;
+}
+
+static PyObject *hook_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                                 PyObject *kwnames)
+{
+    HookObject *self = (HookObject *)callable;
+    switch (self->kind) {
+    case HK_MOVE:
+    case HK_CAST:
+        return hook_tensor(self, args, nargsf, kwnames);
+    case HK_MODULE_TO:
+        return hook_module_to(self, args, nargsf, kwnames);
+    default:
+        return hook_sync(self, args, nargsf, kwnames);
+    }
+}
+
+/* Bound like a function: obj.to(...) passes obj first. */
+static PyObject *hook_descr_get(PyObject *self, PyObject *obj, PyObject *Py_UNUSED(type))
+{
+    if (obj == NULL || obj == Py_None) {
+        return Py_NewRef(self);
+    }
+    return PyMethod_New(self, obj);
+}
+
+static PyObject *hook_repr(HookObject *self)
+{
+    return PyUnicode_FromFormat("<memlord hook of %R>", self->original);
+}
+
+static PyObject *hook_get_wrapped(HookObject *self, void *Py_UNUSED(closure))
+{
+    return Py_NewRef(self->original);
+}
+
+static PyObject *hook_get_name(HookObject *self, void *Py_UNUSED(closure))
+{
+    return Py_NewRef(self->name);
+}
+
+static PyObject *hook_get_doc(HookObject *self, void *Py_UNUSED(closure))
+{
+    PyObject *doc = PyObject_GetAttrString(self->original, "__doc__");
+    if (doc == NULL) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return doc;
+}
+
+static int hook_traverse(HookObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->original);
+    return 0;
+}
+
+static int hook_clear(HookObject *self)
+{
+    Py_CLEAR(self->original);
+    Py_CLEAR(self->name);
+    return 0;
+}
+
+static void hook_dealloc(HookObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    hook_clear(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyGetSetDef hook_getset[] = {
+    {"__wrapped__", (getter)hook_get_wrapped, NULL, "The original torch function.", NULL},
+    {"__name__", (getter)hook_get_name, NULL, NULL, NULL},
+    {"__doc__", (getter)hook_get_doc, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMemberDef hook_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(HookObject, vectorcall), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyObject *hook_call(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    return PyVectorcall_Call(self, args, kwargs);
+}
+
+static PyType_Slot hook_slots[] = {
+    {Py_tp_call, hook_call},     {Py_tp_descr_get, hook_descr_get}, {Py_tp_repr, hook_repr},
+    {Py_tp_getset, hook_getset}, {Py_tp_members, hook_members},     {Py_tp_traverse, hook_traverse},
+    {Py_tp_clear, hook_clear},   {Py_tp_dealloc, hook_dealloc},     {0, NULL},
+};
+
+PyType_Spec ml_hook_spec = {
+    .name = "memlord._core.Hook",
+    .basicsize = sizeof(HookObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+             Py_TPFLAGS_METHOD_DESCRIPTOR | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = hook_slots,
+};
+
+/* ---- install / uninstall ----------------------------------------------- */
+
+static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
+{
+    if (disp.npatches == ML_MAX_PATCHES) {
+        PyErr_SetString(PyExc_RuntimeError, "memlord: too many patches");
+        return -1;
+    }
+    PyObject *pname = PyUnicode_InternFromString(name);
+    if (pname == NULL) {
+        return -1;
+    }
+    PyObject *original = PyObject_GetAttr(owner, pname);
+    if (original == NULL) {
+        Py_DECREF(pname);
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear(); /* not in this torch build: skipped */
+            return 0;
+        }
+        return -1;
+    }
+    PyObject *own = NULL;
+    if (PyType_Check(owner)) {
+        PyObject *dict = ((PyTypeObject *)owner)->tp_dict;
+        own = PyDict_GetItemWithError(dict, pname);
+        if (own == NULL && PyErr_Occurred()) {
+            Py_DECREF(pname);
+            Py_DECREF(original);
+            return -1;
+        }
+        Py_XINCREF(own);
+    } else {
+        own = Py_NewRef(original);
+    }
+    HookObject *hook = PyObject_GC_New(HookObject, st->hook_type);
+    if (hook == NULL) {
+        Py_DECREF(pname);
+        Py_DECREF(original);
+        Py_XDECREF(own);
+        return -1;
+    }
+    hook->vectorcall = hook_vectorcall;
+    hook->original = Py_NewRef(original);
+    hook->name = Py_NewRef(pname);
+    hook->kind = kind;
+    PyObject_GC_Track(hook);
+    if (PyObject_SetAttr(owner, pname, (PyObject *)hook) < 0) {
+        Py_DECREF(hook);
+        Py_DECREF(pname);
+        Py_DECREF(original);
+        Py_XDECREF(own);
+        return -1;
+    }
+    ml_patch *p = &disp.patches[disp.npatches++];
+    p->owner = Py_NewRef(owner);
+    p->name = pname;
+    p->own = own;
+    p->original = original;
+    p->hook = (PyObject *)hook;
+    return 0;
+}
+
+/* Put every original back, the very same objects. */
+static int unpatch_all(void)
+{
+    int rc = 0;
+    while (disp.npatches > 0) {
+        ml_patch *p = &disp.patches[--disp.npatches];
+        int r = p->own != NULL ? PyObject_SetAttr(p->owner, p->name, p->own)
+                               : PyObject_DelAttr(p->owner, p->name);
+        if (r < 0) {
+            rc = -1;
+            PyErr_WriteUnraisable(p->owner);
+        }
+        Py_CLEAR(p->owner);
+        Py_CLEAR(p->name);
+        Py_CLEAR(p->own);
+        Py_CLEAR(p->original);
+        Py_CLEAR(p->hook);
+    }
+    return rc;
+}
+
+static PyObject *import_attr(const char *module, const char *attr)
+{
+    PyObject *m = PyImport_ImportModule(module);
+    if (m == NULL) {
+        return NULL;
+    }
+    PyObject *a = PyObject_GetAttrString(m, attr);
+    Py_DECREF(m);
+    return a;
+}
+
+/* 1 when this torch was built with CUDA (or ROCm), so torch.cuda is real. */
+static int torch_has_cuda(void)
+{
+    PyObject *version = import_attr("torch", "version");
+    if (version == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    PyObject *cuda = PyObject_GetAttrString(version, "cuda");
+    PyObject *hip = cuda ? PyObject_GetAttrString(version, "hip") : NULL;
+    Py_DECREF(version);
+    int has = (cuda != NULL && cuda != Py_None) || (hip != NULL && hip != Py_None);
+    Py_XDECREF(cuda);
+    Py_XDECREF(hip);
+    PyErr_Clear();
+    return has;
+}
+
+static int install(PyObject *module)
+{
+    ml_state *st = ml_state_of_module(module);
+    static const char *const moves[] = {"to", "cuda", "cpu"};
+    static const char *const casts[] = {"half", "float", "double", "bfloat16"};
+    PyObject *module_cls = st->module_type;
+    disp.module = Py_NewRef(module);
+    if (disp.s_cuda_stream == NULL &&
+        (disp.s_cuda_stream = PyUnicode_InternFromString("cuda_stream")) == NULL) {
+        goto fail;
+    }
+    for (size_t i = 0; i < sizeof(moves) / sizeof(moves[0]); i++) {
+        if (patch_one(st, st->tensor_type, moves[i], HK_MOVE) < 0) {
+            goto fail;
+        }
+    }
+    for (size_t i = 0; i < sizeof(casts) / sizeof(casts[0]); i++) {
+        if (patch_one(st, st->tensor_type, casts[i], HK_CAST) < 0) {
+            goto fail;
+        }
+    }
+    if (patch_one(st, module_cls, "to", HK_MODULE_TO) < 0) {
+        goto fail;
+    }
+    if (torch_has_cuda()) {
+        PyObject *cuda = PyImport_ImportModule("torch.cuda");
+        if (cuda == NULL) {
+            goto fail;
+        }
+        PyObject *stream_cls = PyObject_GetAttrString(cuda, "Stream");
+        PyObject *event_cls = stream_cls ? PyObject_GetAttrString(cuda, "Event") : NULL;
+        disp.current_stream = event_cls ? PyObject_GetAttrString(cuda, "current_stream") : NULL;
+        int rc = disp.current_stream == NULL                             ? -1
+                 : patch_one(st, cuda, "synchronize", HK_SYNC) < 0       ? -1
+                 : patch_one(st, stream_cls, "synchronize", HK_SYNC) < 0 ? -1
+                 : patch_one(st, event_cls, "synchronize", HK_SYNC) < 0  ? -1
+                                                                         : 0;
+        Py_DECREF(cuda);
+        Py_XDECREF(stream_cls);
+        Py_XDECREF(event_cls);
+        if (rc < 0) {
+            goto fail;
+        }
+    }
+    return 0;
+fail:
+    unpatch_all();
+    Py_CLEAR(disp.current_stream);
+    Py_CLEAR(disp.module);
+    return -1;
+}
+
+static void uninstall(void)
+{
+    unpatch_all();
+    Py_CLEAR(disp.current_stream);
+    Py_CLEAR(disp.module);
+}
+
+/* New subscriber tuple with lord added or removed. */
+static PyObject *lords_with(PyObject *lord, int add)
+{
+    Py_ssize_t n = disp.lords ? PyTuple_GET_SIZE(disp.lords) : 0;
+    PyObject *out = PyTuple_New(add ? n + 1 : n - 1);
+    if (out == NULL) {
+        return NULL;
+    }
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *l = PyTuple_GET_ITEM(disp.lords, i);
+        if (!add && l == lord) {
+            continue;
+        }
+        PyTuple_SET_ITEM(out, k++, Py_NewRef(l));
+    }
+    if (add) {
+        PyTuple_SET_ITEM(out, k, Py_NewRef(lord));
+    }
+    return out;
+}
+
+/* ---- the handle -------------------------------------------------------- */
+
+PyObject *ml_hooks_enable(MemLordObject *lord)
+{
+    if (lord->torch_handle != NULL && ((HandleObject *)lord->torch_handle)->enabled) {
+        return Py_NewRef(lord->torch_handle); /* enabling again is a no-op */
+    }
+    ml_state *st = ml_lord_state(lord);
+    HandleObject *h = PyObject_GC_New(HandleObject, st->handle_type);
+    if (h == NULL) {
+        return NULL;
+    }
+    h->lord = (MemLordObject *)Py_NewRef(lord);
+    h->enabled = 0;
+    PyObject_GC_Track(h);
+    PyObject *lords = lords_with((PyObject *)lord, 1);
+    if (lords == NULL) {
+        Py_DECREF(h);
+        return NULL;
+    }
+    if (disp.npatches == 0 && install(lord->module) < 0) {
+        Py_DECREF(lords);
+        Py_DECREF(h);
+        return NULL;
+    }
+    Py_XSETREF(disp.lords, lords);
+    h->enabled = 1;
+    Py_XSETREF(lord->torch_handle, Py_NewRef(h));
+    return (PyObject *)h;
+}
+
+static PyObject *handle_disable(HandleObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (!self->enabled) {
+        Py_RETURN_NONE;
+    }
+    PyObject *lords = lords_with((PyObject *)self->lord, 0);
+    if (lords == NULL) {
+        return NULL;
+    }
+    self->enabled = 0;
+    Py_XSETREF(disp.lords, lords);
+    /* This lord's deferred frees are credited before it leaves. */
+    pending_drain(0, NULL, 0);
+    pending_drain(1, (PyObject *)self->lord, 0);
+    if (PyTuple_GET_SIZE(disp.lords) == 0) {
+        Py_CLEAR(disp.lords);
+        uninstall();
+    }
+    if (self->lord->torch_handle == (PyObject *)self) {
+        Py_CLEAR(self->lord->torch_handle);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *handle_poll(HandleObject *Py_UNUSED(self), PyObject *Py_UNUSED(ignored))
+{
+    pending_drain(0, NULL, 0);
+    Py_RETURN_NONE;
+}
+
+static PyObject *handle_pending(HandleObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames)
+{
+    static const char *const kw[] = {"device", NULL};
+    PyObject *device = Py_None;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs + nkw > 1) {
+        PyErr_SetString(PyExc_TypeError, "pending() takes at most 1 argument");
+        return NULL;
+    }
+    if (nargs == 1) {
+        device = args[0];
+    } else if (nkw == 1) {
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), kw[0]) != 0) {
+            PyErr_Format(PyExc_TypeError, "pending() got an unexpected keyword argument '%U'",
+                         PyTuple_GET_ITEM(kwnames, 0));
+            return NULL;
+        }
+        device = args[0];
+    }
+    ml_selector sel;
+    if (ml_selector_parse(ml_lord_state(self->lord), device, &sel) < 0) {
+        return NULL;
+    }
+    return PyLong_FromLongLong(pending_bytes((PyObject *)self->lord, &sel));
+}
+
+static PyObject *handle_enter(HandleObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return Py_NewRef(self);
+}
+
+static PyObject *handle_exit(HandleObject *self, PyObject *Py_UNUSED(args))
+{
+    PyObject *r = handle_disable(self, NULL);
+    if (r == NULL) {
+        return NULL;
+    }
+    Py_DECREF(r);
+    Py_RETURN_FALSE;
+}
+
+static PyObject *handle_get_enabled(HandleObject *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->enabled);
+}
+
+static PyObject *handle_get_lord(HandleObject *self, void *Py_UNUSED(closure))
+{
+    return Py_NewRef(self->lord);
+}
+
+static PyObject *handle_repr(HandleObject *self)
+{
+    return PyUnicode_FromFormat("<memlord torch hooks %s>", self->enabled ? "enabled" : "disabled");
+}
+
+static int handle_traverse(HandleObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->lord);
+    return 0;
+}
+
+static int handle_clear(HandleObject *self)
+{
+    Py_CLEAR(self->lord);
+    return 0;
+}
+
+static void handle_dealloc(HandleObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    handle_clear(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyMethodDef handle_methods[] = {
+    {"disable", (PyCFunction)handle_disable, METH_NOARGS,
+     "disable()\n--\n\nUnsubscribe this lord; the last one out restores torch's originals."},
+    {"poll", (PyCFunction)handle_poll, METH_NOARGS,
+     "poll()\n--\n\nCredit the deferred frees whose CUDA events have completed."},
+    {"pending", (PyCFunction)(void (*)(void))handle_pending, METH_FASTCALL | METH_KEYWORDS,
+     "pending(device=None)\n--\n\nBytes of deferred frees still waiting for their copies."},
+    {"__enter__", (PyCFunction)handle_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)handle_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef handle_getset[] = {
+    {"enabled", (getter)handle_get_enabled, NULL, "Whether this lord receives hook events.", NULL},
+    {"lord", (getter)handle_get_lord, NULL, "The MemLord this handle subscribes.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot handle_slots[] = {
+    {Py_tp_doc, "What MemLord.hook_into_torch() returns: disable(), enabled, poll(), "
+                "pending(); a context manager."},
+    {Py_tp_methods, handle_methods},
+    {Py_tp_getset, handle_getset},
+    {Py_tp_repr, handle_repr},
+    {Py_tp_traverse, handle_traverse},
+    {Py_tp_clear, handle_clear},
+    {Py_tp_dealloc, handle_dealloc},
+    {0, NULL},
+};
+
+PyType_Spec ml_handle_spec = {
+    .name = "memlord.TorchHooks",
+    .basicsize = sizeof(HandleObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = handle_slots,
+};
+
+PyObject *ml_hooks_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(unused))
+{
+    return Py_BuildValue("{s:O,s:n,s:n,s:n,s:n}", "installed", disp.npatches ? Py_True : Py_False,
+                         "subscribers", disp.lords ? PyTuple_GET_SIZE(disp.lords) : 0, "pending",
+                         disp.npending, "events_created", (Py_ssize_t)ml_cuda_events_created(),
+                         "events_pooled", (Py_ssize_t)ml_cuda_events_pooled());
+}

@@ -1,0 +1,16 @@
+/* Torch move hooks: one process-wide dispatcher owns every patch; any
+ * number of lords subscribe through handles. */
+#ifndef MEMLORD_HOOKS_H
+#define MEMLORD_HOOKS_H
+
+#include "lord.h"
+
+extern PyType_Spec ml_hook_spec;   /* the wrapper installed in torch */
+extern PyType_Spec ml_handle_spec; /* what hook_into_torch() returns */
+
+/* lord.hook_into_torch() */
+PyObject *ml_hooks_enable(MemLordObject *lord);
+/* Module-level introspection: {"installed", "subscribers", "pending"} */
+PyObject *ml_hooks_info(PyObject *module, PyObject *unused);
+
+#endif
