@@ -12,10 +12,19 @@
 #include <sys/sysinfo.h>
 #endif
 
+/* The coarse monotonic clock (a few ms resolution) is plenty for a 50 ms
+ * window and costs a third of CLOCK_MONOTONIC: it keeps a cached read within
+ * 2x a no-op method call. */
+#ifdef CLOCK_MONOTONIC_COARSE
+#define ML_CAP_CLOCK CLOCK_MONOTONIC_COARSE
+#else
+#define ML_CAP_CLOCK CLOCK_MONOTONIC
+#endif
+
 static int64_t now_ns(void)
 {
     struct timespec ts;
-    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0) {
+    if (clock_gettime(ML_CAP_CLOCK, &ts) != 0) {
         return 0;
     }
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
