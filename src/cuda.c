@@ -34,6 +34,7 @@ typedef CUresult (*fn_retain)(CUcontext *, CUdevice);
 typedef CUresult (*fn_push)(CUcontext);
 typedef CUresult (*fn_pop)(CUcontext *);
 typedef CUresult (*fn_meminfo)(size_t *, size_t *);
+typedef CUresult (*fn_ctx_state)(CUdevice, unsigned int *, int *);
 typedef CUresult (*fn_ev_create)(CUevent *, unsigned int);
 typedef CUresult (*fn_ev_record)(CUevent, CUstream);
 typedef CUresult (*fn_ev_query)(CUevent);
@@ -50,6 +51,7 @@ static struct {
     fn_push push;
     fn_pop pop;
     fn_meminfo meminfo;
+    fn_ctx_state ctx_state;
     fn_ev_create ev_create;
     fn_ev_record ev_record;
     fn_ev_query ev_query;
@@ -104,6 +106,7 @@ int ml_cuda_ready(void)
     drv.push = (fn_push)sym("cuCtxPushCurrent_v2");
     drv.pop = (fn_pop)sym("cuCtxPopCurrent_v2");
     drv.meminfo = (fn_meminfo)sym("cuMemGetInfo_v2");
+    drv.ctx_state = (fn_ctx_state)sym("cuDevicePrimaryCtxGetState");
     drv.ev_create = (fn_ev_create)sym("cuEventCreate");
     drv.ev_record = (fn_ev_record)sym("cuEventRecord");
     drv.ev_query = (fn_ev_query)sym("cuEventQuery");
@@ -166,6 +169,24 @@ static void pop_primary(void)
 {
     CUcontext ctx;
     drv.pop(&ctx);
+}
+
+int ml_cuda_primary_active(int index)
+{
+    if (!ml_cuda_ready() || index < 0 || index >= ML_CUDA_MAX_DEVICES || !drv.ctx_state) {
+        return -1;
+    }
+    if (primary[index] != NULL) {
+        return 1; /* retained by memlord: exists for the process */
+    }
+    CUdevice dev;
+    unsigned int flags = 0;
+    int active = 0;
+    if (drv.get(&dev, index) != CUDA_SUCCESS ||
+        drv.ctx_state(dev, &flags, &active) != CUDA_SUCCESS) {
+        return -1;
+    }
+    return active ? 1 : 0;
 }
 
 int ml_cuda_mem_info(int index, int64_t *free_bytes, int64_t *total_bytes)

@@ -119,23 +119,89 @@ static void log_summary(MemLordObject *self, ml_state *st, const char *what, con
 
 typedef struct {
     ml_dev dev;
-    int64_t value;
     int64_t runs;
+    ml_gc_why why;
 } ml_gc_run;
 
-static void run_gc(MemLordObject *self, ml_state *st, const ml_gc_run *g)
+/* The one [auto_gc] line of a run, printed DEBUG or not. */
+static void log_gc(ml_state *st, const ml_gc_run *g)
 {
-    char dev[64], value[ML_FMT_BYTES_MAX], thr[ML_FMT_BYTES_MAX];
+    char dev[64], band[96], used[32], value[ML_FMT_BYTES_MAX], thr[ML_FMT_BYTES_MAX];
+    ml_dev_name(st, g->dev, dev, sizeof(dev));
+    if (g->why.banded) {
+        ml_band_name(g->why.lo, g->why.lo_is_int, g->why.hi, g->why.hi_is_int, band, sizeof(band));
+    } else {
+        snprintf(band, sizeof(band), "bytes");
+    }
+    if (g->why.used_pct >= 0) {
+        snprintf(used, sizeof(used), "%.1f%%", g->why.used_pct);
+    } else {
+        snprintf(used, sizeof(used), "unknown");
+    }
+    ml_format_bytes(g->why.value, value, sizeof(value));
+    ml_format_bytes(g->why.threshold, thr, sizeof(thr));
+    char line[512];
+    snprintf(line, sizeof(line),
+             "[auto_gc] %s band=%s used=%s metric=%s value=%lld (%s) threshold=%lld (%s) "
+             "runs=%lld; cache released",
+             dev, band, used, ml_metric_name(g->why.metric), (long long)g->why.value, value,
+             (long long)g->why.threshold, thr, (long long)g->runs);
+    ml_log(ML_YELLOW, "%s", line);
+}
+
+static void run_gc(MemLordObject *self, ml_state *st, ml_gc_run *g)
+{
+    if (!g->why.banded) {
+        /* bytes mode decides without capacity: read it for the line only */
+        ml_capinfo cap;
+        if (ml_capacity_read(st, &self->capacity, g->dev, 0, &cap) < 0) {
+            PyErr_WriteUnraisable((PyObject *)self);
+        } else if (cap.known) {
+            g->why.used_pct = (double)cap.used * 100.0 / (double)cap.total;
+        }
+    }
     if (ml_policy_release(st, g->dev) < 0) {
         PyErr_WriteUnraisable((PyObject *)self);
     }
-    if (ml_debug_on()) {
-        ml_dev_name(st, g->dev, dev, sizeof(dev));
-        ml_format_bytes(g->value, value, sizeof(value));
-        ml_format_bytes(self->policy.threshold, thr, sizeof(thr));
-        ml_log(ML_YELLOW, "[auto_gc] %s: freed %s >= threshold %s; cache released (run %lld on %s)",
-               dev, value, thr, (long long)g->runs, dev);
+    log_gc(st, g);
+}
+
+/* Strategy mode: the capacity of every touched device with a cache, read
+ * before the ledger changes because a user source is Python code.
+ * cap[i].known == -1 marks a device that is not checked. */
+static void read_capacities(MemLordObject *self, ml_state *st, const ml_delta *d, int n,
+                            ml_capinfo *cap)
+{
+    int banded = self->gc_mode == ML_GC_STRATEGY && self->strategy.n > 0;
+    for (int i = 0; i < n; i++) {
+        cap[i].known = -1;
+        if (!banded || !ml_dev_has_cache(st, d[i].dev)) {
+            continue;
+        }
+        if (ml_capacity_read(st, &self->capacity, d[i].dev, 0, &cap[i]) < 0) {
+            PyErr_WriteUnraisable((PyObject *)self);
+            cap[i].known = -1;
+        }
     }
+}
+
+/* 1 when slot's device is due; fills g->why.  No Python code runs. */
+static int gc_due(MemLordObject *self, ml_state *st, int is_free, const ml_capinfo *cap,
+                  const ml_slot *slot, ml_gc_run *g)
+{
+    if (self->gc_mode == ML_GC_STRATEGY) {
+        return cap->known >= 0 && ml_dev_has_cache(st, slot->dev) &&
+               ml_strategy_due(&self->strategy, cap, slot, &g->why);
+    }
+    if (!is_free || !ml_policy_due(st, &self->policy, slot)) {
+        return 0;
+    }
+    memset(&g->why, 0, sizeof(g->why));
+    g->why.used_pct = -1.0;
+    g->why.metric = ML_METRIC_FREED;
+    g->why.value = slot->freed;
+    g->why.threshold = self->policy.threshold;
+    return 1;
 }
 
 int ml_lord_record(MemLordObject *self, int flags, const ml_delta *d, int n, const ml_site *site,
@@ -145,17 +211,21 @@ int ml_lord_record(MemLordObject *self, int flags, const ml_delta *d, int n, con
     int is_free = flags & ML_REC_FREE;
     ml_hotspots *hot = is_free ? &self->free_sites : &self->alloc_sites;
     ml_gc_run gc_inline[ML_DELTAS_INLINE];
+    ml_capinfo cap_inline[ML_DELTAS_INLINE];
     ml_gc_run *gc = gc_inline;
+    ml_capinfo *cap = cap_inline;
     int ngc = 0;
 
     /* Everything that can fail happens before the first counter moves. */
     if (n > ML_DELTAS_INLINE) {
-        gc = PyMem_Malloc((size_t)n * sizeof(ml_gc_run));
+        gc = PyMem_Malloc((size_t)n * (sizeof(ml_gc_run) + sizeof(ml_capinfo)));
         if (gc == NULL) {
             PyErr_NoMemory();
             return -1;
         }
+        cap = (ml_capinfo *)(gc + n);
     }
+    read_capacities(self, st, d, n, cap);
     if (ml_ledger_reserve(&self->ledger, d, n) < 0 ||
         (site->code != NULL && ml_hotspots_reserve(hot, n) < 0)) {
         if (gc != gc_inline) {
@@ -173,9 +243,8 @@ int ml_lord_record(MemLordObject *self, int flags, const ml_delta *d, int n, con
     for (int i = 0; i < n; i++) {
         ml_hotspots_add(hot, d[i].dev, site, d[i].bytes);
         ml_slot *slot = ml_ledger_find(&self->ledger, d[i].dev);
-        if (is_free && ml_policy_due(st, &self->policy, slot)) {
+        if (gc_due(self, st, is_free, &cap[i], slot, &gc[ngc])) {
             gc[ngc].dev = slot->dev;
-            gc[ngc].value = slot->freed;
             ml_ledger_gc_done(&self->ledger, slot);
             gc[ngc].runs = slot->gc_runs;
             ngc++;
@@ -498,8 +567,62 @@ static PyObject *lord_set_auto_gc(MemLordObject *self, PyObject *value)
     if (ml_policy_parse_bytes(value, &p) < 0) {
         return NULL;
     }
+    ml_strategy old = self->strategy;
     self->policy = p;
+    self->gc_mode = ML_GC_BYTES;
+    self->strategy = (ml_strategy){NULL, 0};
     self->version++;
+    ml_strategy_free(&old);
+    Py_RETURN_NONE;
+}
+
+static PyObject *lord_set_auto_gc_strategy(MemLordObject *self, PyObject *value)
+{
+    ml_strategy s;
+    if (ml_strategy_parse(value, &s) < 0) {
+        return NULL;
+    }
+    ml_strategy old = self->strategy;
+    self->strategy = s;
+    self->gc_mode = ML_GC_STRATEGY;
+    self->version++;
+    ml_strategy_free(&old);
+    Py_RETURN_NONE;
+}
+
+static PyObject *lord_device_memory(MemLordObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                    PyObject *kwnames)
+{
+    PyObject *arg;
+    if (nargs == 1 && kwnames == NULL) {
+        arg = args[0];
+    } else {
+        Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+        if (nargs + nkw != 1) {
+            PyErr_Format(PyExc_TypeError, "device_memory() takes exactly 1 argument (%zd given)",
+                         nargs + nkw);
+            return NULL;
+        }
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "device") != 0) {
+            PyErr_Format(PyExc_TypeError, "device_memory() got an unexpected keyword argument '%U'",
+                         PyTuple_GET_ITEM(kwnames, 0));
+            return NULL;
+        }
+        arg = args[0];
+    }
+    ml_state *st = ml_lord_state(self);
+    ml_dev dev;
+    if (ml_capacity_parse_device(st, &self->capacity, arg, &dev) < 0) {
+        return NULL;
+    }
+    return ml_capacity_query(st, &self->capacity, dev);
+}
+
+static PyObject *lord_set_capacity_source(MemLordObject *self, PyObject *fn)
+{
+    if (ml_capacity_set_source(&self->capacity, fn) < 0) {
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 
@@ -527,10 +650,23 @@ static PyObject *lord_hook_into_torch(MemLordObject *self, PyObject *Py_UNUSED(i
 
 static PyObject *lord_get_auto_gc_bytes(MemLordObject *self, void *Py_UNUSED(closure))
 {
-    if (!self->policy.enabled) {
+    if (self->gc_mode != ML_GC_BYTES || !self->policy.enabled) {
         Py_RETURN_NONE;
     }
     return PyLong_FromLongLong(self->policy.threshold);
+}
+
+static PyObject *lord_get_auto_gc_strategy(MemLordObject *self, void *Py_UNUSED(closure))
+{
+    if (self->gc_mode != ML_GC_STRATEGY) {
+        Py_RETURN_NONE;
+    }
+    return ml_strategy_to_dict(&self->strategy);
+}
+
+static PyObject *lord_get_capacity_source(MemLordObject *self, void *Py_UNUSED(closure))
+{
+    return Py_NewRef(self->capacity.source ? self->capacity.source : Py_None);
 }
 
 static PyObject *lord_get_track_callsite(MemLordObject *self, void *Py_UNUSED(closure))
@@ -541,13 +677,17 @@ static PyObject *lord_get_track_callsite(MemLordObject *self, void *Py_UNUSED(cl
 static PyObject *lord_repr(MemLordObject *self)
 {
     ml_state *st = ml_lord_state(self);
-    char thr[ML_FMT_BYTES_MAX] = "off";
-    if (self->policy.enabled) {
+    char thr[ML_FMT_BYTES_MAX + 32] = "off";
+    if (self->gc_mode == ML_GC_STRATEGY) {
+        snprintf(thr, sizeof(thr), "strategy (%d band%s)", self->strategy.n,
+                 self->strategy.n == 1 ? "" : "s");
+    } else if (self->policy.enabled) {
         ml_format_bytes(self->policy.threshold, thr, sizeof(thr));
     }
-    PyObject *out = PyUnicode_FromFormat("<MemLord auto_gc=%s%s, %d device%s>", thr,
-                                         self->policy.is_auto ? " (auto)" : "", self->ledger.n,
-                                         self->ledger.n == 1 ? "" : "s");
+    PyObject *out =
+        PyUnicode_FromFormat("<MemLord auto_gc=%s%s, %d device%s>", thr,
+                             self->gc_mode == ML_GC_BYTES && self->policy.is_auto ? " (auto)" : "",
+                             self->ledger.n, self->ledger.n == 1 ? "" : "s");
     for (int i = 0; out != NULL && i < self->ledger.n; i++) {
         const ml_slot *s = &self->ledger.slots[i];
         char dev[64], a[ML_FMT_BYTES_MAX], f[ML_FMT_BYTES_MAX], p[ML_FMT_BYTES_MAX];
@@ -573,10 +713,16 @@ static PyObject *lord_repr(MemLordObject *self)
 
 static PyObject *lord_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"auto_gc_bytes", "track_callsite", NULL};
-    PyObject *auto_gc = NULL;
+    static char *kwlist[] = {"auto_gc_bytes", "auto_gc_strategy", "track_callsite", NULL};
+    PyObject *auto_gc = NULL, *strategy_arg = NULL; /* NULL: not passed */
     int track = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O$p:MemLord", kwlist, &auto_gc, &track)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O$Op:MemLord", kwlist, &auto_gc, &strategy_arg,
+                                     &track)) {
+        return NULL;
+    }
+    if (auto_gc != NULL && strategy_arg != NULL) {
+        PyErr_SetString(PyExc_ValueError,
+                        "MemLord(): pass either 'auto_gc_bytes' or 'auto_gc_strategy', not both");
         return NULL;
     }
     PyObject *module = PyType_GetModule(type);
@@ -598,24 +744,33 @@ static PyObject *lord_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
             return NULL;
         }
     }
-    ml_policy policy;
+    ml_policy policy = {0, 0, 0};
+    ml_strategy strategy = {NULL, 0};
     PyObject *auto_str = NULL;
-    if (auto_gc == NULL) {
+    if (strategy_arg != NULL) {
+        if (ml_strategy_parse(strategy_arg, &strategy) < 0) {
+            return NULL;
+        }
+    } else if (auto_gc == NULL) {
         auto_str = PyUnicode_FromString("auto");
         if (auto_str == NULL) {
             return NULL;
         }
         auto_gc = auto_str;
     }
-    int rc = ml_policy_parse_bytes(auto_gc, &policy);
+    int rc = auto_gc == NULL ? 0 : ml_policy_parse_bytes(auto_gc, &policy);
     Py_XDECREF(auto_str);
     if (rc < 0) {
         return NULL;
     }
     MemLordObject *self = (MemLordObject *)type->tp_alloc(type, 0);
     if (self == NULL) {
+        ml_strategy_free(&strategy);
         return NULL;
     }
+    self->strategy = strategy;
+    self->gc_mode = strategy_arg != NULL ? ML_GC_STRATEGY : ML_GC_BYTES;
+    ml_capacity_init(&self->capacity);
     self->module = Py_NewRef(module);
     ml_ledger_init(&self->ledger);
     ml_hotspots_init(&self->alloc_sites);
@@ -630,6 +785,7 @@ static int lord_traverse(MemLordObject *self, visitproc visit, void *arg)
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->module);
     Py_VISIT(self->torch_handle);
+    Py_VISIT(self->capacity.source);
     return ml_hotspots_traverse(&self->alloc_sites, visit, arg) ||
            ml_hotspots_traverse(&self->free_sites, visit, arg);
 }
@@ -639,6 +795,7 @@ static int lord_clear(MemLordObject *self)
     clear_qcache(self);
     Py_CLEAR(self->last_sel_str);
     Py_CLEAR(self->torch_handle);
+    ml_capacity_clear(&self->capacity);
     ml_hotspots_clear(&self->alloc_sites);
     ml_hotspots_clear(&self->free_sites);
     Py_CLEAR(self->module);
@@ -654,6 +811,7 @@ static void lord_dealloc(MemLordObject *self)
     }
     lord_clear(self);
     ml_ledger_free(&self->ledger);
+    ml_strategy_free(&self->strategy);
     tp->tp_free(self);
     Py_DECREF(tp);
 }
@@ -680,10 +838,24 @@ static PyMethodDef lord_methods[] = {
      "top_free_site(device=None)\n--\n\n(torch.device, 'file:line', bytes) of the biggest "
      "cumulative free site, or None."},
     {"reset", (PyCFunction)lord_reset, METH_NOARGS,
-     "reset()\n--\n\nClear every counter and hotspot; the auto-GC threshold is kept."},
+     "reset()\n--\n\nClear every counter and hotspot; the auto-GC threshold or strategy is "
+     "kept."},
     {"set_auto_gc", (PyCFunction)lord_set_auto_gc, METH_O,
-     "set_auto_gc(value)\n--\n\nSet the auto-GC threshold: \"auto\", an int >= 0 (0 disables) or "
-     "None."},
+     "set_auto_gc(value)\n--\n\nSwitch to bytes-mode auto-GC with this threshold: \"auto\", an "
+     "int >= 0 (0 disables) or None."},
+    {"set_auto_gc_strategy", (PyCFunction)lord_set_auto_gc_strategy, METH_O,
+     "set_auto_gc_strategy(strategy)\n--\n\nSwitch to banded auto-GC: {(lo_pct, hi_pct): "
+     "{'metric': 'allocated'|'freed'|'max', 'threshold': {'bytes': int, 'percent': float}}}. "
+     "None installs the default bands; {} disables auto-GC.  A malformed strategy raises "
+     "TypeError/ValueError and changes nothing."},
+    {"device_memory", (PyCFunction)(void (*)(void))lord_device_memory, FASTKW,
+     "device_memory(device)\n--\n\n(total_bytes, used_bytes, used_percent) of one device "
+     "('cpu', 'cuda:0', torch.device), or (None, None, None) when it cannot be read.  The "
+     "built-in source is cached for 50 ms per device."},
+    {"set_capacity_source", (PyCFunction)lord_set_capacity_source, METH_O,
+     "set_capacity_source(source)\n--\n\nRead device capacity from source(device_str) -> "
+     "(total_bytes, used_bytes) | None, called on every read (uncached); None restores the "
+     "built-in source."},
     {"set_callsite_tracking", (PyCFunction)lord_set_callsite_tracking, METH_O,
      "set_callsite_tracking(enabled)\n--\n\nSwitch call-site recording on or off."},
     {"hook_into_torch", (PyCFunction)lord_hook_into_torch, METH_NOARGS,
@@ -698,6 +870,10 @@ static PyMethodDef lord_methods[] = {
 static PyGetSetDef lord_getset[] = {
     {"auto_gc_bytes", (getter)lord_get_auto_gc_bytes, NULL,
      "The auto-GC threshold in force, in bytes, or None when disabled.", NULL},
+    {"auto_gc_strategy", (getter)lord_get_auto_gc_strategy, NULL,
+     "The banded strategy in force (a fresh dict), or None in bytes mode.", NULL},
+    {"capacity_source", (getter)lord_get_capacity_source, NULL,
+     "The user capacity source, or None for the built-in one.", NULL},
     {"track_callsite", (getter)lord_get_track_callsite, NULL, "Whether call sites are recorded.",
      NULL},
     {NULL, NULL, NULL, NULL, NULL},
@@ -709,7 +885,8 @@ static PyMemberDef lord_members[] = {
 };
 
 static PyType_Slot lord_slots[] = {
-    {Py_tp_doc, "MemLord(auto_gc_bytes=\"auto\", *, track_callsite=True)\n--\n\n"
+    {Py_tp_doc, "MemLord(auto_gc_bytes=\"auto\", *, auto_gc_strategy=..., track_callsite=True)\n"
+                "--\n\n"
                 "A per-device ledger of the memory a program allocated and freed."},
     {Py_tp_new, lord_new},
     {Py_tp_dealloc, lord_dealloc},

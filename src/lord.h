@@ -2,11 +2,15 @@
 #ifndef MEMLORD_LORD_H
 #define MEMLORD_LORD_H
 
+#include "capacity.h"
 #include "ledger.h"
 #include "policy.h"
 #include "sites.h"
 
 #define ML_QCACHE 4
+
+#define ML_GC_BYTES 0
+#define ML_GC_STRATEGY 1
 
 typedef struct {
     PyObject *result; /* (int, str), strong */
@@ -20,7 +24,10 @@ typedef struct {
     ml_ledger ledger;
     ml_hotspots alloc_sites;
     ml_hotspots free_sites;
-    ml_policy policy;
+    ml_policy policy;     /* in force when gc_mode == ML_GC_BYTES */
+    ml_strategy strategy; /* in force when gc_mode == ML_GC_STRATEGY */
+    int gc_mode;
+    ml_capacity capacity; /* device capacity: source and cache */
     int track_callsite;
     uint64_t version; /* bumped on every change, keys the query cache */
     ml_qcache qcache[ML_QCACHE];

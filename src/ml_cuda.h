@@ -12,6 +12,9 @@ int ml_cuda_ready(void);
 int ml_cuda_device_count(void);
 /* Smallest total memory among visible devices: 1 and *out set, or 0. */
 int ml_cuda_min_total(int64_t *out);
+/* Whether device index's primary context is active (someone, e.g. torch,
+ * initialised it): 1 yes, 0 no, -1 cannot tell.  Creates nothing. */
+int ml_cuda_primary_active(int index);
 /* Free and total memory of a visible device: 0 on success, -1 otherwise. */
 int ml_cuda_mem_info(int index, int64_t *free_bytes, int64_t *total_bytes);
 

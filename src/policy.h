@@ -10,6 +10,57 @@ typedef struct {
     int64_t threshold; /* bytes freed since the device's last GC */
 } ml_policy;
 
+/* ---- banded strategy --------------------------------------------------
+ * A band applies while the device's used percentage lies in [lo, hi).  Its
+ * threshold is the smaller of `bytes` and `percent` of the device's total
+ * (each optional, at least one given); the value compared is the bytes
+ * allocated or freed since the device's last GC, or the larger of both. */
+enum { ML_METRIC_ALLOCATED = 0, ML_METRIC_FREED = 1, ML_METRIC_MAX = 2 };
+
+typedef struct {
+    double lo, hi;
+    int lo_is_int, hi_is_int; /* how the key was written, for the round trip */
+    int metric;
+    int has_bytes, has_percent;
+    int64_t bytes;
+    double percent;
+} ml_band;
+
+typedef struct {
+    ml_band *bands; /* PyMem, sorted by lo, not overlapping; NULL when n == 0 */
+    int n;
+} ml_strategy;
+
+/* What a device's capacity source said: known == 0 when it could not tell. */
+typedef struct {
+    int known;
+    int64_t total, used;
+} ml_capinfo;
+
+/* Why a GC run happened, for its log line (copied: the strategy may be
+ * replaced before the line is printed). */
+typedef struct {
+    int banded; /* 0: bytes mode */
+    double lo, hi;
+    int lo_is_int, hi_is_int;
+    double used_pct; /* < 0: unknown */
+    int metric;
+    int64_t value, threshold;
+} ml_gc_why;
+
+/* Parse a strategy dict into *out (fresh array).  None gives the default
+ * bands.  Fails, naming the band and field, without touching *out. */
+int ml_strategy_parse(PyObject *value, ml_strategy *out);
+void ml_strategy_free(ml_strategy *s);
+/* A fresh dict in the shape ml_strategy_parse accepts. */
+PyObject *ml_strategy_to_dict(const ml_strategy *s);
+/* 1 (and *why filled) when slot's device is due under s with capacity cap. */
+int ml_strategy_due(const ml_strategy *s, const ml_capinfo *cap, const ml_slot *slot,
+                    ml_gc_why *why);
+const char *ml_metric_name(int metric);
+/* "[50, 75)" into buf */
+int ml_band_name(double lo, int lo_is_int, double hi, int hi_is_int, char *buf, size_t size);
+
 /* Parse an auto_gc_bytes value ("auto", int >= 0, None).  Fails without
  * touching *out. */
 int ml_policy_parse_bytes(PyObject *value, ml_policy *out);
