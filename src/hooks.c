@@ -9,6 +9,7 @@
  * A conversion is sized from tensor metadata only (numel * element size);
  * the hook never touches data or storages. */
 #include "hooks.h"
+#include "lifetime.h"
 #include "log.h"
 #include "ml_cuda.h"
 #include "walk.h"
@@ -18,7 +19,18 @@
 
 /* HK_MOVE may change device (to, cuda, cpu); HK_CAST never does (half,
  * float, double, bfloat16), so it needs no source metadata at all. */
-enum hook_kind { HK_MOVE = 0, HK_CAST = 1, HK_MODULE_TO = 2, HK_SYNC = 3 };
+enum hook_kind {
+    HK_MOVE = 0,
+    HK_CAST = 1,
+    HK_MODULE_TO = 2,
+    HK_SYNC = 3,
+    HK_FACTORY = 4, /* hook_into_python: torch.empty, ..., Tensor.clone */
+    HK_PARAM = 5,   /* hook_into_python: nn.Parameter.__new__ moves registrations */
+};
+
+/* Patch groups: the torch hooks and the python (lifetime) hooks come and go
+ * independently. */
+enum { G_TORCH = 1, G_PY = 2 };
 
 typedef struct {
     PyObject_HEAD vectorcallfunc vectorcall;
@@ -39,6 +51,7 @@ typedef struct {
     PyObject *own;      /* owner.__dict__[name] before patching, or NULL */
     PyObject *original; /* getattr(owner, name) before patching */
     PyObject *hook;     /* the HookObject installed */
+    int group;
 } ml_patch;
 
 /* A free waiting for a CUDA event. */
@@ -50,7 +63,7 @@ typedef struct {
     ml_site site;
 } ml_pending;
 
-#define ML_MAX_PATCHES 16
+#define ML_MAX_PATCHES 64
 #define ML_PENDING_HARD_CAP 8192
 
 static struct {
@@ -58,14 +71,17 @@ static struct {
     ml_patch patches[ML_MAX_PATCHES];
     int npatches;
     PyObject *lords;          /* tuple of subscribed lords; replaced, never mutated */
+    PyObject *py_lords;       /* lords subscribed to the factory wrappers */
     PyObject *current_stream; /* torch.cuda.current_stream, or NULL */
     PyObject *s_cuda_stream;
     ml_pending *pending;
     Py_ssize_t npending, cap;
 } disp;
 
-/* Module.to passes its non_blocking flag down through this counter. */
+/* Module.to passes its non_blocking flag down through this counter, and
+ * tells conversions they run inside it (module_depth). */
 static _Thread_local int module_non_blocking;
+static _Thread_local int module_depth;
 
 /* ---- pending queue ----------------------------------------------------- */
 
@@ -286,6 +302,55 @@ static int is_non_blocking(PyObject *const *args, Py_ssize_t nargs, PyObject *kw
     return 0;
 }
 
+/* Lifetime tracking of conversion results (hook_into_python with
+ * enable_deep_autowrap).  Outside Module.to the result is registered and a
+ * moved source loses its registration (its free was just counted).  Inside
+ * Module.to the parameter object keeps living with the new data
+ * (param.data = result), so its registration is resized to the result and,
+ * for a same-device cast, the old data's free is credited now. */
+static int autowrap(ml_state *st, PyObject *lords, PyObject *src, PyObject *dst, ml_dev ddev,
+                    int64_t dbytes, int moved)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
+        MemLordObject *lord = (MemLordObject *)PyTuple_GET_ITEM(lords, i);
+        if (lord->py_handle == NULL || !lord->deep_autowrap) {
+            if (moved && lord->registry != NULL) {
+                ml_life_cancel(lord, src); /* never credit a counted move twice */
+            }
+            continue;
+        }
+        if (module_depth > 0) {
+            ml_dev sdev;
+            int64_t sbytes = 0;
+            if (!moved && ml_tensor_meta_bytes(st, src, &sdev, &sbytes) < 0) {
+                return -1;
+            }
+            int tracked = ml_life_resize(lord, src, ddev, dbytes);
+            if (tracked < 0) {
+                return -1;
+            }
+            if (tracked > 0 && !moved && sbytes > 0) {
+                ml_delta d = {sdev, sbytes, 1};
+                ml_site none = {NULL, 0};
+                if (ml_lord_record(lord, ML_REC_FREE, &d, 1, &none, "(hook)", NULL) < 0) {
+                    return -1;
+                }
+            }
+            continue;
+        }
+        if (dbytes > 0) {
+            ml_delta d = {ddev, dbytes, 1};
+            if (ml_life_register(lord, dst, &d, 1) < 0) {
+                return -1;
+            }
+        }
+        if (moved) {
+            ml_life_cancel(lord, src);
+        }
+    }
+    return 0;
+}
+
 static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyObject *dst, int kind,
                               int non_blocking)
 {
@@ -331,6 +396,10 @@ static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyOb
         } else {
             record_all(lords, ML_REC_FREE, sdev, sbytes, &site);
         }
+    }
+    if (autowrap(st, lords, src, dst, ddev, dbytes, moved) < 0) {
+        ml_site_clear(&site);
+        return -1;
     }
     ml_site_clear(&site);
     if (!queued && disp.npending > 0) {
@@ -393,8 +462,101 @@ static PyObject *hook_module_to(HookObject *self, PyObject *const *args, size_t 
         }
     }
     module_non_blocking += nb;
+    module_depth++;
     PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    module_depth--;
     module_non_blocking -= nb;
+    return result;
+}
+
+static PyObject *kwarg(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const char *name)
+{
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, i), name) == 0) {
+            return args[nargs + i];
+        }
+    }
+    return NULL;
+}
+
+/* torch.empty(...) and friends, Tensor.clone: the result is counted and
+ * registered for every lord with hook_into_python on, unless out= was
+ * given (the memory already existed). */
+static PyObject *hook_factory(HookObject *self, PyObject *const *args, size_t nargsf,
+                              PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    if (result == NULL || disp.py_lords == NULL || disp.module == NULL) {
+        return result;
+    }
+    PyObject *out = kwarg(args, nargs, kwnames, "out");
+    if (out != NULL && out != Py_None) {
+        return result;
+    }
+    ml_state *st = ml_state_of_module(disp.module);
+    if (!PyObject_TypeCheck(result, (PyTypeObject *)st->tensor_type)) {
+        return result;
+    }
+    ml_dev dev;
+    int64_t bytes;
+    if (ml_tensor_meta_bytes(st, result, &dev, &bytes) < 0) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    if (bytes <= 0) {
+        return result;
+    }
+    PyObject *lords = Py_NewRef(disp.py_lords);
+    ml_site site = {NULL, 0};
+    if (any_tracks_callsite(lords)) {
+        ml_site_capture(st, &site);
+    }
+    ml_delta d = {dev, bytes, 1};
+    int rc = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords) && rc == 0; i++) {
+        MemLordObject *lord = (MemLordObject *)PyTuple_GET_ITEM(lords, i);
+        ml_site none = {NULL, 0};
+        rc =
+            ml_lord_record(lord, 0, &d, 1, lord->track_callsite ? &site : &none, "(factory)", NULL);
+        if (rc == 0 && lord->py_handle != NULL) {
+            rc = ml_life_register(lord, result, &d, 1);
+        }
+    }
+    ml_site_clear(&site);
+    Py_DECREF(lords);
+    if (rc < 0) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    return result;
+}
+
+/* nn.Parameter(data): the parameter now holds data's memory, so data's
+ * registrations move to it (data's own object usually dies right away). */
+static PyObject *hook_param(HookObject *self, PyObject *const *args, size_t nargsf,
+                            PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    if (result == NULL || disp.py_lords == NULL) {
+        return result;
+    }
+    PyObject *data = nargs >= 2 ? args[1] : kwarg(args, nargs, kwnames, "data");
+    if (data == NULL || data == Py_None || data == result) {
+        return result;
+    }
+    PyObject *lords = Py_NewRef(disp.py_lords);
+    int rc = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords) && rc >= 0; i++) {
+        rc = ml_life_transfer((MemLordObject *)PyTuple_GET_ITEM(lords, i), data, result);
+    }
+    Py_DECREF(lords);
+    if (rc < 0) {
+        Py_DECREF(result);
+        return NULL;
+    }
     return result;
 }
 
@@ -418,6 +580,10 @@ static PyObject *hook_vectorcall(PyObject *callable, PyObject *const *args, size
         return hook_tensor(self, args, nargsf, kwnames);
     case HK_MODULE_TO:
         return hook_module_to(self, args, nargsf, kwnames);
+    case HK_FACTORY:
+        return hook_factory(self, args, nargsf, kwnames);
+    case HK_PARAM:
+        return hook_param(self, args, nargsf, kwnames);
     default:
         return hook_sync(self, args, nargsf, kwnames);
     }
@@ -513,6 +679,8 @@ PyType_Spec ml_hook_spec = {
 
 /* ---- install / uninstall ----------------------------------------------- */
 
+static int installing_group;
+
 static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
 {
     if (disp.npatches == ML_MAX_PATCHES) {
@@ -570,15 +738,20 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
     p->own = own;
     p->original = original;
     p->hook = (PyObject *)hook;
+    p->group = installing_group;
     return 0;
 }
 
-/* Put every original back, the very same objects. */
-static int unpatch_all(void)
+/* Put every original of a group back, the very same objects, newest
+ * first. */
+static int unpatch_group(int group)
 {
     int rc = 0;
-    while (disp.npatches > 0) {
-        ml_patch *p = &disp.patches[--disp.npatches];
+    for (int i = disp.npatches - 1; i >= 0; i--) {
+        ml_patch *p = &disp.patches[i];
+        if (p->group != group) {
+            continue;
+        }
         int r = p->own != NULL ? PyObject_SetAttr(p->owner, p->name, p->own)
                                : PyObject_DelAttr(p->owner, p->name);
         if (r < 0) {
@@ -590,8 +763,23 @@ static int unpatch_all(void)
         Py_CLEAR(p->own);
         Py_CLEAR(p->original);
         Py_CLEAR(p->hook);
+        memmove(p, p + 1, (size_t)(disp.npatches - i - 1) * sizeof(ml_patch));
+        disp.npatches--;
+    }
+    if (disp.npatches == 0) {
+        Py_CLEAR(disp.module);
     }
     return rc;
+}
+
+static int group_installed(int group)
+{
+    for (int i = 0; i < disp.npatches; i++) {
+        if (disp.patches[i].group == group) {
+            return 1;
+        }
+    }
+    return 0;
 }
 
 static PyObject *import_attr(const char *module, const char *attr)
@@ -623,13 +811,13 @@ static int torch_has_cuda(void)
     return has;
 }
 
-static int install(PyObject *module)
+static int install_torch(PyObject *module)
 {
     ml_state *st = ml_state_of_module(module);
     static const char *const moves[] = {"to", "cuda", "cpu"};
     static const char *const casts[] = {"half", "float", "double", "bfloat16"};
-    PyObject *module_cls = st->module_type;
-    disp.module = Py_NewRef(module);
+    installing_group = G_TORCH;
+    Py_XSETREF(disp.module, Py_NewRef(module));
     if (disp.s_cuda_stream == NULL &&
         (disp.s_cuda_stream = PyUnicode_InternFromString("cuda_stream")) == NULL) {
         goto fail;
@@ -644,7 +832,7 @@ static int install(PyObject *module)
             goto fail;
         }
     }
-    if (patch_one(st, module_cls, "to", HK_MODULE_TO) < 0) {
+    if (patch_one(st, st->module_type, "to", HK_MODULE_TO) < 0) {
         goto fail;
     }
     if (torch_has_cuda()) {
@@ -669,30 +857,62 @@ static int install(PyObject *module)
     }
     return 0;
 fail:
-    unpatch_all();
+    unpatch_group(G_TORCH);
     Py_CLEAR(disp.current_stream);
-    Py_CLEAR(disp.module);
     return -1;
 }
 
-static void uninstall(void)
+static void uninstall_torch(void)
 {
-    unpatch_all();
+    unpatch_group(G_TORCH);
     Py_CLEAR(disp.current_stream);
-    Py_CLEAR(disp.module);
 }
 
-/* New subscriber tuple with lord added or removed. */
-static PyObject *lords_with(PyObject *lord, int add)
+/* The factories of hook_into_python (torch.<name>), Tensor.clone and
+ * nn.Parameter.__new__. */
+static int install_py(PyObject *module)
 {
-    Py_ssize_t n = disp.lords ? PyTuple_GET_SIZE(disp.lords) : 0;
+    static const char *const factories[] = {
+        "empty",     "zeros",         "ones",       "full",         "rand",       "randn",
+        "randint",   "randperm",      "tensor",     "arange",       "linspace",   "logspace",
+        "eye",       "empty_strided", "normal",     "empty_like",   "zeros_like", "ones_like",
+        "full_like", "rand_like",     "randn_like", "randint_like",
+    };
+    ml_state *st = ml_state_of_module(module);
+    installing_group = G_PY;
+    Py_XSETREF(disp.module, Py_NewRef(module));
+    PyObject *torch = PyImport_ImportModule("torch");
+    if (torch == NULL) {
+        goto fail;
+    }
+    for (size_t i = 0; i < sizeof(factories) / sizeof(factories[0]); i++) {
+        if (patch_one(st, torch, factories[i], HK_FACTORY) < 0) {
+            Py_DECREF(torch);
+            goto fail;
+        }
+    }
+    Py_DECREF(torch);
+    if (patch_one(st, st->tensor_type, "clone", HK_FACTORY) < 0 ||
+        patch_one(st, st->parameter_type, "__new__", HK_PARAM) < 0) {
+        goto fail;
+    }
+    return 0;
+fail:
+    unpatch_group(G_PY);
+    return -1;
+}
+
+/* New subscriber tuple: lords with lord added or removed. */
+static PyObject *lords_with(PyObject *lords, PyObject *lord, int add)
+{
+    Py_ssize_t n = lords ? PyTuple_GET_SIZE(lords) : 0;
     PyObject *out = PyTuple_New(add ? n + 1 : n - 1);
     if (out == NULL) {
         return NULL;
     }
     Py_ssize_t k = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *l = PyTuple_GET_ITEM(disp.lords, i);
+        PyObject *l = PyTuple_GET_ITEM(lords, i);
         if (!add && l == lord) {
             continue;
         }
@@ -702,6 +922,37 @@ static PyObject *lords_with(PyObject *lord, int add)
         PyTuple_SET_ITEM(out, k, Py_NewRef(lord));
     }
     return out;
+}
+
+int ml_hooks_py_subscribe(MemLordObject *lord)
+{
+    PyObject *lords = lords_with(disp.py_lords, (PyObject *)lord, 1);
+    if (lords == NULL) {
+        return -1;
+    }
+    if (!group_installed(G_PY) && install_py(lord->module) < 0) {
+        Py_DECREF(lords);
+        return -1;
+    }
+    Py_XSETREF(disp.py_lords, lords);
+    return 0;
+}
+
+int ml_hooks_py_unsubscribe(MemLordObject *lord)
+{
+    if (disp.py_lords == NULL || !lords_contain(disp.py_lords, (PyObject *)lord)) {
+        return 0;
+    }
+    PyObject *lords = lords_with(disp.py_lords, (PyObject *)lord, 0);
+    if (lords == NULL) {
+        return -1;
+    }
+    Py_XSETREF(disp.py_lords, lords);
+    if (PyTuple_GET_SIZE(disp.py_lords) == 0) {
+        Py_CLEAR(disp.py_lords);
+        unpatch_group(G_PY);
+    }
+    return 0;
 }
 
 /* ---- the handle -------------------------------------------------------- */
@@ -719,12 +970,12 @@ PyObject *ml_hooks_enable(MemLordObject *lord)
     h->lord = (MemLordObject *)Py_NewRef(lord);
     h->enabled = 0;
     PyObject_GC_Track(h);
-    PyObject *lords = lords_with((PyObject *)lord, 1);
+    PyObject *lords = lords_with(disp.lords, (PyObject *)lord, 1);
     if (lords == NULL) {
         Py_DECREF(h);
         return NULL;
     }
-    if (disp.npatches == 0 && install(lord->module) < 0) {
+    if (!group_installed(G_TORCH) && install_torch(lord->module) < 0) {
         Py_DECREF(lords);
         Py_DECREF(h);
         return NULL;
@@ -740,7 +991,7 @@ static PyObject *handle_disable(HandleObject *self, PyObject *Py_UNUSED(ignored)
     if (!self->enabled) {
         Py_RETURN_NONE;
     }
-    PyObject *lords = lords_with((PyObject *)self->lord, 0);
+    PyObject *lords = lords_with(disp.lords, (PyObject *)self->lord, 0);
     if (lords == NULL) {
         return NULL;
     }
@@ -751,7 +1002,7 @@ static PyObject *handle_disable(HandleObject *self, PyObject *Py_UNUSED(ignored)
     pending_drain(1, (PyObject *)self->lord, 0);
     if (PyTuple_GET_SIZE(disp.lords) == 0) {
         Py_CLEAR(disp.lords);
-        uninstall();
+        uninstall_torch();
     }
     if (self->lord->torch_handle == (PyObject *)self) {
         Py_CLEAR(self->lord->torch_handle);
@@ -883,8 +1134,11 @@ PyType_Spec ml_handle_spec = {
 
 PyObject *ml_hooks_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(unused))
 {
-    return Py_BuildValue("{s:O,s:n,s:n,s:n,s:n}", "installed", disp.npatches ? Py_True : Py_False,
-                         "subscribers", disp.lords ? PyTuple_GET_SIZE(disp.lords) : 0, "pending",
+    return Py_BuildValue("{s:O,s:O,s:n,s:n,s:n,s:n,s:n}", "installed",
+                         group_installed(G_TORCH) ? Py_True : Py_False, "python_installed",
+                         group_installed(G_PY) ? Py_True : Py_False, "subscribers",
+                         disp.lords ? PyTuple_GET_SIZE(disp.lords) : 0, "python_subscribers",
+                         disp.py_lords ? PyTuple_GET_SIZE(disp.py_lords) : 0, "pending",
                          disp.npending, "events_created", (Py_ssize_t)ml_cuda_events_created(),
                          "events_pooled", (Py_ssize_t)ml_cuda_events_pooled());
 }

@@ -8,6 +8,9 @@
 extern PyType_Spec ml_hook_spec;   /* the wrapper installed in torch */
 extern PyType_Spec ml_handle_spec; /* what hook_into_torch() returns */
 
+/* Subscribe lord to the factory wrappers of hook_into_python(). */
+int ml_hooks_py_subscribe(MemLordObject *lord);
+int ml_hooks_py_unsubscribe(MemLordObject *lord);
 /* lord.hook_into_torch() */
 PyObject *ml_hooks_enable(MemLordObject *lord);
 /* Module-level introspection: {"installed", "subscribers", "pending"} */

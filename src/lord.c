@@ -3,6 +3,7 @@
  * counters), sites.c (hotspots) and policy.c (auto-GC). */
 #include "lord.h"
 #include "hooks.h"
+#include "lifetime.h"
 #include "log.h"
 #include "walk.h"
 
@@ -276,18 +277,116 @@ int ml_lord_record(MemLordObject *self, int flags, const ml_delta *d, int n, con
     return 0;
 }
 
+/* One item of an allocate/free argument and the blocks it added. */
+typedef struct {
+    PyObject *obj; /* borrowed from the argument, which the caller holds */
+    Py_ssize_t start, end;
+} ml_item;
+
+/* Walk obj item by item so that lifetime tracking can register each item
+ * with its own share.  items has room for n_items entries. */
+static int walk_items(ml_state *st, ml_walk *w, PyObject *obj, const char *what, ml_item *items,
+                      Py_ssize_t *n_items)
+{
+    if (!(PyTuple_Check(obj) || PyList_Check(obj))) {
+        items[0].obj = obj;
+        items[0].start = w->n;
+        if (ml_walk_item(st, w, obj, -1, what) < 0) {
+            return -1;
+        }
+        items[0].end = w->n;
+        *n_items = 1;
+        return 0;
+    }
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(obj) && n < *n_items; i++) {
+        PyObject *item = PySequence_Fast_GET_ITEM(obj, i);
+        items[n].obj = item;
+        items[n].start = w->n;
+        Py_INCREF(item);
+        int rc = ml_walk_item(st, w, item, i, what);
+        Py_DECREF(item);
+        if (rc < 0) {
+            return -1;
+        }
+        items[n].end = w->n;
+        n++;
+    }
+    *n_items = n;
+    return 0;
+}
+
+static int register_items(MemLordObject *self, const ml_walk *w, const ml_item *items, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ml_deltas ds;
+        deltas_init(&ds);
+        int rc = 0;
+        for (Py_ssize_t b = items[i].start; b < items[i].end && rc == 0; b++) {
+            rc = deltas_add(&ds, w->blocks[b].dev, w->blocks[b].nbytes, 1);
+        }
+        if (rc == 0 && ds.n > 0) {
+            rc = ml_life_register(self, items[i].obj, ds.d, ds.n);
+        }
+        deltas_clear(&ds);
+        if (rc < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void cancel_items(MemLordObject *self, const ml_walk *w, const ml_item *items, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ml_life_cancel(self, items[i].obj);
+    }
+    if (w->tensors != NULL) {
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(w->tensors); i++) {
+            ml_life_cancel(self, PyList_GET_ITEM(w->tensors, i));
+        }
+    }
+}
+
 static PyObject *record_object(MemLordObject *self, PyObject *obj, int is_free)
 {
     ml_state *st = ml_lord_state(self);
     const char *what = is_free ? "free" : "allocate";
+    /* Lifetime tracking: allocate registers what it counts, free cancels
+     * the pending credits of what it frees. */
+    int life = is_free ? self->registry != NULL : ml_life_active(self);
     ml_walk w;
     ml_deltas ds;
     ml_site site = {NULL, 0};
     PyObject *result = NULL;
+    ml_item items_inline[8], *items = items_inline;
+    Py_ssize_t n_items = 0;
     ml_walk_init(&w);
     deltas_init(&ds);
-    if (ml_walk_object(st, &w, obj, what) < 0) {
-        goto done;
+    if (!life) {
+        if (ml_walk_object(st, &w, obj, what) < 0) {
+            goto done;
+        }
+    } else {
+        Py_INCREF(obj); /* a list argument may change while torch code runs */
+        n_items = (PyTuple_Check(obj) || PyList_Check(obj)) ? PySequence_Fast_GET_SIZE(obj) : 1;
+        if (n_items > 8) {
+            items = PyMem_Malloc((size_t)n_items * sizeof(ml_item));
+            if (items == NULL) {
+                PyErr_NoMemory();
+                Py_DECREF(obj);
+                goto done;
+            }
+        }
+        if (is_free && (w.tensors = PyList_New(0)) == NULL) {
+            Py_DECREF(obj);
+            goto done;
+        }
+        int rc = walk_items(st, &w, obj, what, items, &n_items);
+        Py_DECREF(obj);
+        if (rc < 0) {
+            goto done;
+        }
     }
     for (Py_ssize_t i = 0; i < w.n; i++) {
         if (deltas_add(&ds, w.blocks[i].dev, w.blocks[i].nbytes, 1) < 0) {
@@ -301,8 +400,16 @@ static PyObject *record_object(MemLordObject *self, PyObject *obj, int is_free)
                        what) < 0) {
         goto done;
     }
+    if (life && is_free) {
+        cancel_items(self, &w, items, n_items);
+    } else if (life && register_items(self, &w, items, n_items) < 0) {
+        goto done;
+    }
     result = Py_NewRef(Py_None);
 done:
+    if (items != items_inline) {
+        PyMem_Free(items);
+    }
     ml_site_clear(&site);
     deltas_clear(&ds);
     ml_walk_clear(&w);
@@ -546,6 +653,9 @@ static void clear_qcache(MemLordObject *self)
 static PyObject *lord_reset(MemLordObject *self, PyObject *Py_UNUSED(ignored))
 {
     ml_ledger_reset(&self->ledger);
+    /* Objects registered before the reset were counted before it: their
+     * deaths no longer credit anything. */
+    ml_life_detach(self);
     /* Detach the tables before releasing code objects: their deallocation
      * may run Python code that records into this lord. */
     ml_hotspots a = self->alloc_sites, f = self->free_sites;
@@ -646,6 +756,31 @@ static PyObject *lord_bench_noop(PyObject *Py_UNUSED(self), PyObject *const *Py_
 static PyObject *lord_hook_into_torch(MemLordObject *self, PyObject *Py_UNUSED(ignored))
 {
     return ml_hooks_enable(self);
+}
+
+static int parse_bool(PyObject *v, const char *name, int *out)
+{
+    if (!PyBool_Check(v)) {
+        PyErr_Format(PyExc_TypeError,
+                     "hook_into_python(): argument '%s' must be a bool, not %.100s", name,
+                     Py_TYPE(v)->tp_name);
+        return -1;
+    }
+    *out = v == Py_True;
+    return 0;
+}
+
+static PyObject *lord_hook_into_python(MemLordObject *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"enable_factory_wrappers", "enable_deep_autowrap", NULL};
+    PyObject *fw = Py_True, *deep = Py_True;
+    int f, d;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|OO:hook_into_python", kwlist, &fw, &deep) ||
+        parse_bool(fw, "enable_factory_wrappers", &f) < 0 ||
+        parse_bool(deep, "enable_deep_autowrap", &d) < 0) {
+        return NULL;
+    }
+    return ml_life_enable(self, f, d);
 }
 
 static PyObject *lord_get_auto_gc_bytes(MemLordObject *self, void *Py_UNUSED(closure))
@@ -785,6 +920,7 @@ static int lord_traverse(MemLordObject *self, visitproc visit, void *arg)
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->module);
     Py_VISIT(self->torch_handle);
+    Py_VISIT(self->py_handle);
     Py_VISIT(self->capacity.source);
     return ml_hotspots_traverse(&self->alloc_sites, visit, arg) ||
            ml_hotspots_traverse(&self->free_sites, visit, arg);
@@ -795,6 +931,8 @@ static int lord_clear(MemLordObject *self)
     clear_qcache(self);
     Py_CLEAR(self->last_sel_str);
     Py_CLEAR(self->torch_handle);
+    Py_CLEAR(self->py_handle);
+    ml_life_detach(self);
     ml_capacity_clear(&self->capacity);
     ml_hotspots_clear(&self->alloc_sites);
     ml_hotspots_clear(&self->free_sites);
@@ -862,6 +1000,12 @@ static PyMethodDef lord_methods[] = {
      "hook_into_torch()\n--\n\nCount Tensor.to/.cuda/.cpu/.half/.float/.double/.bfloat16 "
      "conversions as they happen; returns a handle (disable(), enabled, poll(), pending(), "
      "context manager)."},
+    {"hook_into_python", (PyCFunction)(void (*)(void))lord_hook_into_python,
+     METH_VARARGS | METH_KEYWORDS,
+     "hook_into_python(enable_factory_wrappers=True, enable_deep_autowrap=True)\n--\n\n"
+     "Credit frees when the last reference to a tracked tensor or module goes away; count "
+     "tensors made by torch factories and Tensor.clone.  Returns a handle (disable(), "
+     "enabled, tracked; context manager)."},
     {"_bench_noop", (PyCFunction)(void (*)(void))lord_bench_noop, FASTKW,
      "A no-op method: the floor of the query benchmarks."},
     {NULL, NULL, 0, NULL},

@@ -35,6 +35,9 @@ typedef struct {
     PyObject *last_sel_str; /* last str selector and its parse */
     ml_selector last_sel;
     PyObject *torch_handle; /* the enabled hook_into_torch() handle, strong */
+    PyObject *registry;     /* lifetime tracking: callback of this lord's trackers */
+    PyObject *py_handle;    /* the enabled hook_into_python() handle, strong */
+    int deep_autowrap;      /* register conversion results of the torch hooks */
     PyObject *weakreflist;
 } MemLordObject;
 

@@ -47,13 +47,16 @@ static inline int ml_selector_match(const ml_selector *s, ml_dev d)
 /* ---- module state ------------------------------------------------------ */
 typedef struct {
     PyTypeObject *lord_type;
-    PyTypeObject *hook_type;   /* wrapper installed in torch */
-    PyTypeObject *handle_type; /* hook_into_torch() handle */
-    PyObject *tensor_type;     /* torch.Tensor */
-    PyObject *module_type;     /* torch.nn.Module */
-    PyObject *parameter_type;  /* torch.nn.Parameter */
-    PyObject *device_type;     /* torch.device */
-    PyObject *storage_type;    /* torch.UntypedStorage */
+    PyTypeObject *hook_type;    /* wrapper installed in torch */
+    PyTypeObject *handle_type;  /* hook_into_torch() handle */
+    PyTypeObject *tracker_type; /* lifetime.c */
+    PyTypeObject *registry_type;
+    PyTypeObject *pyhandle_type;
+    PyObject *tensor_type;    /* torch.Tensor */
+    PyObject *module_type;    /* torch.nn.Module */
+    PyObject *parameter_type; /* torch.nn.Parameter */
+    PyObject *device_type;    /* torch.device */
+    PyObject *storage_type;   /* torch.UntypedStorage */
     /* torch's own descriptors, called directly when a type has not
      * overridden them (saves a method lookup per tensor) */
     PyObject *d_untyped_storage, *d_device, *d_data_ptr, *d_nbytes, *d_storage_device,

@@ -4,6 +4,7 @@
  * torch objects, and reads their types and singletons once here. */
 #include "lord.h"
 #include "hooks.h"
+#include "lifetime.h"
 #include "log.h"
 #include "ml_cuda.h"
 
@@ -123,6 +124,14 @@ static int core_exec(PyObject *module)
     if (st->handle_type == NULL || PyModule_AddType(module, st->handle_type) < 0) {
         return -1;
     }
+    st->tracker_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_tracker_spec,
+                                                                (PyObject *)&_PyWeakref_RefType);
+    st->registry_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_registry_spec, NULL);
+    st->pyhandle_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_pyhandle_spec, NULL);
+    if (st->tracker_type == NULL || st->registry_type == NULL || st->pyhandle_type == NULL ||
+        PyModule_AddType(module, st->pyhandle_type) < 0) {
+        return -1;
+    }
     return 0;
 }
 
@@ -174,6 +183,9 @@ static int core_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->lord_type);
     Py_VISIT(st->hook_type);
     Py_VISIT(st->handle_type);
+    Py_VISIT(st->tracker_type);
+    Py_VISIT(st->registry_type);
+    Py_VISIT(st->pyhandle_type);
     Py_VISIT(st->tensor_type);
     Py_VISIT(st->module_type);
     Py_VISIT(st->device_type);

@@ -23,6 +23,7 @@ void ml_walk_init(ml_walk *w)
     w->seen = NULL;
     w->nseen = 0;
     w->seencap = 0;
+    w->tensors = NULL;
 }
 
 void ml_walk_clear(ml_walk *w)
@@ -34,6 +35,7 @@ void ml_walk_clear(ml_walk *w)
         PyMem_Free(w->slots);
     }
     PyMem_Free(w->seen);
+    Py_CLEAR(w->tensors);
     ml_walk_init(w);
 }
 
@@ -234,6 +236,9 @@ static int walk_sparse(ml_state *st, ml_walk *w, PyObject *t, PyObject *names[3]
 
 int ml_walk_tensor(ml_state *st, ml_walk *w, PyObject *t)
 {
+    if (w->tensors != NULL && PyList_Append(w->tensors, t) < 0) {
+        return -1;
+    }
     PyObject *storage = call_fast(t, st->s_untyped_storage, st->d_untyped_storage);
     if (storage == NULL) {
         /* Sparse tensors have no storage of their own: count components. */
@@ -423,7 +428,7 @@ static int walk_ndarray(ml_walk *w, PyObject *obj)
     return add_block(w, ML_DEV(ML_TYPE_CPU, -1), (uintptr_t)PyArray_DATA(owner), nbytes);
 }
 
-static int walk_item(ml_state *st, ml_walk *w, PyObject *obj, Py_ssize_t pos, const char *what)
+int ml_walk_item(ml_state *st, ml_walk *w, PyObject *obj, Py_ssize_t pos, const char *what)
 {
     if (PyObject_TypeCheck(obj, (PyTypeObject *)st->tensor_type)) {
         return ml_walk_tensor(st, w, obj);
@@ -457,7 +462,7 @@ int ml_walk_object(ml_state *st, ml_walk *w, PyObject *obj, const char *what)
         for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(obj); i++) {
             PyObject *item = PySequence_Fast_GET_ITEM(obj, i);
             Py_INCREF(item);
-            int rc = walk_item(st, w, item, i, what);
+            int rc = ml_walk_item(st, w, item, i, what);
             Py_DECREF(item);
             if (rc < 0) {
                 Py_DECREF(obj);
@@ -467,7 +472,7 @@ int ml_walk_object(ml_state *st, ml_walk *w, PyObject *obj, const char *what)
         Py_DECREF(obj);
         return 0;
     }
-    return walk_item(st, w, obj, -1, what);
+    return ml_walk_item(st, w, obj, -1, what);
 }
 
 int ml_tensor_meta_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes)
