@@ -11,7 +11,8 @@
 #include <string.h>
 
 typedef struct {
-    PyObject_HEAD int8_t type;
+    PyObject_HEAD
+    int8_t type;
     int8_t index;
 } ml_thp_device;
 

@@ -33,14 +33,16 @@ enum hook_kind {
 enum { G_TORCH = 1, G_PY = 2 };
 
 typedef struct {
-    PyObject_HEAD vectorcallfunc vectorcall;
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
     PyObject *original; /* what the attribute resolved to before patching */
     PyObject *name;
     int kind;
 } HookObject;
 
 typedef struct {
-    PyObject_HEAD MemLordObject *lord; /* strong */
+    PyObject_HEAD
+    MemLordObject *lord; /* strong */
     int enabled;
 } HandleObject;
 
@@ -82,6 +84,11 @@ static struct {
  * tells conversions they run inside it (module_depth). */
 static _Thread_local int module_non_blocking;
 static _Thread_local int module_depth;
+/* Depth of hooked calls running their original on this thread.  A tensor
+ * subclass's __torch_function__ or a TorchFunctionMode (with
+ * torch.device(...) is one) calls func, which is the hook itself, from inside
+ * the original: only the outermost call counts. */
+static _Thread_local int hook_depth;
 
 /* ---- pending queue ----------------------------------------------------- */
 
@@ -380,6 +387,9 @@ static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyOb
     if (moved && sbytes > 0) {
         ml_cuda_event *ev = NULL;
         if (non_blocking && ML_DEV_TYPE(sdev) == ML_TYPE_CUDA) {
+            if (disp.npending > 0) {
+                pending_drain(0, NULL, 1); /* recycle completed events before taking one */
+            }
             if (disp.npending >= ML_PENDING_HARD_CAP) {
                 pending_drain(1, NULL, 1); /* bound the queue and the event pool */
             }
@@ -414,7 +424,12 @@ static PyObject *hook_tensor(HookObject *self, PyObject *const *args, size_t nar
                              PyObject *kwnames)
 {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    hook_depth++;
     PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    hook_depth--;
+    if (hook_depth > 0) {
+        return result; /* re-entered through __torch_function__: the outer call counts */
+    }
     if (result == NULL || nargs < 1 || result == args[0] || disp.lords == NULL ||
         PyTuple_GET_SIZE(disp.lords) == 0) {
         if (result != NULL && result == args[0] && disp.npending > 0) {
@@ -487,7 +502,12 @@ static PyObject *hook_factory(HookObject *self, PyObject *const *args, size_t na
                               PyObject *kwnames)
 {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    hook_depth++;
     PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    hook_depth--;
+    if (hook_depth > 0) {
+        return result; /* re-entered through __torch_function__: the outer call counts */
+    }
     if (result == NULL || disp.py_lords == NULL || disp.module == NULL) {
         return result;
     }
@@ -520,9 +540,11 @@ static PyObject *hook_factory(HookObject *self, PyObject *const *args, size_t na
         ml_site none = {NULL, 0};
         rc =
             ml_lord_record(lord, 0, &d, 1, lord->track_callsite ? &site : &none, "(factory)", NULL);
+#ifndef ML_EXP_NO_REGISTER
         if (rc == 0 && lord->py_handle != NULL) {
             rc = ml_life_register(lord, result, &d, 1);
         }
+#endif
     }
     ml_site_clear(&site);
     Py_DECREF(lords);
@@ -1134,11 +1156,12 @@ PyType_Spec ml_handle_spec = {
 
 PyObject *ml_hooks_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(unused))
 {
-    return Py_BuildValue("{s:O,s:O,s:n,s:n,s:n,s:n,s:n}", "installed",
+    return Py_BuildValue("{s:O,s:O,s:n,s:n,s:n,s:n,s:n,s:O}", "installed",
                          group_installed(G_TORCH) ? Py_True : Py_False, "python_installed",
                          group_installed(G_PY) ? Py_True : Py_False, "subscribers",
                          disp.lords ? PyTuple_GET_SIZE(disp.lords) : 0, "python_subscribers",
                          disp.py_lords ? PyTuple_GET_SIZE(disp.py_lords) : 0, "pending",
                          disp.npending, "events_created", (Py_ssize_t)ml_cuda_events_created(),
-                         "events_pooled", (Py_ssize_t)ml_cuda_events_pooled());
+                         "events_pooled", (Py_ssize_t)ml_cuda_events_pooled(), "direct_trackers",
+                         ml_life_direct() ? Py_True : Py_False);
 }

@@ -9,6 +9,7 @@ void ml_ledger_init(ml_ledger *l)
     l->slots = NULL;
     l->n = 0;
     l->cap = 0;
+    l->last = 0;
     l->gc_total = 0;
 }
 
@@ -21,6 +22,7 @@ void ml_ledger_free(ml_ledger *l)
 void ml_ledger_reset(ml_ledger *l)
 {
     l->n = 0;
+    l->last = 0;
     l->gc_total = 0;
 }
 
@@ -41,19 +43,26 @@ static int find_pos(const ml_ledger *l, ml_dev dev, int *found)
 
 ml_slot *ml_ledger_find(ml_ledger *l, ml_dev dev)
 {
+    if (l->last < l->n && l->slots[l->last].dev == dev) {
+        return &l->slots[l->last];
+    }
     int found;
     int pos = find_pos(l, dev, &found);
-    return found ? &l->slots[pos] : NULL;
+    if (!found) {
+        return NULL;
+    }
+    l->last = pos;
+    return &l->slots[pos];
 }
 
 int ml_ledger_reserve(ml_ledger *l, const ml_delta *d, int n)
 {
     for (int i = 0; i < n; i++) {
-        int found;
-        int pos = find_pos(l, d[i].dev, &found);
-        if (found) {
+        if (ml_ledger_find(l, d[i].dev) != NULL) {
             continue;
         }
+        int found;
+        int pos = find_pos(l, d[i].dev, &found);
         if (l->n == l->cap) {
             int cap = l->cap ? l->cap * 2 : 4;
             ml_slot *slots = PyMem_Realloc(l->slots, (size_t)cap * sizeof(ml_slot));

@@ -20,6 +20,7 @@ typedef struct {
 typedef struct {
     ml_slot *slots; /* sorted by dev */
     int n, cap;
+    int last; /* index of the slot found last: most events hit one device */
     int64_t gc_total;
 } ml_ledger;
 

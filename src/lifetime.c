@@ -26,13 +26,15 @@ typedef struct {
 } TrackerObject;
 
 typedef struct {
-    PyObject_HEAD vectorcallfunc vectorcall;
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
     MemLordObject *lord; /* borrowed; NULL once the lord is gone or detached */
     Py_ssize_t live;     /* trackers still owned */
 } RegistryObject;
 
 typedef struct {
-    PyObject_HEAD MemLordObject *lord; /* strong */
+    PyObject_HEAD
+    MemLordObject *lord; /* strong */
     int enabled;
     int factories;
     int deep;
@@ -121,9 +123,11 @@ static PyObject *registry_vectorcall(PyObject *callable, PyObject *const *args, 
         int n = tracker_deltas(tr, buf, 4, &d);
         if (n > 0) {
             ml_site site = {NULL, 0};
+#ifndef ML_EXP_NO_DEATH_SITE
             if (lord->track_callsite) {
                 ml_site_capture(ml_lord_state(lord), &site);
             }
+#endif
             Py_INCREF(lord);
             if (ml_lord_record(lord, ML_REC_FREE, d, n, &site, "(del)", NULL) < 0) {
                 PyErr_WriteUnraisable((PyObject *)lord);
@@ -199,6 +203,132 @@ static PyObject **weaklist(PyObject *obj)
     return (PyObject **)((char *)obj + tp->tp_weaklistoffset);
 }
 
+/* Building a tracker through weakref.ref's constructor costs an argument
+ * tuple and its parsing per object, which is most of the cost of tracking a
+ * small tensor.  On the CPython versions whose weakref layout memlord knows
+ * (3.10 to 3.13 with the GIL), trackers are linked directly, following
+ * weakrefobject.c: after the object's basic ref and proxy (callback-less,
+ * exact types), at the head otherwise.  The direct path is self-tested once
+ * at import (process-wide facts about the interpreter, hence globals) and
+ * the constructor is used when the test fails. */
+static int direct_ok = -1;
+static vectorcallfunc weakref_vectorcall;
+
+#if PY_VERSION_HEX >= 0x030A0000 && PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
+#define ML_DIRECT_TRACKERS 1
+#endif
+
+static TrackerObject *tracker_new(PyTypeObject *tp, PyObject *obj, PyObject *callback)
+{
+#ifdef ML_DIRECT_TRACKERS
+    if (direct_ok == 1) {
+        PyWeakReference **list = (PyWeakReference **)weaklist(obj);
+        TrackerObject *tr = (TrackerObject *)tp->tp_alloc(tp, 0);
+        if (tr == NULL) {
+            return NULL;
+        }
+        PyWeakReference *self = &tr->base;
+        self->hash = -1;
+        self->wr_object = obj;
+        self->wr_callback = Py_NewRef(callback);
+        self->vectorcall = weakref_vectorcall;
+        PyWeakReference *prev = NULL, *head = *list;
+        if (head != NULL && head->wr_callback == NULL) {
+            if (PyWeakref_CheckRefExact(head)) {
+                prev = head;
+                head = head->wr_next;
+            }
+            if (head != NULL && head->wr_callback == NULL && PyWeakref_CheckProxy(head)) {
+                prev = head;
+            }
+        }
+        if (prev == NULL) {
+            self->wr_prev = NULL;
+            self->wr_next = *list;
+            if (*list != NULL) {
+                (*list)->wr_prev = self;
+            }
+            *list = self;
+        } else {
+            self->wr_prev = prev;
+            self->wr_next = prev->wr_next;
+            if (prev->wr_next != NULL) {
+                prev->wr_next->wr_prev = self;
+            }
+            prev->wr_next = self;
+        }
+        return tr;
+    }
+#endif
+    PyObject *args = PyTuple_Pack(2, obj, callback);
+    if (args == NULL) {
+        return NULL;
+    }
+    TrackerObject *tr = (TrackerObject *)_PyWeakref_RefType.tp_new(tp, args, NULL);
+    Py_DECREF(args);
+    return tr;
+}
+
+static int selftest_fired;
+
+static PyObject *selftest_callback(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(ref))
+{
+    selftest_fired++;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef selftest_def = {"_memlord_selftest", selftest_callback, METH_O, NULL};
+
+/* Link trackers directly next to a basic ref, check that weakref's own
+ * functions see them, and that deaths call back. */
+int ml_life_selftest(PyTypeObject *tracker_type)
+{
+#ifdef ML_DIRECT_TRACKERS
+    direct_ok = 0;
+    PyObject *cb = PyCFunction_New(&selftest_def, NULL);
+    PyObject *obj = PySet_New(NULL);
+    PyObject *basic = obj ? PyWeakref_NewRef(obj, NULL) : NULL;
+    if (basic == NULL || cb == NULL) {
+        Py_XDECREF(cb);
+        Py_XDECREF(obj);
+        return -1;
+    }
+    weakref_vectorcall = ((PyWeakReference *)basic)->vectorcall;
+    direct_ok = 1;
+    TrackerObject *a = tracker_new(tracker_type, obj, cb);
+    TrackerObject *b = a ? tracker_new(tracker_type, obj, cb) : NULL;
+    direct_ok = 0;
+    int ok = a != NULL && b != NULL &&
+             _PyWeakref_GetWeakrefCount(*(PyWeakReference **)weaklist(obj)) == 3 &&
+             PyWeakref_GetObject((PyObject *)a) == obj &&
+             *(PyWeakReference **)weaklist(obj) == (PyWeakReference *)basic;
+    PyObject *basic2 = ok ? PyWeakref_NewRef(obj, NULL) : NULL;
+    ok = ok && basic2 == basic; /* the basic ref is still found first */
+    Py_XDECREF(basic2);
+    selftest_fired = 0;
+    Py_DECREF(obj);
+    ok = ok && selftest_fired == 2 && PyWeakref_GetObject(basic) == Py_None;
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    Py_DECREF(basic);
+    Py_DECREF(cb);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        ok = 0;
+    }
+    direct_ok = ok;
+#else
+    (void)tracker_type;
+    direct_ok = 0;
+#endif
+    return 0;
+}
+
+int ml_life_direct(void)
+{
+    return direct_ok == 1;
+}
+
 int ml_life_register(MemLordObject *lord, PyObject *obj, const ml_delta *d, int n)
 {
     if (n <= 0 || weaklist(obj) == NULL) {
@@ -219,15 +349,7 @@ int ml_life_register(MemLordObject *lord, PyObject *obj, const ml_delta *d, int 
             more[i - 1] = d[i];
         }
     }
-    PyObject *args = PyTuple_Pack(2, obj, (PyObject *)reg);
-    if (args == NULL) {
-        PyMem_Free(more);
-        return -1;
-    }
-    /* weakref.ref's own constructor links the tracker into obj's list. */
-    TrackerObject *tr =
-        (TrackerObject *)_PyWeakref_RefType.tp_new(ml_lord_state(lord)->tracker_type, args, NULL);
-    Py_DECREF(args);
+    TrackerObject *tr = tracker_new(ml_lord_state(lord)->tracker_type, obj, (PyObject *)reg);
     if (tr == NULL) {
         PyMem_Free(more);
         return -1;

@@ -28,6 +28,9 @@ int ml_life_resize(MemLordObject *lord, PyObject *obj, ml_dev dev, int64_t bytes
 void ml_life_detach(MemLordObject *lord);
 /* lord.hook_into_python(...) */
 PyObject *ml_life_enable(MemLordObject *lord, int factories, int deep);
+/* Decide, once at import, whether trackers may be linked directly. */
+int ml_life_selftest(PyTypeObject *tracker_type);
+int ml_life_direct(void);
 /* Trackers alive for lord (for tests and the memory benchmark). */
 Py_ssize_t ml_life_count(MemLordObject *lord);
 

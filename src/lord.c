@@ -584,7 +584,9 @@ static PyObject *lord_stats(MemLordObject *self, PyObject *const *args, Py_ssize
         Py_DECREF(out);
         return PyErr_NoMemory();
     }
-    memcpy(copy, self->ledger.slots, (size_t)n * sizeof(ml_slot));
+    if (n > 0) {
+        memcpy(copy, self->ledger.slots, (size_t)n * sizeof(ml_slot));
+    }
     for (int i = 0; i < n; i++) {
         if (!ml_selector_match(&sel, copy[i].dev)) {
             continue;
@@ -907,6 +909,7 @@ static PyObject *lord_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     self->gc_mode = strategy_arg != NULL ? ML_GC_STRATEGY : ML_GC_BYTES;
     ml_capacity_init(&self->capacity);
     self->module = Py_NewRef(module);
+    self->st = ml_state_of_module(module);
     ml_ledger_init(&self->ledger);
     ml_hotspots_init(&self->alloc_sites);
     ml_hotspots_init(&self->free_sites);

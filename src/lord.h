@@ -20,7 +20,9 @@ typedef struct {
 } ml_qcache;
 
 typedef struct {
-    PyObject_HEAD PyObject *module; /* the _core module, strong: gives the state */
+    PyObject_HEAD
+    PyObject *module; /* the _core module, strong: gives the state */
+    ml_state *st;     /* its state, valid while module is held */
     ml_ledger ledger;
     ml_hotspots alloc_sites;
     ml_hotspots free_sites;
@@ -45,7 +47,7 @@ extern PyType_Spec ml_lord_spec;
 
 static inline ml_state *ml_lord_state(MemLordObject *self)
 {
-    return ml_state_of_module(self->module);
+    return self->st;
 }
 
 /* Flags of ml_lord_record */

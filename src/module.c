@@ -129,7 +129,7 @@ static int core_exec(PyObject *module)
     st->registry_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_registry_spec, NULL);
     st->pyhandle_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_pyhandle_spec, NULL);
     if (st->tracker_type == NULL || st->registry_type == NULL || st->pyhandle_type == NULL ||
-        PyModule_AddType(module, st->pyhandle_type) < 0) {
+        PyModule_AddType(module, st->pyhandle_type) < 0 || ml_life_selftest(st->tracker_type) < 0) {
         return -1;
     }
     return 0;

@@ -87,6 +87,7 @@ void ml_hotspots_init(ml_hotspots *h)
     h->entries = NULL;
     h->n = 0;
     h->cap = 0;
+    h->last = 0;
 }
 
 void ml_hotspots_clear(ml_hotspots *h)
@@ -139,6 +140,7 @@ int ml_hotspots_reserve(ml_hotspots *h, Py_ssize_t k)
     PyMem_Free(h->entries);
     h->entries = entries;
     h->cap = cap;
+    h->last = 0;
     return 0;
 }
 
@@ -147,7 +149,13 @@ void ml_hotspots_add(ml_hotspots *h, ml_dev dev, const ml_site *site, int64_t by
     if (site->code == NULL || h->cap == 0) {
         return;
     }
-    ml_hot *e = slot_for(h->entries, h->cap, dev, site->code, site->line);
+    ml_hot *e = &h->entries[h->last];
+    if (e->code == site->code && e->dev == dev && e->line == site->line) {
+        e->bytes += bytes;
+        return;
+    }
+    e = slot_for(h->entries, h->cap, dev, site->code, site->line);
+    h->last = e - h->entries;
     if (e->code == NULL) {
         Py_INCREF(site->code);
         e->code = site->code;

@@ -21,6 +21,7 @@ typedef struct {
 typedef struct {
     ml_hot *entries;
     Py_ssize_t n, cap; /* cap is a power of two */
+    Py_ssize_t last;   /* entry added to last: a loop adds to one site */
 } ml_hotspots;
 
 /* The innermost frame outside torch and memlord.  out->code is NULL when no

@@ -484,26 +484,15 @@ int ml_tensor_meta_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes
         *nbytes = 0;
         return 0;
     }
-    PyObject *n = get_fast(t, st->s_nbytes, st->d_tensor_nbytes);
-    if (n != NULL) {
-        return as_int64(n, nbytes);
-    }
-    /* nbytes is not defined for sparse tensors: sum the components. */
-    PyObject *exc_type, *exc, *tb;
-    PyErr_Fetch(&exc_type, &exc, &tb);
+    /* Sparse layouts first: nbytes raises for COO but returns the dense
+     * numel * element size for the compressed layouts (CSR/CSC/BSR/BSC). */
     PyObject *names[3];
     int ncomp = sparse_components(st, t, names);
-    if (ncomp <= 0) {
-        if (ncomp == 0) {
-            PyErr_Restore(exc_type, exc, tb);
-            return -1;
-        }
-    }
-    Py_XDECREF(exc_type);
-    Py_XDECREF(exc);
-    Py_XDECREF(tb);
     if (ncomp < 0) {
         return -1;
+    }
+    if (ncomp == 0) {
+        return as_int64(get_fast(t, st->s_nbytes, st->d_tensor_nbytes), nbytes);
     }
     int64_t total = 0;
     for (int i = 0; i < ncomp; i++) {

@@ -1,14 +1,238 @@
-"""Minimal conftest for the policy worktree; see conftest_policy_snippet.md
-for what the shared tests/conftest.py in main must contain."""
+"""Shared fixtures and a pure-Python reference of the accounting contract.
 
+The helpers here are importable from the test modules (``from conftest import ...``):
+pytest's default ``prepend`` import mode puts ``tests/`` on ``sys.path``.
+
+* ``expected_storages(obj)`` is the contract's walk written in Python: which storages one
+  ``allocate``/``free`` call counts, deduplicated per call by
+  (untyped storage data pointer, storage nbytes, device).
+* ``fake_cuda(numel, index)`` makes a torch FakeTensor that reports ``cuda:<index>`` on a
+  machine without a GPU, so per-index auto-GC paths run on the CPU.
+* ``here()`` is the caller's current line, for call-site assertions.
+* ``STRESS_SCALE`` (env ``MEMLORD_STRESS_SCALE``, default 1) scales the iteration counts of the
+  long stress tests; 1 runs the counts the issues name.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+import numpy as np
 import pytest
 import torch
+from torch import nn
+
+STAT_KEYS = frozenset(
+    {
+        "allocated",
+        "freed",
+        "allocated_total",
+        "freed_total",
+        "peak_allocated",
+        "allocs",
+        "frees",
+        "gc_runs",
+    }
+)
+ZERO_STATS = dict.fromkeys(STAT_KEYS, 0)
+
+STRESS_SCALE = float(os.environ.get("MEMLORD_STRESS_SCALE", "1"))
+
+FAKE_PTR_WARNING = "Accessing the data pointer of FakeTensor"
+
+
+def scaled(n: int) -> int:
+    """An iteration count scaled by MEMLORD_STRESS_SCALE (never below 1)."""
+    return max(1, int(n * STRESS_SCALE))
+
+
+def under_asan() -> bool:
+    return "asan" in os.environ.get("LD_PRELOAD", "") or bool(os.environ.get("MEMLORD_SANITIZE"))
+
+
+# --------------------------------------------------------------------------- pytest hooks
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: needs a CUDA GPU (skipped without one)")
+    config.addinivalue_line("markers", "cuda2: needs two CUDA GPUs (skipped with fewer)")
+    config.addinivalue_line("markers", "slow: long stress tests")
+    # torch warns every time something reads a FakeTensor storage's data pointer; memlord
+    # has to read it to build its dedup key, so the warning is expected here.
+    config.addinivalue_line("filterwarnings", f"ignore:{FAKE_PTR_WARNING}:UserWarning")
+    # torch's own notices when the tests build sparse tensors
+    config.addinivalue_line("filterwarnings", "ignore:Sparse CSR tensor support is in beta")
+    config.addinivalue_line("filterwarnings", "ignore:Sparse invariant checks are implicitly")
+
+
+def cuda_device_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+    ngpu = cuda_device_count()
+    skip_cuda = pytest.mark.skip(reason="needs a CUDA GPU; torch.cuda.is_available() is False")
+    skip_cuda2 = pytest.mark.skip(reason=f"needs two CUDA GPUs; {ngpu} visible")
     for item in items:
-        if item.get_closest_marker("cuda") is not None:
-            item.add_marker(skip)
+        # the markers themselves, not item.keywords (which also holds names and param ids)
+        if item.get_closest_marker("cuda2") is not None and ngpu < 2:
+            item.add_marker(skip_cuda2)
+        elif item.get_closest_marker("cuda") is not None and ngpu < 1:
+            item.add_marker(skip_cuda)
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(autouse=True)
+def _quiet_environment(monkeypatch):
+    """Tests start with DEBUG and NO_COLOR unset, whatever the caller's shell has."""
+    monkeypatch.delenv("DEBUG", raising=False)
+    monkeypatch.delenv("NO_COLOR", raising=False)
+
+
+@pytest.fixture
+def lord():
+    """A MemLord with auto-GC disabled, so nothing resets `freed` behind a test's back."""
+    from memlord import MemLord
+
+    return MemLord(auto_gc_bytes=None)
+
+
+@pytest.fixture
+def fake():
+    """Factory fixture: fake(numel, index, dtype=torch.float32) -> FakeTensor on cuda:index."""
+    return fake_cuda
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def here() -> int:
+    """The line the caller is executing: `lord.allocate(t); line = here()`."""
+    return sys._getframe(1).f_lineno
+
+
+_FAKE_MODE = None
+
+
+def fake_cuda(numel: int, index: int = 0, dtype=torch.float32) -> torch.Tensor:
+    """A torch FakeTensor reporting device cuda:<index>, with numel * itemsize storage bytes.
+
+    All fake storages have data pointer 0, so two fakes with the same storage size on the
+    same device deduplicate within one call: use distinct sizes (or separate calls).
+    """
+    global _FAKE_MODE
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    if _FAKE_MODE is None:
+        _FAKE_MODE = FakeTensorMode()
+    with _FAKE_MODE:
+        t = torch.empty(numel, device=f"cuda:{index}", dtype=dtype)
+    assert str(t.device) == f"cuda:{index}"
+    return t
+
+
+def storage_nbytes(t: torch.Tensor) -> int:
+    return t.untyped_storage().nbytes()
+
+
+def _tensor_storages(t: torch.Tensor):
+    layout = t.layout
+    if layout == torch.sparse_coo:
+        parts = [t._indices(), t._values()]
+    elif layout in (torch.sparse_csr, torch.sparse_bsr):
+        parts = [t.crow_indices(), t.col_indices(), t.values()]
+    elif layout in (torch.sparse_csc, torch.sparse_bsc):
+        parts = [t.ccol_indices(), t.row_indices(), t.values()]
+    else:
+        parts = [t]
+    out = []
+    for p in parts:
+        if p.is_meta:
+            continue
+        s = p.untyped_storage()
+        n = s.nbytes()
+        if n == 0:
+            continue
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", FAKE_PTR_WARNING)
+            ptr = s.data_ptr()
+        dev = str(p.device)
+        out.append(((ptr, n, dev), dev, n))
+    return out
+
+
+def _module_tensors(m: nn.Module):
+    for sub in m.modules():
+        for t in sub._parameters.values():
+            if t is not None:
+                yield t
+        for t in sub._buffers.values():
+            if t is not None:
+                yield t
+
+
+def _ndarray_storage(a: np.ndarray):
+    base = a
+    while isinstance(base.base, np.ndarray):
+        base = base.base
+    if base.nbytes == 0:
+        return []
+    ptr = base.__array_interface__["data"][0]
+    return [((ptr, base.nbytes, "cpu"), "cpu", base.nbytes)]
+
+
+def _one(obj):
+    if isinstance(obj, torch.Tensor):
+        return _tensor_storages(obj)
+    if isinstance(obj, nn.Module):
+        return [s for t in _module_tensors(obj) for s in _tensor_storages(t)]
+    if isinstance(obj, np.ndarray):
+        return _ndarray_storage(obj)
+    raise TypeError(type(obj).__name__)
+
+
+def expected_storages(obj):
+    """[(device_str, nbytes)] that one allocate(obj)/free(obj) call counts, per the contract."""
+    items = list(obj) if isinstance(obj, (list, tuple)) else [obj]
+    seen = set()
+    out = []
+    for item in items:
+        for key, dev, n in _one(item):
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append((dev, n))
+    return out
+
+
+def expected_bytes(obj) -> dict:
+    """{device_str: bytes} one call on obj counts."""
+    per = {}
+    for dev, n in expected_storages(obj):
+        per[dev] = per.get(dev, 0) + n
+    return per
+
+
+def snapshot(lord) -> tuple:
+    """Everything observable about a lord's counters, for 'nothing changed' assertions."""
+    return (
+        lord.stats(),
+        lord.auto_gc_bytes,
+        lord.allocated(),
+        lord.freed(),
+        lord.top_alloc_site(),
+        lord.top_free_site(),
+    )
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process (Linux /proc; 0 where unavailable)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

@@ -1,0 +1,184 @@
+"""Hotspots: top_alloc_site()/top_free_site() name the user's own line, cumulative per site."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import torch
+from conftest import fake_cuda, here
+from torch import nn
+
+CPU = torch.device("cpu")
+
+
+def test_none_before_anything(lord):
+    assert lord.top_alloc_site() is None
+    assert lord.top_free_site() is None
+    assert lord.top_alloc_site("cuda") is None
+
+
+def test_alloc_site_is_this_line(lord):
+    t = torch.empty(100)
+    line = here() + 1
+    lord.allocate(t)
+    assert lord.top_alloc_site() == (CPU, f"{__file__}:{line}", 400)
+    assert lord.top_free_site() is None
+
+
+def test_free_site_is_this_line(lord):
+    t = torch.empty(100)
+    lord.allocate(t)
+    line = here() + 1
+    lord.free(t)
+    assert lord.top_free_site() == (CPU, f"{__file__}:{line}", 400)
+
+
+def test_site_result_types(lord):
+    lord.allocate(np.zeros(8))
+    dev, site, nbytes = lord.top_alloc_site()
+    assert type(dev) is torch.device and dev == CPU
+    assert type(site) is str and type(nbytes) is int
+
+
+def test_sites_are_cumulative_and_biggest_wins(lord):
+    small, big = torch.empty(10), torch.empty(25)
+    for _ in range(3):
+        loop_line = here() + 1
+        lord.allocate(small)
+    big_line = here() + 1
+    lord.allocate(big)
+    # 3 x 40 = 120 from the loop line beats 100 from the single call
+    assert lord.top_alloc_site() == (CPU, f"{__file__}:{loop_line}", 120)
+    big_line2 = here() + 1
+    lord.allocate(big)
+    assert big_line2 != big_line
+    assert lord.top_alloc_site()[2] == 120
+    for _ in range(2):
+        big_line3 = here() + 1
+        lord.allocate(big)
+    assert lord.top_alloc_site() == (CPU, f"{__file__}:{big_line3}", 200)
+
+
+def test_site_bytes_count_deduplicated_storages(lord):
+    base = torch.empty(50)
+    line = here() + 1
+    lord.allocate([base, base[1:], base[2:]])
+    assert lord.top_alloc_site() == (CPU, f"{__file__}:{line}", 200)
+
+
+def _helper_allocates(lord, obj):
+    lord.allocate(obj)
+    return here() - 1
+
+
+def test_site_is_innermost_user_frame(lord):
+    line = _helper_allocates(lord, torch.empty(4))
+    assert lord.top_alloc_site() == (CPU, f"{__file__}:{line}", 16)
+
+
+def test_torch_frames_are_skipped(lord):
+    m = nn.Linear(4, 4)  # no children: apply() calls lord.allocate(m) once, from torch's code
+    line = here() + 1
+    m.apply(lord.allocate)
+    assert lord.top_alloc_site() == (CPU, f"{__file__}:{line}", 80)
+
+
+def test_torch_hook_calling_user_lambda_reports_the_lambda(lord):
+    m = nn.Linear(2, 2)
+    line = here() + 1
+    m.register_forward_hook(lambda mod, inp, out: lord.allocate(out))
+    m(torch.ones(1, 2))
+    assert lord.top_alloc_site() == (CPU, f"{__file__}:{line}", 8)
+
+
+def test_site_per_device_and_device_filter(lord):
+    l0 = here() + 1
+    lord.allocate(fake_cuda(100, 0))
+    l1 = here() + 1
+    lord.allocate(fake_cuda(50, 1))
+    lc = here() + 1
+    lord.allocate(torch.empty(10))
+    assert lord.top_alloc_site() == (torch.device("cuda", 0), f"{__file__}:{l0}", 400)
+    assert lord.top_alloc_site("cuda:1") == (torch.device("cuda", 1), f"{__file__}:{l1}", 200)
+    assert lord.top_alloc_site(torch.device("cuda", 1))[0] == torch.device("cuda:1")
+    assert lord.top_alloc_site("cuda") == (torch.device("cuda", 0), f"{__file__}:{l0}", 400)
+    assert lord.top_alloc_site("cpu") == (CPU, f"{__file__}:{lc}", 40)
+    assert lord.top_alloc_site("cuda:5") is None
+    assert lord.top_free_site("cuda") is None
+
+
+def test_one_call_on_two_devices_records_a_site_per_device(lord):
+    line = here() + 1
+    lord.allocate([fake_cuda(10, 0), torch.empty(20)])
+    assert lord.top_alloc_site("cuda:0") == (torch.device("cuda:0"), f"{__file__}:{line}", 40)
+    assert lord.top_alloc_site("cpu") == (CPU, f"{__file__}:{line}", 80)
+
+
+def test_free_site_counts_requested_bytes_even_when_clamped(lord):
+    line = here() + 1
+    lord.free(torch.empty(10))
+    assert lord.top_free_site() == (CPU, f"{__file__}:{line}", 40)
+
+
+def test_reset_clears_sites(lord):
+    t = torch.empty(3)
+    lord.allocate(t)
+    lord.free(t)
+    lord.reset()
+    assert lord.top_alloc_site() is None
+    assert lord.top_free_site() is None
+    line = here() + 1
+    lord.allocate(t)
+    assert lord.top_alloc_site() == (CPU, f"{__file__}:{line}", 12)
+
+
+def test_nothing_counted_records_no_site(lord):
+    lord.allocate(torch.empty(0))
+    lord.allocate(torch.empty(5, device="meta"))
+    assert lord.top_alloc_site() is None
+
+
+def test_user_code_in_directories_named_memlord_and_torch(tmp_path):
+    # A checkout at .../memlord/... (CI clones into such a path) or a user's folder named
+    # "torch" is user code, not the memlord or torch package: the site is the innermost
+    # user frame, here a helper in .../torch/examples/helper.py called from
+    # .../memlord/tests/train.py.
+    helper_dir = tmp_path / "torch" / "examples"
+    script_dir = tmp_path / "memlord" / "tests"
+    helper_dir.mkdir(parents=True)
+    script_dir.mkdir(parents=True)
+    (helper_dir / "helper.py").write_text("def track(lord, t):\n    lord.allocate(t)\n")
+    script = script_dir / "train.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""\
+            import sys, torch
+            sys.path.insert(0, {str(helper_dir)!r})
+            from memlord import MemLord
+            import helper
+            lord = MemLord(auto_gc_bytes=None)
+            lord.allocate(torch.empty(4))
+            print(lord.top_alloc_site()[1])
+            helper.track(lord, torch.empty(400))
+            print(lord.top_alloc_site()[1])
+            """
+        )
+    )
+    import memlord
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(memlord.__file__)))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env.pop("DEBUG", None)
+    r = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+        cwd=str(tmp_path),
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [f"{script}:6", f"{helper_dir / 'helper.py'}:2"]
