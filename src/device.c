@@ -231,8 +231,8 @@ static int parse_str(ml_state *st, PyObject *arg, ml_selector *out)
         const char *p = colon + 1;
         const char *end = s + len;
         long v = 0;
-        if (p == end || end - p > 3) {
-            goto bad_index;
+        if (p == end || end - p > 3 || (end - p > 1 && *p == '0')) {
+            goto bad_index; /* empty, too long, or a leading zero (torch rejects "cuda:01") */
         }
         for (; p < end; p++) {
             if (*p < '0' || *p > '9') {
@@ -254,7 +254,8 @@ static int parse_str(ml_state *st, PyObject *arg, ml_selector *out)
     return 0;
 bad_index:
     PyErr_Format(PyExc_ValueError,
-                 "argument 'device': expected a non-negative device index after ':', got %R", arg);
+                 "argument 'device': expected a device index from 0 to %d after ':', got %R",
+                 ML_MAX_DEV_INDEX, arg);
     return -1;
 }
 

@@ -449,16 +449,23 @@ static int parse_device_arg(MemLordObject *self, const char *fname, PyObject *co
         }
         arg = args[0];
     }
-    if (arg != NULL && PyUnicode_CheckExact(arg)) {
-        if (arg == self->last_sel_str) {
+    if (arg != NULL && PyUnicode_CheckExact(arg) && PyUnicode_IS_COMPACT_ASCII(arg)) {
+        /* "cuda:0" asked again: compare the text, keep no reference */
+        Py_ssize_t len = PyUnicode_GET_LENGTH(arg);
+        const char *text = (const char *)PyUnicode_DATA(arg);
+        if (len > 0 && len == self->last_sel_len &&
+            memcmp(text, self->last_sel_text, (size_t)len) == 0) {
             *sel = self->last_sel;
             return 0;
         }
         if (ml_selector_parse(ml_lord_state(self), arg, sel) < 0) {
             return -1;
         }
-        Py_XSETREF(self->last_sel_str, Py_NewRef(arg));
-        self->last_sel = *sel;
+        if (len > 0 && len <= (Py_ssize_t)sizeof(self->last_sel_text)) {
+            memcpy(self->last_sel_text, text, (size_t)len);
+            self->last_sel_len = len;
+            self->last_sel = *sel;
+        }
         return 0;
     }
     return ml_selector_parse(ml_lord_state(self), arg, sel);
@@ -932,7 +939,6 @@ static int lord_traverse(MemLordObject *self, visitproc visit, void *arg)
 static int lord_clear(MemLordObject *self)
 {
     clear_qcache(self);
-    Py_CLEAR(self->last_sel_str);
     Py_CLEAR(self->torch_handle);
     Py_CLEAR(self->py_handle);
     ml_life_detach(self);

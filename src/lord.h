@@ -34,7 +34,9 @@ typedef struct {
     uint64_t version; /* bumped on every change, keys the query cache */
     ml_qcache qcache[ML_QCACHE];
     int qnext;
-    PyObject *last_sel_str; /* last str selector and its parse */
+    /* The last str selector, by content (no reference kept), and its parse */
+    char last_sel_text[24];
+    Py_ssize_t last_sel_len; /* 0: none cached */
     ml_selector last_sel;
     PyObject *torch_handle; /* the enabled hook_into_torch() handle, strong */
     PyObject *registry;     /* lifetime tracking: callback of this lord's trackers */

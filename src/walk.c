@@ -24,6 +24,8 @@ void ml_walk_init(ml_walk *w)
     w->nseen = 0;
     w->seencap = 0;
     w->tensors = NULL;
+    w->pos = -1;
+    w->what = NULL;
 }
 
 void ml_walk_clear(ml_walk *w)
@@ -234,6 +236,42 @@ static int walk_sparse(ml_state *st, ml_walk *w, PyObject *t, PyObject *names[3]
     return 0;
 }
 
+/* The pending exception, normalised (PyErr_GetRaisedException before 3.12). */
+static PyObject *PyErr_GetRaisedException_compat(void)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    return PyErr_GetRaisedException();
+#else
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL) {
+        PyException_SetTraceback(value, tb);
+    }
+    Py_XDECREF(type);
+    Py_XDECREF(tb);
+    return value;
+#endif
+}
+
+/* Make cause the __cause__ of the exception now pending (steals cause). */
+static void chain_cause(PyObject *cause)
+{
+    if (cause == NULL) {
+        return;
+    }
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (value != NULL) {
+        PyException_SetCause(value, cause); /* steals */
+        PyException_SetContext(value, Py_NewRef(cause));
+    } else {
+        Py_DECREF(cause);
+    }
+    PyErr_Restore(type, value, tb);
+}
+
 int ml_walk_tensor(ml_state *st, ml_walk *w, PyObject *t)
 {
     if (w->tensors != NULL && PyList_Append(w->tensors, t) < 0) {
@@ -248,7 +286,26 @@ int ml_walk_tensor(ml_state *st, ml_walk *w, PyObject *t)
         int n = sparse_components(st, t, names);
         if (n <= 0) {
             if (n == 0) {
+                /* A tensor without a storage memlord can read (mkldnn and
+                 * other opaque layouts): a TypeError naming where it is,
+                 * with torch's error as the cause. */
                 PyErr_Restore(exc_type, exc, tb);
+                if (PyErr_ExceptionMatches(PyExc_RuntimeError) ||
+                    PyErr_ExceptionMatches(PyExc_NotImplementedError)) {
+                    PyObject *cause = PyErr_GetRaisedException_compat();
+                    if (w->pos < 0) {
+                        PyErr_Format(PyExc_TypeError,
+                                     "%s(): argument 'obj' is a tensor whose storage cannot be "
+                                     "read (%S)",
+                                     w->what ? w->what : "memlord", cause);
+                    } else {
+                        PyErr_Format(PyExc_TypeError,
+                                     "%s(): argument 'obj[%zd]' is a tensor whose storage cannot "
+                                     "be read (%S)",
+                                     w->what ? w->what : "memlord", w->pos, cause);
+                    }
+                    chain_cause(cause);
+                }
             } else {
                 Py_XDECREF(exc_type);
                 Py_XDECREF(exc);
@@ -430,6 +487,8 @@ static int walk_ndarray(ml_walk *w, PyObject *obj)
 
 int ml_walk_item(ml_state *st, ml_walk *w, PyObject *obj, Py_ssize_t pos, const char *what)
 {
+    w->pos = pos;
+    w->what = what;
     if (PyObject_TypeCheck(obj, (PyTypeObject *)st->tensor_type)) {
         return ml_walk_tensor(st, w, obj);
     }

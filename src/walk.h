@@ -21,6 +21,8 @@ typedef struct {
     uintptr_t *seen;   /* visited modules */
     Py_ssize_t nseen, seencap;
     PyObject *tensors; /* when a list: every tensor visited is appended */
+    Py_ssize_t pos;    /* item being walked, for error messages (-1: bare) */
+    const char *what;
     ml_block inline_blocks[ML_WALK_INLINE];
     uint32_t inline_slots[ML_WALK_INLINE * 2];
 } ml_walk;
