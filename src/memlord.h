@@ -60,7 +60,7 @@ typedef struct {
     /* torch's own descriptors, called directly when a type has not
      * overridden them (saves a method lookup per tensor) */
     PyObject *d_untyped_storage, *d_device, *d_data_ptr, *d_nbytes, *d_storage_device,
-        *d_tensor_nbytes;
+        *d_tensor_nbytes, *d_layout;
     PyObject *layout_coo; /* torch.sparse_coo, ... (singletons) */
     PyObject *layout_csr;
     PyObject *layout_csc;

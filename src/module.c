@@ -84,7 +84,8 @@ static int load_torch(ml_state *st)
         load_descriptor(st->storage_type, st->s_data_ptr, &st->d_data_ptr) < 0 ||
         load_descriptor(st->storage_type, st->s_nbytes, &st->d_nbytes) < 0 ||
         load_descriptor(st->storage_type, st->s_device, &st->d_storage_device) < 0 ||
-        load_descriptor(st->tensor_type, st->s_nbytes, &st->d_tensor_nbytes) < 0) {
+        load_descriptor(st->tensor_type, st->s_nbytes, &st->d_tensor_nbytes) < 0 ||
+        load_descriptor(st->tensor_type, st->s_layout, &st->d_layout) < 0) {
         return -1;
     }
     if (ml_device_register_types(st) < 0) {

@@ -196,7 +196,7 @@ static int is_meta(ml_state *st, ml_dev dev)
  * method names written to names (0 when the tensor is not sparse). */
 static int sparse_components(ml_state *st, PyObject *t, PyObject *names[3])
 {
-    PyObject *layout = PyObject_GetAttr(t, st->s_layout);
+    PyObject *layout = get_fast(t, st->s_layout, st->d_layout);
     if (layout == NULL) {
         return -1;
     }
