@@ -89,6 +89,10 @@ static _Thread_local int module_depth;
  * torch.device(...) is one) calls func, which is the hook itself, from inside
  * the original: only the outermost call counts. */
 static _Thread_local int hook_depth;
+/* The user's line of the Module.to being run on this thread: every
+ * conversion inside it shares that site, found once. */
+static _Thread_local ml_site module_site;
+static _Thread_local int module_site_set;
 
 /* ---- pending queue ----------------------------------------------------- */
 
@@ -377,7 +381,10 @@ static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyOb
         }
     }
     ml_site site = {NULL, 0};
-    if (any_tracks_callsite(lords)) {
+    if (module_site_set) {
+        site.code = Py_XNewRef(module_site.code);
+        site.line = module_site.line;
+    } else if (any_tracks_callsite(lords)) {
         ml_site_capture(st, &site);
     }
     int queued = 0;
@@ -476,11 +483,22 @@ static PyObject *hook_module_to(HookObject *self, PyObject *const *args, size_t 
             break;
         }
     }
+    /* Nested Module.to calls keep the outermost call's site. */
+    int own_site = 0;
+    if (!module_site_set && disp.lords != NULL && disp.module != NULL &&
+        any_tracks_callsite(disp.lords)) {
+        ml_site_capture(ml_state_of_module(disp.module), &module_site);
+        module_site_set = own_site = 1;
+    }
     module_non_blocking += nb;
     module_depth++;
     PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
     module_depth--;
     module_non_blocking -= nb;
+    if (own_site) {
+        module_site_set = 0;
+        ml_site_clear(&module_site);
+    }
     return result;
 }
 
