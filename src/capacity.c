@@ -262,7 +262,7 @@ int ml_capacity_read(ml_state *st, ml_capacity *c, ml_dev dev, int may_init, ml_
         return rc;
     }
     int64_t now = now_ns();
-    ml_cap_entry *e = cache_find(c, dev);
+    const ml_cap_entry *e = cache_find(c, dev);
     if (e != NULL && now - e->stamp_ns < ML_CAP_TTL_NS) {
         *out = e->info;
         return 0;

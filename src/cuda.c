@@ -115,8 +115,10 @@ int ml_cuda_ready(void)
         return 0;
     }
     drv.state = 1;
+    return 1;
+#else
+    return 0;
 #endif
-    return drv.state > 0;
 }
 
 int ml_cuda_device_count(void)

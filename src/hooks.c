@@ -96,7 +96,7 @@ static _Thread_local int module_site_set;
 
 /* ---- pending queue ----------------------------------------------------- */
 
-static int lords_contain(PyObject *lords, PyObject *lord)
+static int lords_contain(PyObject *lords, const PyObject *lord)
 {
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
         if (PyTuple_GET_ITEM(lords, i) == lord) {
@@ -229,7 +229,7 @@ static int pending_push(ml_cuda_event *ev, ml_dev dev, int64_t bytes, PyObject *
     return 0;
 }
 
-static int64_t pending_bytes(PyObject *lord, const ml_selector *sel)
+static int64_t pending_bytes(const PyObject *lord, const ml_selector *sel)
 {
     int64_t total = 0;
     for (Py_ssize_t i = 0; i < disp.npending; i++) {
@@ -529,7 +529,7 @@ static PyObject *hook_factory(HookObject *self, PyObject *const *args, size_t na
     if (result == NULL || disp.py_lords == NULL || disp.module == NULL) {
         return result;
     }
-    PyObject *out = kwarg(args, nargs, kwnames, "out");
+    const PyObject *out = kwarg(args, nargs, kwnames, "out");
     if (out != NULL && out != Py_None) {
         return result;
     }

@@ -196,7 +196,7 @@ static RegistryObject *get_registry(MemLordObject *lord)
 
 static PyObject **weaklist(PyObject *obj)
 {
-    PyTypeObject *tp = Py_TYPE(obj);
+    const PyTypeObject *tp = Py_TYPE(obj);
     if (tp->tp_weaklistoffset == 0) {
         return NULL;
     }

@@ -10,7 +10,7 @@ extern PyType_Spec ml_registry_spec; /* per-lord callback shared by its trackers
 extern PyType_Spec ml_pyhandle_spec; /* what hook_into_python() returns */
 
 /* 1 when lord has lifetime tracking on (a registry). */
-static inline int ml_life_active(MemLordObject *lord)
+static inline int ml_life_active(const MemLordObject *lord)
 {
     return lord->registry != NULL;
 }

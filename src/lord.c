@@ -66,7 +66,7 @@ static int deltas_add(ml_deltas *ds, ml_dev dev, int64_t bytes, int64_t count)
 static void log_event(MemLordObject *self, ml_state *st, int is_free, const ml_delta *d,
                       PyObject *where, const char *label)
 {
-    ml_slot *slot = ml_ledger_find(&self->ledger, d->dev);
+    const ml_slot *slot = ml_ledger_find(&self->ledger, d->dev);
     char dev[64], amount[ML_FMT_BYTES_MAX], now[ML_FMT_BYTES_MAX];
     ml_dev_name(st, d->dev, dev, sizeof(dev));
     ml_format_bytes(d->bytes, amount, sizeof(amount));

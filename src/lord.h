@@ -47,7 +47,7 @@ typedef struct {
 
 extern PyType_Spec ml_lord_spec;
 
-static inline ml_state *ml_lord_state(MemLordObject *self)
+static inline ml_state *ml_lord_state(const MemLordObject *self)
 {
     return self->st;
 }

@@ -24,18 +24,20 @@ static int intern(PyObject **slot, const char *s)
 
 static int load_interned(ml_state *st)
 {
-    return intern(&st->s_untyped_storage, "untyped_storage") ||
-           intern(&st->s_data_ptr, "data_ptr") || intern(&st->s_nbytes, "nbytes") ||
-           intern(&st->s_device, "device") || intern(&st->s_layout, "layout") ||
-           intern(&st->s_type, "type") || intern(&st->s_index, "index") ||
-           intern(&st->s_parameters, "_parameters") || intern(&st->s_buffers, "_buffers") ||
-           intern(&st->s_modules, "_modules") || intern(&st->s_indices, "_indices") ||
-           intern(&st->s_values, "_values") || intern(&st->s_crow_indices, "crow_indices") ||
-           intern(&st->s_col_indices, "col_indices") ||
-           intern(&st->s_ccol_indices, "ccol_indices") ||
-           intern(&st->s_row_indices, "row_indices") || intern(&st->s_values_pub, "values") ||
-           intern(&st->s_write, "write") || intern(&st->s_flush, "flush") ||
-           intern(&st->s_main_py, "__main__.py");
+    return (intern(&st->s_untyped_storage, "untyped_storage") ||
+            intern(&st->s_data_ptr, "data_ptr") || intern(&st->s_nbytes, "nbytes") ||
+            intern(&st->s_device, "device") || intern(&st->s_layout, "layout") ||
+            intern(&st->s_type, "type") || intern(&st->s_index, "index") ||
+            intern(&st->s_parameters, "_parameters") || intern(&st->s_buffers, "_buffers") ||
+            intern(&st->s_modules, "_modules") || intern(&st->s_indices, "_indices") ||
+            intern(&st->s_values, "_values") || intern(&st->s_crow_indices, "crow_indices") ||
+            intern(&st->s_col_indices, "col_indices") ||
+            intern(&st->s_ccol_indices, "ccol_indices") ||
+            intern(&st->s_row_indices, "row_indices") || intern(&st->s_values_pub, "values") ||
+            intern(&st->s_write, "write") || intern(&st->s_flush, "flush") ||
+            intern(&st->s_main_py, "__main__.py"))
+               ? -1
+               : 0;
 }
 
 static PyObject *import_attr(const char *module, const char *attr)
@@ -49,15 +51,15 @@ static PyObject *import_attr(const char *module, const char *attr)
     return a;
 }
 
-/* The descriptor type lookup finds for name (new reference), or NULL
- * without error when it is not a C method or getter we can call directly. */
-static int load_descriptor(PyObject *type, PyObject *name, PyObject **out)
+/* *out = the descriptor type lookup finds for name (new reference), left
+ * NULL when it is not a C method or getter we can call directly: callers
+ * then take the generic attribute path.  Cannot fail. */
+static void load_descriptor(PyObject *type, PyObject *name, PyObject **out)
 {
     PyObject *d = _PyType_Lookup((PyTypeObject *)type, name); /* borrowed */
     if (d != NULL && (Py_IS_TYPE(d, &PyMethodDescr_Type) || Py_IS_TYPE(d, &PyGetSetDescr_Type))) {
         *out = Py_NewRef(d);
     }
-    return 0;
 }
 
 static int load_torch(ml_state *st)
@@ -79,15 +81,13 @@ static int load_torch(ml_state *st)
         PyErr_SetString(PyExc_ImportError, "memlord: unexpected torch types");
         return -1;
     }
-    if (load_descriptor(st->tensor_type, st->s_untyped_storage, &st->d_untyped_storage) < 0 ||
-        load_descriptor(st->tensor_type, st->s_device, &st->d_device) < 0 ||
-        load_descriptor(st->storage_type, st->s_data_ptr, &st->d_data_ptr) < 0 ||
-        load_descriptor(st->storage_type, st->s_nbytes, &st->d_nbytes) < 0 ||
-        load_descriptor(st->storage_type, st->s_device, &st->d_storage_device) < 0 ||
-        load_descriptor(st->tensor_type, st->s_nbytes, &st->d_tensor_nbytes) < 0 ||
-        load_descriptor(st->tensor_type, st->s_layout, &st->d_layout) < 0) {
-        return -1;
-    }
+    load_descriptor(st->tensor_type, st->s_untyped_storage, &st->d_untyped_storage);
+    load_descriptor(st->tensor_type, st->s_device, &st->d_device);
+    load_descriptor(st->storage_type, st->s_data_ptr, &st->d_data_ptr);
+    load_descriptor(st->storage_type, st->s_nbytes, &st->d_nbytes);
+    load_descriptor(st->storage_type, st->s_device, &st->d_storage_device);
+    load_descriptor(st->tensor_type, st->s_nbytes, &st->d_tensor_nbytes);
+    load_descriptor(st->tensor_type, st->s_layout, &st->d_layout);
     if (ml_device_register_types(st) < 0) {
         return -1;
     }

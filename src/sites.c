@@ -132,7 +132,7 @@ int ml_hotspots_reserve(ml_hotspots *h, Py_ssize_t k)
         return -1;
     }
     for (Py_ssize_t i = 0; i < h->cap; i++) {
-        ml_hot *e = &h->entries[i];
+        const ml_hot *e = &h->entries[i];
         if (e->code != NULL) {
             *slot_for(entries, cap, e->dev, e->code, e->line) = *e;
         }
@@ -197,6 +197,10 @@ int ml_hotspots_top(const ml_hotspots *h, const ml_selector *s, ml_hot *out)
                                 (e->bytes == best->bytes && e->dev < best->dev))) {
             best = e;
         }
+    }
+    if (best == NULL) { /* cannot happen: n > 0 entries were added */
+        ml_hotspots_clear(&agg);
+        return 0;
     }
     *out = *best;
     Py_INCREF(out->code);

@@ -58,7 +58,7 @@ static int grow_slots(ml_walk *w)
         return -1;
     }
     for (Py_ssize_t i = 0; i < w->n; i++) {
-        ml_block *b = &w->blocks[i];
+        const ml_block *b = &w->blocks[i];
         size_t j = hash_block(b->ptr, b->nbytes, b->dev) & (size_t)(nslots - 1);
         while (slots[j]) {
             j = (j + 1) & (size_t)(nslots - 1);
@@ -78,7 +78,7 @@ static int add_block(ml_walk *w, ml_dev dev, uintptr_t ptr, int64_t nbytes)
     size_t mask = (size_t)(w->nslots - 1);
     size_t j = hash_block(ptr, nbytes, dev) & mask;
     while (w->slots[j]) {
-        ml_block *b = &w->blocks[w->slots[j] - 1];
+        const ml_block *b = &w->blocks[w->slots[j] - 1];
         if (b->ptr == ptr && b->nbytes == nbytes && b->dev == dev) {
             return 0; /* already counted in this call */
         }
@@ -107,27 +107,72 @@ static int add_block(ml_walk *w, ml_dev dev, uintptr_t ptr, int64_t nbytes)
     return 0;
 }
 
-/* 1 if m was already visited in this call, 0 after marking it, -1 on error. */
-static int visit_module(ml_walk *w, PyObject *m)
+/* 1 if m was already visited in this call, 0 after marking it, -1 on error.
+ * An open-addressing set of pointers (a shared submodule is walked once). */
+static int visit_module(ml_walk *w, const PyObject *m)
 {
     uintptr_t p = (uintptr_t)m;
-    for (Py_ssize_t i = 0; i < w->nseen; i++) {
-        if (w->seen[i] == p) {
-            return 1;
-        }
-    }
-    if (w->nseen == w->seencap) {
-        Py_ssize_t cap = w->seencap ? w->seencap * 2 : 16;
-        uintptr_t *seen = PyMem_Realloc(w->seen, (size_t)cap * sizeof(uintptr_t));
+    if ((w->nseen + 1) * 2 > w->seencap) {
+        Py_ssize_t cap = w->seencap ? w->seencap * 2 : 32;
+        uintptr_t *seen = PyMem_Calloc((size_t)cap, sizeof(uintptr_t));
         if (seen == NULL) {
             PyErr_NoMemory();
             return -1;
         }
+        for (Py_ssize_t i = 0; i < w->seencap; i++) {
+            if (w->seen[i] != 0) {
+                size_t j = (size_t)((w->seen[i] >> 4) * 0x9E3779B97F4A7C15ULL) & (size_t)(cap - 1);
+                while (seen[j] != 0) {
+                    j = (j + 1) & (size_t)(cap - 1);
+                }
+                seen[j] = w->seen[i];
+            }
+        }
+        PyMem_Free(w->seen);
         w->seen = seen;
         w->seencap = cap;
     }
-    w->seen[w->nseen++] = p;
+    size_t mask = (size_t)(w->seencap - 1);
+    size_t j = (size_t)((p >> 4) * 0x9E3779B97F4A7C15ULL) & mask;
+    while (w->seen[j] != 0) {
+        if (w->seen[j] == p) {
+            return 1;
+        }
+        j = (j + 1) & mask;
+    }
+    w->seen[j] = p;
+    w->nseen++;
     return 0;
+}
+
+/* The work stack of a module walk: strong references to pending modules. */
+typedef struct {
+    PyObject **items;
+    Py_ssize_t n, cap;
+} ml_stack;
+
+static int stack_push(ml_stack *s, PyObject *m)
+{
+    if (s->n == s->cap) {
+        Py_ssize_t cap = s->cap ? s->cap * 2 : 32;
+        PyObject **items = PyMem_Realloc(s->items, (size_t)cap * sizeof(PyObject *));
+        if (items == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        s->items = items;
+        s->cap = cap;
+    }
+    s->items[s->n++] = Py_NewRef(m);
+    return 0;
+}
+
+static void stack_clear(ml_stack *s)
+{
+    while (s->n > 0) {
+        Py_DECREF(s->items[--s->n]);
+    }
+    PyMem_Free(s->items);
 }
 
 static int as_int64(PyObject *o, int64_t *out)
@@ -187,7 +232,7 @@ int ml_tensor_device(ml_state *st, PyObject *t, ml_dev *dev)
     return rc;
 }
 
-static int is_meta(ml_state *st, ml_dev dev)
+static int is_meta(const ml_state *st, ml_dev dev)
 {
     return ML_DEV_TYPE(dev) == st->meta_type;
 }
@@ -394,7 +439,7 @@ static int walk_tensor_registry(ml_state *st, ml_walk *w, PyObject *reg)
     return 0;
 }
 
-static int walk_one_module(ml_state *st, ml_walk *w, PyObject *m, PyObject *stack)
+static int walk_one_module(ml_state *st, ml_walk *w, PyObject *m, ml_stack *stack)
 {
     PyObject *dict = PyObject_GenericGetDict(m, NULL);
     if (dict == NULL) {
@@ -426,7 +471,7 @@ static int walk_one_module(ml_state *st, ml_walk *w, PyObject *m, PyObject *stac
         Py_ssize_t pos = 0;
         PyObject *key, *value;
         while (PyDict_Next(subs, &pos, &key, &value)) {
-            if (value != Py_None && PyList_Append(stack, value) < 0) {
+            if (value != Py_None && stack_push(stack, value) < 0) {
                 Py_DECREF(subs);
                 return -1;
             }
@@ -438,39 +483,23 @@ static int walk_one_module(ml_state *st, ml_walk *w, PyObject *m, PyObject *stac
 
 static int walk_module(ml_state *st, ml_walk *w, PyObject *root)
 {
-    /* A list as the work stack keeps strong references to pending modules. */
-    PyObject *stack = PyList_New(1);
-    if (stack == NULL) {
-        return -1;
-    }
-    Py_INCREF(root);
-    PyList_SET_ITEM(stack, 0, root);
-    while (PyList_GET_SIZE(stack) > 0) {
-        Py_ssize_t last = PyList_GET_SIZE(stack) - 1;
-        PyObject *m = PyList_GET_ITEM(stack, last);
-        Py_INCREF(m);
-        if (PyList_SetSlice(stack, last, last + 1, NULL) < 0) {
-            Py_DECREF(m);
-            Py_DECREF(stack);
-            return -1;
-        }
+    ml_stack stack = {NULL, 0, 0};
+    int rc = stack_push(&stack, root);
+    while (rc == 0 && stack.n > 0) {
+        PyObject *m = stack.items[--stack.n]; /* the reference moves to m */
         int seen = visit_module(w, m);
-        int rc = seen < 0 ? -1 : seen ? 0 : walk_one_module(st, w, m, stack);
+        rc = seen < 0 ? -1 : seen ? 0 : walk_one_module(st, w, m, &stack);
         Py_DECREF(m);
-        if (rc < 0) {
-            Py_DECREF(stack);
-            return -1;
-        }
     }
-    Py_DECREF(stack);
-    return 0;
+    stack_clear(&stack);
+    return rc;
 }
 
 /* A numpy array counts its base buffer: follow .base through arrays to the
  * array that owns (or first wraps) the memory. */
-static int walk_ndarray(ml_walk *w, PyObject *obj)
+static int walk_ndarray(ml_walk *w, const PyObject *obj)
 {
-    PyArrayObject *owner = (PyArrayObject *)obj;
+    const PyArrayObject *owner = (const PyArrayObject *)obj;
     for (;;) {
         PyObject *base = PyArray_BASE(owner);
         if (base == NULL || !PyArray_Check(base)) {
