@@ -1,5 +1,7 @@
 """memlord: an exact, cheap per-device ledger of PyTorch memory.
 
+Usage::
+
     from memlord import MemLord
     lord = MemLord(auto_gc_bytes="auto")
     lord.allocate(model)
@@ -15,9 +17,9 @@ import numpy as _numpy  # noqa: F401  (the C core uses the NumPy C API)
 import torch as _torch
 
 from . import _backend, _core
-from ._core import MemLord, format_bytes
+from ._core import MemLord, PythonHooks, TorchHooks, format_bytes
 
-__all__ = ["MemLord", "format_bytes", "__version__"]
+__all__ = ["MemLord", "PythonHooks", "TorchHooks", "format_bytes", "__version__"]
 __version__ = "0.1.0"
 
 _core._configure(

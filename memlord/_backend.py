@@ -5,29 +5,31 @@ from __future__ import annotations
 import torch
 
 
-def release_cache(device_type: str, index: int) -> None:
+def release_cache(device_type: str, index: int) -> bool:
     """Release the caching allocator of one device, leaving the caller's
-    current device as it was.  A backend that was never initialised holds no
-    cache, so nothing runs (and nothing initialises it)."""
+    current device as it was, and say whether a cache was released.  A
+    backend that was never initialised holds no cache, so nothing runs (and
+    nothing initialises it)."""
     if device_type == "cuda":
         cuda = torch.cuda
         if not cuda.is_initialized():
-            return
+            return False
         with cuda.device(index):
             cuda.empty_cache()
-        return
+        return True
     backend = getattr(torch, device_type, None)
     if backend is None:
-        return
+        return False
     is_initialized = getattr(backend, "is_initialized", None)
     if is_initialized is not None and not is_initialized():
-        return
+        return False
     empty_cache = getattr(backend, "empty_cache", None)
     if empty_cache is None:
-        return
+        return False
     device_ctx = getattr(backend, "device", None)
     if device_ctx is not None and index >= 0 and device_type != "mps":
         with device_ctx(index):
             empty_cache()
     else:
         empty_cache()
+    return True

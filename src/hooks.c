@@ -343,7 +343,9 @@ static int autowrap(ml_state *st, PyObject *lords, PyObject *src, PyObject *dst,
             if (tracked > 0 && !moved && sbytes > 0) {
                 ml_delta d = {sdev, sbytes, 1};
                 ml_site none = {NULL, 0};
-                if (ml_lord_record(lord, ML_REC_FREE, &d, 1, &none, "(hook)", NULL) < 0) {
+                const ml_site *where =
+                    module_site_set && lord->track_callsite ? &module_site : &none;
+                if (ml_lord_record(lord, ML_REC_FREE, &d, 1, where, "(hook)", NULL) < 0) {
                     return -1;
                 }
             }
@@ -1137,11 +1139,13 @@ static void handle_dealloc(HandleObject *self)
 
 static PyMethodDef handle_methods[] = {
     {"disable", (PyCFunction)handle_disable, METH_NOARGS,
-     "disable()\n--\n\nUnsubscribe this lord; the last one out restores torch's originals."},
+     "disable($self, /)\n--\n\nUnsubscribe this lord; the last one out restores torch's "
+     "originals."},
     {"poll", (PyCFunction)handle_poll, METH_NOARGS,
-     "poll()\n--\n\nCredit the deferred frees whose CUDA events have completed."},
+     "poll($self, /)\n--\n\nCredit the deferred frees whose CUDA events have completed."},
     {"pending", (PyCFunction)(void (*)(void))handle_pending, METH_FASTCALL | METH_KEYWORDS,
-     "pending(device=None)\n--\n\nBytes of deferred frees still waiting for their copies."},
+     "pending($self, /, device=None)\n--\n\nBytes of deferred frees still waiting for their "
+     "copies."},
     {"__enter__", (PyCFunction)handle_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)handle_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},

@@ -28,8 +28,9 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    MemLordObject *lord; /* borrowed; NULL once the lord is gone or detached */
-    Py_ssize_t live;     /* trackers still owned */
+    MemLordObject *lord;        /* borrowed; NULL once the lord is gone or detached */
+    PyTypeObject *tracker_type; /* strong: what its callbacks accept */
+    Py_ssize_t live;            /* trackers still owned */
 } RegistryObject;
 
 typedef struct {
@@ -113,9 +114,13 @@ static PyObject *registry_vectorcall(PyObject *callable, PyObject *const *args, 
     if (PyVectorcall_NARGS(nargsf) != 1) {
         Py_RETURN_NONE;
     }
+    /* Called by hand (the callback is reachable from Python through
+     * weakref.getweakrefs(obj)[i].__callback__), it must do nothing: only a
+     * tracker of this registry whose object is already dead counts. */
     TrackerObject *tr = (TrackerObject *)args[0];
-    if (!(tr->flags & ML_TR_OWNED)) {
-        Py_RETURN_NONE; /* cancelled */
+    if (!Py_IS_TYPE(args[0], reg->tracker_type) || tr->base.wr_object != Py_None ||
+        !(tr->flags & ML_TR_OWNED)) {
+        Py_RETURN_NONE; /* not ours, still alive, or cancelled */
     }
     MemLordObject *lord = reg->lord;
     if (lord != NULL && !finalizing()) {
@@ -153,6 +158,7 @@ static PyObject *registry_call(PyObject *self, PyObject *args, PyObject *kwargs)
 static void registry_dealloc(PyObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
+    Py_CLEAR(((RegistryObject *)self)->tracker_type);
     tp->tp_free(self);
     Py_DECREF(tp);
 }
@@ -186,6 +192,7 @@ static RegistryObject *get_registry(MemLordObject *lord)
         }
         reg->vectorcall = registry_vectorcall;
         reg->lord = lord;
+        reg->tracker_type = (PyTypeObject *)Py_NewRef(st->tracker_type);
         reg->live = 0;
         lord->registry = (PyObject *)reg;
     }
@@ -581,7 +588,7 @@ static void pyhandle_dealloc(PyHandleObject *self)
 
 static PyMethodDef pyhandle_methods[] = {
     {"disable", (PyCFunction)pyhandle_disable, METH_NOARGS,
-     "disable()\n--\n\nStop registering new objects and restore the wrapped factories. "
+     "disable($self, /)\n--\n\nStop registering new objects and restore the wrapped factories. "
      "Objects already registered still credit their bytes when they die."},
     {"__enter__", (PyCFunction)pyhandle_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)pyhandle_exit, METH_VARARGS, NULL},

@@ -9,10 +9,10 @@ extern PyType_Spec ml_tracker_spec;  /* weakref.ref subclass holding a size snap
 extern PyType_Spec ml_registry_spec; /* per-lord callback shared by its trackers */
 extern PyType_Spec ml_pyhandle_spec; /* what hook_into_python() returns */
 
-/* 1 when lord has lifetime tracking on (a registry). */
+/* 1 when lord registers new objects (hook_into_python is enabled). */
 static inline int ml_life_active(const MemLordObject *lord)
 {
-    return lord->registry != NULL;
+    return lord->py_handle != NULL;
 }
 
 /* Register obj for lord with the given per-device snapshot (bytes > 0).

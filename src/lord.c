@@ -125,7 +125,7 @@ typedef struct {
 } ml_gc_run;
 
 /* The one [auto_gc] line of a run, printed DEBUG or not. */
-static void log_gc(ml_state *st, const ml_gc_run *g)
+static void log_gc(ml_state *st, const ml_gc_run *g, int released)
 {
     char dev[64], band[96], used[32], value[ML_FMT_BYTES_MAX], thr[ML_FMT_BYTES_MAX];
     ml_dev_name(st, g->dev, dev, sizeof(dev));
@@ -144,9 +144,12 @@ static void log_gc(ml_state *st, const ml_gc_run *g)
     char line[512];
     snprintf(line, sizeof(line),
              "[auto_gc] %s band=%s used=%s metric=%s value=%lld (%s) threshold=%lld (%s) "
-             "runs=%lld; cache released",
+             "runs=%lld; %s",
              dev, band, used, ml_metric_name(g->why.metric), (long long)g->why.value, value,
-             (long long)g->why.threshold, thr, (long long)g->runs);
+             (long long)g->why.threshold, thr, (long long)g->runs,
+             released > 0    ? "cache released"
+             : released == 0 ? "no cache to release (backend not initialised)"
+                             : "cache release failed");
     ml_log(ML_YELLOW, "%s", line);
 }
 
@@ -161,10 +164,11 @@ static void run_gc(MemLordObject *self, ml_state *st, ml_gc_run *g)
             g->why.used_pct = (double)cap.used * 100.0 / (double)cap.total;
         }
     }
-    if (ml_policy_release(st, g->dev) < 0) {
+    int released = ml_policy_release(st, g->dev);
+    if (released < 0) {
         PyErr_WriteUnraisable((PyObject *)self);
     }
-    log_gc(st, g);
+    log_gc(st, g, released);
 }
 
 /* Strategy mode: the capacity of every touched device with a cache, read
@@ -794,6 +798,7 @@ static PyObject *lord_hook_into_python(MemLordObject *self, PyObject *args, PyOb
 
 static PyObject *lord_get_auto_gc_bytes(MemLordObject *self, void *Py_UNUSED(closure))
 {
+    ml_policy_resolve(&self->policy);
     if (self->gc_mode != ML_GC_BYTES || !self->policy.enabled) {
         Py_RETURN_NONE;
     }
@@ -813,6 +818,11 @@ static PyObject *lord_get_capacity_source(MemLordObject *self, void *Py_UNUSED(c
     return Py_NewRef(self->capacity.source ? self->capacity.source : Py_None);
 }
 
+static PyObject *lord_get_gc_runs(MemLordObject *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(self->ledger.gc_total);
+}
+
 static PyObject *lord_get_track_callsite(MemLordObject *self, void *Py_UNUSED(closure))
 {
     return PyBool_FromLong(self->track_callsite);
@@ -825,13 +835,16 @@ static PyObject *lord_repr(MemLordObject *self)
     if (self->gc_mode == ML_GC_STRATEGY) {
         snprintf(thr, sizeof(thr), "strategy (%d band%s)", self->strategy.n,
                  self->strategy.n == 1 ? "" : "s");
+    } else if (self->policy.is_auto && !self->policy.resolved) {
+        snprintf(thr, sizeof(thr), "auto (read at first use)"); /* repr never loads the driver */
     } else if (self->policy.enabled) {
         ml_format_bytes(self->policy.threshold, thr, sizeof(thr));
     }
-    PyObject *out =
-        PyUnicode_FromFormat("<MemLord auto_gc=%s%s, %d device%s>", thr,
-                             self->gc_mode == ML_GC_BYTES && self->policy.is_auto ? " (auto)" : "",
-                             self->ledger.n, self->ledger.n == 1 ? "" : "s");
+    PyObject *out = PyUnicode_FromFormat(
+        "<MemLord auto_gc=%s%s, %d device%s>", thr,
+        self->gc_mode == ML_GC_BYTES && self->policy.is_auto && self->policy.resolved ? " (auto)"
+                                                                                      : "",
+        self->ledger.n, self->ledger.n == 1 ? "" : "s");
     for (int i = 0; out != NULL && i < self->ledger.n; i++) {
         const ml_slot *s = &self->ledger.slots[i];
         char dev[64], a[ML_FMT_BYTES_MAX], f[ML_FMT_BYTES_MAX], p[ML_FMT_BYTES_MAX];
@@ -859,11 +872,18 @@ static PyObject *lord_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"auto_gc_bytes", "auto_gc_strategy", "track_callsite", NULL};
     PyObject *auto_gc = NULL, *strategy_arg = NULL; /* NULL: not passed */
-    int track = 1;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O$Op:MemLord", kwlist, &auto_gc, &strategy_arg,
-                                     &track)) {
+    PyObject *track_obj = Py_True;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O$OO:MemLord", kwlist, &auto_gc, &strategy_arg,
+                                     &track_obj)) {
         return NULL;
     }
+    if (!PyBool_Check(track_obj)) {
+        PyErr_Format(PyExc_TypeError,
+                     "MemLord(): argument 'track_callsite' must be a bool, not %.100s",
+                     Py_TYPE(track_obj)->tp_name);
+        return NULL;
+    }
+    int track = track_obj == Py_True;
     if (auto_gc != NULL && strategy_arg != NULL) {
         PyErr_SetString(PyExc_ValueError,
                         "MemLord(): pass either 'auto_gc_bytes' or 'auto_gc_strategy', not both");
@@ -967,51 +987,57 @@ static void lord_dealloc(MemLordObject *self)
 
 static PyMethodDef lord_methods[] = {
     {"allocate", (PyCFunction)lord_allocate, METH_O,
-     "allocate(obj)\n--\n\nCount the storages of obj (module, tensor, ndarray, or a tuple/list "
+     "allocate($self, obj, /)\n--\n\nCount the storages of obj (module, tensor, ndarray, or a "
+     "tuple/list "
      "of them) as allocated on their devices."},
     {"free", (PyCFunction)lord_free, METH_O,
-     "free(obj)\n--\n\nCount the storages of obj as freed; may trigger per-device auto-GC."},
+     "free($self, obj, /)\n--\n\nCount the storages of obj as freed; may trigger per-device "
+     "auto-GC."},
     {"allocated", (PyCFunction)(void (*)(void))lord_allocated, FASTKW,
-     "allocated(device=None)\n--\n\nLive bytes as (raw_bytes, human_string)."},
+     "allocated($self, /, device=None)\n--\n\nLive bytes as (raw_bytes, human_string)."},
     {"freed", (PyCFunction)(void (*)(void))lord_freed, FASTKW,
-     "freed(device=None)\n--\n\nBytes freed since each device's last auto-GC, as (raw_bytes, "
+     "freed($self, /, device=None)\n--\n\nBytes freed since each device's last auto-GC, as "
+     "(raw_bytes, "
      "human_string)."},
     {"stats", (PyCFunction)(void (*)(void))lord_stats, FASTKW,
-     "stats(device=None)\n--\n\nPer-device counters: {device: {name: int}}."},
+     "stats($self, /, device=None)\n--\n\nPer-device counters: {device: {name: int}}."},
     {"top_alloc_site", (PyCFunction)(void (*)(void))lord_top_alloc_site, FASTKW,
-     "top_alloc_site(device=None)\n--\n\n(torch.device, 'file:line', bytes) of the biggest "
+     "top_alloc_site($self, /, device=None)\n--\n\n(torch.device, 'file:line', bytes) of the "
+     "biggest "
      "cumulative allocation site, or None."},
     {"top_free_site", (PyCFunction)(void (*)(void))lord_top_free_site, FASTKW,
-     "top_free_site(device=None)\n--\n\n(torch.device, 'file:line', bytes) of the biggest "
+     "top_free_site($self, /, device=None)\n--\n\n(torch.device, 'file:line', bytes) of the "
+     "biggest "
      "cumulative free site, or None."},
     {"reset", (PyCFunction)lord_reset, METH_NOARGS,
-     "reset()\n--\n\nClear every counter and hotspot; the auto-GC threshold or strategy is "
+     "reset($self, /)\n--\n\nClear every counter and hotspot; the auto-GC threshold or strategy is "
      "kept."},
     {"set_auto_gc", (PyCFunction)lord_set_auto_gc, METH_O,
-     "set_auto_gc(value)\n--\n\nSwitch to bytes-mode auto-GC with this threshold: \"auto\", an "
+     "set_auto_gc($self, value, /)\n--\n\nSwitch to bytes-mode auto-GC with this threshold: "
+     "\"auto\", an "
      "int >= 0 (0 disables) or None."},
     {"set_auto_gc_strategy", (PyCFunction)lord_set_auto_gc_strategy, METH_O,
-     "set_auto_gc_strategy(strategy)\n--\n\nSwitch to banded auto-GC: {(lo_pct, hi_pct): "
+     "set_auto_gc_strategy($self, strategy, /)\n--\n\nSwitch to banded auto-GC: {(lo_pct, hi_pct): "
      "{'metric': 'allocated'|'freed'|'max', 'threshold': {'bytes': int, 'percent': float}}}. "
      "None installs the default bands; {} disables auto-GC.  A malformed strategy raises "
      "TypeError/ValueError and changes nothing."},
     {"device_memory", (PyCFunction)(void (*)(void))lord_device_memory, FASTKW,
-     "device_memory(device)\n--\n\n(total_bytes, used_bytes, used_percent) of one device "
+     "device_memory($self, /, device)\n--\n\n(total_bytes, used_bytes, used_percent) of one device "
      "('cpu', 'cuda:0', torch.device), or (None, None, None) when it cannot be read.  The "
      "built-in source is cached for 50 ms per device."},
     {"set_capacity_source", (PyCFunction)lord_set_capacity_source, METH_O,
-     "set_capacity_source(source)\n--\n\nRead device capacity from source(device_str) -> "
+     "set_capacity_source($self, source, /)\n--\n\nRead device capacity from source(device_str) -> "
      "(total_bytes, used_bytes) | None, called on every read (uncached); None restores the "
      "built-in source."},
     {"set_callsite_tracking", (PyCFunction)lord_set_callsite_tracking, METH_O,
-     "set_callsite_tracking(enabled)\n--\n\nSwitch call-site recording on or off."},
+     "set_callsite_tracking($self, enabled, /)\n--\n\nSwitch call-site recording on or off."},
     {"hook_into_torch", (PyCFunction)lord_hook_into_torch, METH_NOARGS,
-     "hook_into_torch()\n--\n\nCount Tensor.to/.cuda/.cpu/.half/.float/.double/.bfloat16 "
+     "hook_into_torch($self, /)\n--\n\nCount Tensor.to/.cuda/.cpu/.half/.float/.double/.bfloat16 "
      "conversions as they happen; returns a handle (disable(), enabled, poll(), pending(), "
      "context manager)."},
     {"hook_into_python", (PyCFunction)(void (*)(void))lord_hook_into_python,
      METH_VARARGS | METH_KEYWORDS,
-     "hook_into_python(enable_factory_wrappers=True, enable_deep_autowrap=True)\n--\n\n"
+     "hook_into_python($self, /, enable_factory_wrappers=True, enable_deep_autowrap=True)\n--\n\n"
      "Credit frees when the last reference to a tracked tensor or module goes away; count "
      "tensors made by torch factories and Tensor.clone.  Returns a handle (disable(), "
      "enabled, tracked; context manager)."},
@@ -1027,6 +1053,8 @@ static PyGetSetDef lord_getset[] = {
      "The banded strategy in force (a fresh dict), or None in bytes mode.", NULL},
     {"capacity_source", (getter)lord_get_capacity_source, NULL,
      "The user capacity source, or None for the built-in one.", NULL},
+    {"gc_runs", (getter)lord_get_gc_runs, NULL,
+     "Auto-GC runs on every device since the last reset (per device: stats()).", NULL},
     {"track_callsite", (getter)lord_get_track_callsite, NULL, "Whether call sites are recorded.",
      NULL},
     {NULL, NULL, NULL, NULL, NULL},

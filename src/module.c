@@ -168,7 +168,7 @@ static PyObject *core_cuda_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED
 
 static PyMethodDef core_methods[] = {
     {"format_bytes", (PyCFunction)ml_format_bytes_py, METH_O,
-     "format_bytes(n)\n--\n\nA byte count as a human string with binary units: '1.5 KiB'."},
+     "format_bytes(n, /)\n--\n\nA byte count as a human string with binary units: '1.5 KiB'."},
     {"_configure", (PyCFunction)(void (*)(void))core_configure, METH_VARARGS | METH_KEYWORDS,
      "Internal wiring from memlord/__init__.py."},
     {"_hooks_info", (PyCFunction)ml_hooks_info, METH_NOARGS,

@@ -21,12 +21,7 @@ int ml_policy_parse_bytes(PyObject *value, ml_policy *out)
                          value);
             return -1;
         }
-        p.is_auto = 1;
-        int64_t total;
-        if (ml_cuda_min_total(&total) && total / 3 > 0) {
-            p.enabled = 1;
-            p.threshold = total / 3;
-        }
+        p.is_auto = 1; /* read lazily: see ml_policy_resolve */
         *out = p;
         return 0;
     }
@@ -57,8 +52,24 @@ int ml_policy_parse_bytes(PyObject *value, ml_policy *out)
     return 0;
 }
 
-int ml_policy_due(ml_state *st, const ml_policy *p, const ml_slot *slot)
+void ml_policy_resolve(ml_policy *p)
 {
+    if (!p->is_auto || p->resolved) {
+        return;
+    }
+    int64_t total;
+    p->resolved = 1;
+    if (ml_cuda_min_total(&total) && total / 3 > 0) {
+        p->enabled = 1;
+        p->threshold = total / 3;
+    }
+}
+
+int ml_policy_due(ml_state *st, ml_policy *p, const ml_slot *slot)
+{
+    if (p->is_auto && !p->resolved && slot->freed > 0 && ml_dev_has_cache(st, slot->dev)) {
+        ml_policy_resolve(p);
+    }
     return p->enabled && slot->freed >= p->threshold && slot->freed > 0 &&
            ml_dev_has_cache(st, slot->dev);
 }
@@ -73,8 +84,9 @@ int ml_policy_release(ml_state *st, ml_dev dev)
     if (r == NULL) {
         return -1;
     }
+    int released = PyObject_IsTrue(r);
     Py_DECREF(r);
-    return 0;
+    return released;
 }
 
 /* ---- banded strategy ---------------------------------------------------- */

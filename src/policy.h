@@ -7,6 +7,7 @@
 typedef struct {
     int enabled;       /* a threshold is in force */
     int is_auto;       /* it came from "auto" */
+    int resolved;      /* "auto" has been read from the driver */
     int64_t threshold; /* bytes freed since the device's last GC */
 } ml_policy;
 
@@ -64,9 +65,16 @@ int ml_band_name(double lo, int lo_is_int, double hi, int hi_is_int, char *buf, 
 /* Parse an auto_gc_bytes value ("auto", int >= 0, None).  Fails without
  * touching *out. */
 int ml_policy_parse_bytes(PyObject *value, ml_policy *out);
+/* Read "auto" from the CUDA driver if not done yet.  Deferred until a
+ * device with a cache first frees something (or the threshold is asked
+ * for), so that creating a MemLord never initialises the driver: a process
+ * that forks workers before using CUDA keeps them able to use it. */
+void ml_policy_resolve(ml_policy *p);
 /* 1 when slot's device is due for a GC run under p. */
-int ml_policy_due(ml_state *st, const ml_policy *p, const ml_slot *slot);
-/* Release the backend cache of dev (calls the configured Python callable). */
+int ml_policy_due(ml_state *st, ml_policy *p, const ml_slot *slot);
+/* Release the backend cache of dev (calls the configured Python callable):
+ * 1 when a cache was released, 0 when the backend held none (never
+ * initialised), -1 with an exception set. */
 int ml_policy_release(ml_state *st, ml_dev dev);
 
 #endif

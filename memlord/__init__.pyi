@@ -1,0 +1,179 @@
+# Type stubs for memlord (the runtime is the C extension memlord._core,
+# re-exported by memlord/__init__.py).  docs/api.md is the reference.
+#
+# Names that start with an underscore exist only here, for type checkers:
+# import them under `if typing.TYPE_CHECKING:`.
+
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Literal, TypedDict, TypeVar, final, overload
+
+import numpy
+import torch
+from typing_extensions import Self
+
+__all__ = ["MemLord", "PythonHooks", "TorchHooks", "format_bytes", "__version__"]
+
+__version__: str
+
+# ---- argument and result shapes ---------------------------------------------------------
+
+# One device or a set of devices: "cpu", "cuda" (every index), "cuda:1", torch.device(...).
+_Device = str | torch.device
+
+# What allocate()/free() accept: one object, or a flat tuple or list of them.
+_Trackable = torch.nn.Module | torch.Tensor | numpy.ndarray[Any, Any]
+_TrackArg = _Trackable | tuple[_Trackable, ...] | list[_Trackable]
+# list is invariant: a list[nn.Linear] or list[torch.Tensor] takes the second overload
+_T = TypeVar("_T", bound=_Trackable)
+
+# (raw_bytes, human_string), e.g. (1536, "1.5 KiB")
+_Bytes = tuple[int, str]
+
+# (device, "file:line", cumulative_bytes)
+_Site = tuple[torch.device, str, int]
+
+class _DeviceStats(TypedDict):
+    allocated: int  # live bytes (never below 0)
+    freed: int  # bytes freed since this device's last auto-GC
+    allocated_total: int  # every byte ever allocated (since reset())
+    freed_total: int  # every byte ever freed (since reset())
+    peak_allocated: int  # highest `allocated` seen (since reset())
+    allocs: int  # storages counted as allocated
+    frees: int  # storages counted as freed
+    gc_runs: int  # auto-GC runs of this device
+
+class _Threshold(TypedDict, total=False):
+    bytes: int  # >= 0
+    percent: float  # 0..100, of the device's total capacity
+
+class _Band(TypedDict):
+    metric: Literal["allocated", "freed", "max"]
+    threshold: _Threshold  # "bytes" and/or "percent"; with both the smaller wins
+
+# {(lo_pct, hi_pct): band}; each band covers the half-open range [lo_pct, hi_pct)
+# of the device's used percentage, 0 <= lo_pct < hi_pct <= 101.
+_AutoGCStrategy = dict[tuple[float, float], _Band]
+
+# source(device_str) -> (total_bytes, used_bytes), or None for "unknown"
+_CapacitySource = Callable[[str], tuple[int, int] | None]
+
+# (total_bytes, used_bytes, used_percent), or three Nones when it cannot be read
+_DeviceMemory = tuple[int, int, float] | tuple[None, None, None]
+
+# ---- functions ------------------------------------------------------------------------
+
+def format_bytes(n: int, /) -> str:
+    """A byte count (0 <= n < 2**63) in binary units, at most two decimals: '1.5 KiB'."""
+
+# ---- the ledger -----------------------------------------------------------------------
+
+class MemLord:
+    """A per-device ledger of the memory a program allocated and freed."""
+
+    # Passing auto_gc_strategy (None included) selects the banded strategy; passing it
+    # together with auto_gc_bytes raises ValueError, so no overload takes both.
+    @overload
+    def __new__(
+        cls,
+        auto_gc_bytes: int | Literal["auto"] | None = "auto",
+        *,
+        track_callsite: bool = True,
+    ) -> Self: ...
+    @overload
+    def __new__(
+        cls,
+        *,
+        auto_gc_strategy: _AutoGCStrategy | None,
+        track_callsite: bool = True,
+    ) -> Self: ...
+
+    # explicit accounting
+    @overload
+    def allocate(self, obj: _TrackArg, /) -> None: ...
+    @overload
+    def allocate(self, obj: list[_T], /) -> None: ...
+    @overload
+    def free(self, obj: _TrackArg, /) -> None: ...
+    @overload
+    def free(self, obj: list[_T], /) -> None: ...
+
+    # queries
+    def allocated(self, device: _Device | None = None) -> _Bytes: ...
+    def freed(self, device: _Device | None = None) -> _Bytes: ...
+    def stats(self, device: _Device | None = None) -> dict[str, _DeviceStats]: ...
+    def top_alloc_site(self, device: _Device | None = None) -> _Site | None: ...
+    def top_free_site(self, device: _Device | None = None) -> _Site | None: ...
+    def reset(self) -> None: ...
+
+    # auto-GC policy
+    def set_auto_gc(self, value: int | Literal["auto"] | None, /) -> None: ...
+    @property
+    def auto_gc_bytes(self) -> int | None: ...
+    def set_auto_gc_strategy(self, strategy: _AutoGCStrategy | None, /) -> None: ...
+    @property
+    def auto_gc_strategy(self) -> _AutoGCStrategy | None: ...
+
+    # device capacity
+    def device_memory(self, device: _Device) -> _DeviceMemory: ...
+    def set_capacity_source(self, source: _CapacitySource | None, /) -> None: ...
+    @property
+    def capacity_source(self) -> _CapacitySource | None: ...
+
+    # call sites
+    def set_callsite_tracking(self, enabled: bool, /) -> None: ...
+    @property
+    def track_callsite(self) -> bool: ...
+    @property
+    def gc_runs(self) -> int: ...  # auto-GC runs on every device since the last reset
+
+    # hooks
+    def hook_into_torch(self) -> TorchHooks: ...
+    def hook_into_python(
+        self, enable_factory_wrappers: bool = True, enable_deep_autowrap: bool = True
+    ) -> PythonHooks: ...
+
+    # the floor of the query benchmarks: a method that does nothing
+    def _bench_noop(self, *args: object, **kwargs: object) -> None: ...
+
+# ---- hook handles (created by MemLord only; not instantiable) --------------------------
+
+@final
+class TorchHooks:
+    """What MemLord.hook_into_torch() returns."""
+
+    @property
+    def enabled(self) -> bool: ...
+    @property
+    def lord(self) -> MemLord: ...
+    def disable(self) -> None: ...
+    def poll(self) -> None: ...
+    def pending(self, device: _Device | None = None) -> int: ...
+    def __enter__(self) -> TorchHooks: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+        /,
+    ) -> Literal[False]: ...
+
+@final
+class PythonHooks:
+    """What MemLord.hook_into_python() returns."""
+
+    @property
+    def enabled(self) -> bool: ...
+    @property
+    def lord(self) -> MemLord: ...
+    @property
+    def tracked(self) -> int: ...
+    def disable(self) -> None: ...
+    def __enter__(self) -> PythonHooks: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+        /,
+    ) -> Literal[False]: ...
