@@ -9,9 +9,8 @@ import sys
 import numpy
 from setuptools import Extension, setup
 
-SOURCES = sorted(
-    os.path.join("src", f) for f in os.listdir("src") if f.endswith(".c")
-)
+SOURCES = sorted(os.path.join("src", f) for f in os.listdir("src") if f.endswith(".c"))
+HEADERS = sorted(os.path.join("src", f) for f in os.listdir("src") if f.endswith(".h"))
 
 define_macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
 include_dirs = ["src", numpy.get_include()]
@@ -36,6 +35,7 @@ setup(
         Extension(
             "memlord._core",
             sources=SOURCES,
+            depends=HEADERS,  # a header change rebuilds
             include_dirs=include_dirs,
             define_macros=define_macros,
             extra_compile_args=extra_compile_args,

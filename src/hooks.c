@@ -336,7 +336,9 @@ static int autowrap(ml_state *st, PyObject *lords, PyObject *src, PyObject *dst,
             if (!moved && ml_tensor_meta_bytes(st, src, &sdev, &sbytes) < 0) {
                 return -1;
             }
-            int tracked = ml_life_resize(lord, src, ddev, dbytes);
+            /* nothing left to credit on a 0-byte destination (meta): cancel */
+            int tracked =
+                dbytes > 0 ? ml_life_resize(lord, src, ddev, dbytes) : ml_life_cancel(lord, src);
             if (tracked < 0) {
                 return -1;
             }

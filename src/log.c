@@ -63,6 +63,13 @@ static int color_on(void)
 
 void ml_log_line(const char *color, PyObject *text)
 {
+#if PY_VERSION_HEX >= 0x030D0000
+    if (Py_IsFinalizing()) {
+#else
+    if (_Py_IsFinalizing()) {
+#endif
+        return; /* sys.stdout may be gone or locked by a frozen daemon thread */
+    }
     PyObject *line;
     if (color_on()) {
         line = PyUnicode_FromFormat("\x1b[%sm%U\x1b[0m\n", color, text);

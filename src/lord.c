@@ -281,116 +281,55 @@ int ml_lord_record(MemLordObject *self, int flags, const ml_delta *d, int n, con
     return 0;
 }
 
-/* One item of an allocate/free argument and the blocks it added. */
-typedef struct {
-    PyObject *obj; /* borrowed from the argument, which the caller holds */
-    Py_ssize_t start, end;
-} ml_item;
-
-/* Walk obj item by item so that lifetime tracking can register each item
- * with its own share.  items has room for n_items entries. */
-static int walk_items(ml_state *st, ml_walk *w, PyObject *obj, const char *what, ml_item *items,
-                      Py_ssize_t *n_items)
+/* Register, for lifetime tracking, each tensor or array that contributed
+ * storages to this allocate() with its own share: a module's parameters and
+ * buffers are registered one by one, so that a conversion inside Module.to
+ * resizes exactly the registration of the parameter it converts, and a
+ * tensor shared with another module keeps counting while that one lives. */
+static int register_owners(MemLordObject *self, const ml_walk *w)
 {
-    if (!(PyTuple_Check(obj) || PyList_Check(obj))) {
-        items[0].obj = obj;
-        items[0].start = w->n;
-        if (ml_walk_item(st, w, obj, -1, what) < 0) {
-            return -1;
-        }
-        items[0].end = w->n;
-        *n_items = 1;
-        return 0;
-    }
-    Py_ssize_t n = 0;
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(obj) && n < *n_items; i++) {
-        PyObject *item = PySequence_Fast_GET_ITEM(obj, i);
-        items[n].obj = item;
-        items[n].start = w->n;
-        Py_INCREF(item);
-        int rc = ml_walk_item(st, w, item, i, what);
-        Py_DECREF(item);
-        if (rc < 0) {
-            return -1;
-        }
-        items[n].end = w->n;
-        n++;
-    }
-    *n_items = n;
-    return 0;
-}
-
-static int register_items(MemLordObject *self, const ml_walk *w, const ml_item *items, Py_ssize_t n)
-{
-    for (Py_ssize_t i = 0; i < n; i++) {
+    Py_ssize_t i = 0;
+    while (i < w->n) {
+        PyObject *owner = w->owners[i];
+        Py_ssize_t j = i;
         ml_deltas ds;
         deltas_init(&ds);
         int rc = 0;
-        for (Py_ssize_t b = items[i].start; b < items[i].end && rc == 0; b++) {
-            rc = deltas_add(&ds, w->blocks[b].dev, w->blocks[b].nbytes, 1);
+        for (; j < w->n && w->owners[j] == owner && rc == 0; j++) {
+            rc = deltas_add(&ds, w->blocks[j].dev, w->blocks[j].nbytes, 1);
         }
-        if (rc == 0 && ds.n > 0) {
-            rc = ml_life_register(self, items[i].obj, ds.d, ds.n);
+        if (rc == 0 && owner != NULL && ds.n > 0) {
+            rc = ml_life_register(self, owner, ds.d, ds.n);
         }
         deltas_clear(&ds);
         if (rc < 0) {
             return -1;
         }
+        i = j;
     }
     return 0;
-}
-
-static void cancel_items(MemLordObject *self, const ml_walk *w, const ml_item *items, Py_ssize_t n)
-{
-    for (Py_ssize_t i = 0; i < n; i++) {
-        ml_life_cancel(self, items[i].obj);
-    }
-    if (w->tensors != NULL) {
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(w->tensors); i++) {
-            ml_life_cancel(self, PyList_GET_ITEM(w->tensors, i));
-        }
-    }
 }
 
 static PyObject *record_object(MemLordObject *self, PyObject *obj, int is_free)
 {
     ml_state *st = ml_lord_state(self);
     const char *what = is_free ? "free" : "allocate";
-    /* Lifetime tracking: allocate registers what it counts, free cancels
-     * the pending credits of what it frees. */
-    int life = is_free ? self->registry != NULL : ml_life_active(self);
+    /* Lifetime tracking: allocate registers what it counts, free cancels the
+     * pending credits of every tensor and array it walks. */
+    int register_new = !is_free && ml_life_active(self);
+    int cancel = is_free && self->registry != NULL;
     ml_walk w;
     ml_deltas ds;
     ml_site site = {NULL, 0};
     PyObject *result = NULL;
-    ml_item items_inline[8], *items = items_inline;
-    Py_ssize_t n_items = 0;
     ml_walk_init(&w);
     deltas_init(&ds);
-    if (!life) {
-        if (ml_walk_object(st, &w, obj, what) < 0) {
-            goto done;
-        }
-    } else {
-        Py_INCREF(obj); /* a list argument may change while torch code runs */
-        n_items = (PyTuple_Check(obj) || PyList_Check(obj)) ? PySequence_Fast_GET_SIZE(obj) : 1;
-        if (n_items > 8) {
-            items = PyMem_Malloc((size_t)n_items * sizeof(ml_item));
-            if (items == NULL) {
-                PyErr_NoMemory();
-                Py_DECREF(obj);
-                goto done;
-            }
-        }
-        if (is_free && (w.tensors = PyList_New(0)) == NULL) {
-            Py_DECREF(obj);
-            goto done;
-        }
-        int rc = walk_items(st, &w, obj, what, items, &n_items);
-        Py_DECREF(obj);
-        if (rc < 0) {
-            goto done;
-        }
+    w.collect_owners = register_new;
+    if (cancel && (w.tensors = PyList_New(0)) == NULL) {
+        goto done;
+    }
+    if (ml_walk_object(st, &w, obj, what) < 0) {
+        goto done;
     }
     for (Py_ssize_t i = 0; i < w.n; i++) {
         if (deltas_add(&ds, w.blocks[i].dev, w.blocks[i].nbytes, 1) < 0) {
@@ -404,16 +343,15 @@ static PyObject *record_object(MemLordObject *self, PyObject *obj, int is_free)
                        what) < 0) {
         goto done;
     }
-    if (life && is_free) {
-        cancel_items(self, &w, items, n_items);
-    } else if (life && register_items(self, &w, items, n_items) < 0) {
+    if (cancel) {
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(w.tensors); i++) {
+            ml_life_cancel(self, PyList_GET_ITEM(w.tensors, i));
+        }
+    } else if (register_new && register_owners(self, &w) < 0) {
         goto done;
     }
     result = Py_NewRef(Py_None);
 done:
-    if (items != items_inline) {
-        PyMem_Free(items);
-    }
     ml_site_clear(&site);
     deltas_clear(&ds);
     ml_walk_clear(&w);

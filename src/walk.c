@@ -24,6 +24,11 @@ void ml_walk_init(ml_walk *w)
     w->nseen = 0;
     w->seencap = 0;
     w->tensors = NULL;
+    w->collect_owners = 0;
+    w->owners = NULL;
+    w->owners_cap = 0;
+    w->cur_owner = NULL;
+    w->in_sparse = 0;
     w->pos = -1;
     w->what = NULL;
 }
@@ -38,6 +43,12 @@ void ml_walk_clear(ml_walk *w)
     }
     PyMem_Free(w->seen);
     Py_CLEAR(w->tensors);
+    if (w->owners != NULL) {
+        for (Py_ssize_t i = 0; i < w->n; i++) {
+            Py_XDECREF(w->owners[i]);
+        }
+        PyMem_Free(w->owners);
+    }
     ml_walk_init(w);
 }
 
@@ -97,6 +108,18 @@ static int add_block(ml_walk *w, ml_dev dev, uintptr_t ptr, int64_t nbytes)
         }
         w->blocks = blocks;
         w->cap = cap;
+    }
+    if (w->collect_owners) {
+        if (w->n >= w->owners_cap) { /* blocks has room for n + 1 by now */
+            PyObject **owners = PyMem_Realloc(w->owners, (size_t)w->cap * sizeof(PyObject *));
+            if (owners == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            w->owners = owners;
+            w->owners_cap = w->cap;
+        }
+        w->owners[w->n] = Py_XNewRef(w->cur_owner);
     }
     w->blocks[w->n] = (ml_block){dev, ptr, nbytes};
     w->slots[j] = (uint32_t)(w->n + 1);
@@ -272,7 +295,9 @@ static int walk_sparse(ml_state *st, ml_walk *w, PyObject *t, PyObject *names[3]
         if (c == NULL) {
             return -1;
         }
+        w->in_sparse++; /* the sparse tensor owns its components' blocks */
         int rc = ml_walk_tensor(st, w, c);
+        w->in_sparse--;
         Py_DECREF(c);
         if (rc < 0) {
             return -1;
@@ -319,8 +344,11 @@ static void chain_cause(PyObject *cause)
 
 int ml_walk_tensor(ml_state *st, ml_walk *w, PyObject *t)
 {
-    if (w->tensors != NULL && PyList_Append(w->tensors, t) < 0) {
-        return -1;
+    if (w->in_sparse == 0) {
+        if (w->tensors != NULL && PyList_Append(w->tensors, t) < 0) {
+            return -1;
+        }
+        w->cur_owner = t;
     }
     PyObject *storage = call_fast(t, st->s_untyped_storage, st->d_untyped_storage);
     if (storage == NULL) {
@@ -497,8 +525,12 @@ static int walk_module(ml_state *st, ml_walk *w, PyObject *root)
 
 /* A numpy array counts its base buffer: follow .base through arrays to the
  * array that owns (or first wraps) the memory. */
-static int walk_ndarray(ml_walk *w, const PyObject *obj)
+static int walk_ndarray(ml_walk *w, PyObject *obj)
 {
+    if (w->tensors != NULL && PyList_Append(w->tensors, obj) < 0) {
+        return -1;
+    }
+    w->cur_owner = obj;
     const PyArrayObject *owner = (const PyArrayObject *)obj;
     for (;;) {
         PyObject *base = PyArray_BASE(owner);

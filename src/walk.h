@@ -20,8 +20,16 @@ typedef struct {
     Py_ssize_t nslots; /* power of two */
     uintptr_t *seen;   /* visited modules */
     Py_ssize_t nseen, seencap;
-    PyObject *tensors; /* when a list: every tensor visited is appended */
-    Py_ssize_t pos;    /* item being walked, for error messages (-1: bare) */
+    PyObject *tensors; /* when a list: every tensor and array visited is appended */
+    /* Lifetime tracking: with collect_owners set, owners[i] is a strong
+     * reference to the tensor or array that block i was first found in (a
+     * sparse tensor owns its components' blocks). */
+    int collect_owners;
+    PyObject **owners;
+    Py_ssize_t owners_cap;
+    PyObject *cur_owner; /* borrowed, while it is walked */
+    int in_sparse;
+    Py_ssize_t pos; /* item being walked, for error messages (-1: bare) */
     const char *what;
     ml_block inline_blocks[ML_WALK_INLINE];
     uint32_t inline_slots[ML_WALK_INLINE * 2];

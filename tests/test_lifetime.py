@@ -567,17 +567,46 @@ def test_allocate_registers_items_of_a_tuple_with_their_share(lord, hooks):
     assert cpu(lord, "freed") == 120
 
 
-def test_allocate_of_a_module_registers_the_module(lord, hooks):
+def test_allocate_of_a_module_registers_each_tensor(lord, hooks):
+    """A module's parameters and buffers are registered one by one, not the module."""
     m = nn.Linear(8, 4)
     expected = module_bytes(m)
     h = hooks(lord)
     lord.allocate(m)
-    assert h.tracked == 1
-    assert len(trackers(m)) == 1
+    assert h.tracked == 2
+    assert len(trackers(m.weight)) == 1 and len(trackers(m.bias)) == 1
+    assert trackers(m) == []
     del m
     gc.collect()
     assert cpu(lord, "freed") == expected
     assert cpu(lord, "allocated") == 0
+
+
+def test_allocated_module_cast_with_both_hooks_is_exact(lord, hooks):
+    """allocate(m), then m.to(float64) with the torch hooks on: the old data's free is
+    credited at the cast and the parameters' registrations follow the new data."""
+    m = nn.Linear(10, 10)
+    h = hooks(lord)
+    lord.allocate(m)
+    with lord.hook_into_torch():
+        m.to(torch.float64)
+    assert cpu(lord, "allocated") == module_bytes(m)
+    del m
+    gc.collect()
+    assert cpu(lord, "allocated") == 0
+    assert h.tracked == 0
+
+
+def test_module_moved_to_meta_leaves_nothing_tracked(lord, hooks):
+    h = hooks(lord)
+    m = nn.Linear(10, 10)
+    with lord.hook_into_torch():
+        m.to("meta")
+    assert h.tracked == 0
+    assert cpu(lord, "allocated") == 0
+    del m
+    gc.collect()
+    assert "meta" not in lord.stats()
 
 
 def test_allocate_of_a_factory_tensor_counts_and_credits_twice(lord, hooks):
@@ -1026,7 +1055,7 @@ def test_registration_leaves_refcounts_unchanged(lord, hooks):
     lord.allocate(t)
     lord.allocate(m)
     lord.allocate(items)
-    assert len(trackers(t)) == len(trackers(m)) == 1
+    assert len(trackers(t)) == len(trackers(m.weight)) == 1
     after = [sys.getrefcount(x) for x in (t, m, items, *items)]
     assert after == before
     lord.free(t)

@@ -24,6 +24,8 @@ def run_python(code_or_args, *, env_extra=None, x_dev=False, cwd=None):
         env.pop(k, None)
     env.update(env_extra or {})
     cmd = [sys.executable]
+    if sys.version_info >= (3, 11):
+        cmd += ["-P"]  # never import the source tree from the working directory
     if x_dev:
         cmd += ["-X", "dev"]
     if isinstance(code_or_args, str):
@@ -122,11 +124,17 @@ EXIT_SCRIPT = """
     second.allocate(model)
     del h
 
-    # a daemon thread still calling into the lord while the interpreter shuts down
+    # a daemon thread still calling into the lord while the interpreter shuts down; it
+    # stops allocating (the calls that print under DEBUG) before DEBUG is switched on,
+    # since any daemon thread writing to stdout at shutdown can abort CPython itself
+    # ("_enter_buffered_busy"), memlord or not
     t = torch.empty(10)
+    quiet = False
     def spin():
         while True:
-            lord.allocate(t); lord.free(t); lord.stats()
+            if not quiet:
+                lord.allocate(t); lord.free(t)
+            lord.stats(); lord.allocated("cpu")
     threading.Thread(target=spin, daemon=True).start()
     import time; time.sleep(0.2)
     {tail}
@@ -135,7 +143,11 @@ EXIT_SCRIPT = """
 
 @pytest.mark.parametrize(
     "tail",
-    ["pass", "import os; os.environ['DEBUG'] = '1'; sys.exit(0)"],
+    [
+        "pass",
+        "quiet = True; time.sleep(0.05); import os; os.environ['DEBUG'] = '1'; "
+        "lord.allocate(t); sys.exit(0)",
+    ],
     ids=["fall-off-end", "sys-exit-with-debug-on"],
 )
 def test_interpreter_exit_with_tracked_objects_is_clean(tail):

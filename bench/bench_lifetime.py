@@ -1,0 +1,239 @@
+"""Lifetime tracking benchmarks (issue 4): ``lord.hook_into_python()`` on against off.
+
+1. ``torch.empty(16)`` created and dropped (one expression statement: the tensor dies at
+   once), lifetime hooks on against off in the same run: **target <= 1.3x**. Subject and
+   floor run the *same* compiled timing loop, which looks ``torch.empty`` up at every call;
+   between samples (outside the timed region) the hooks are enabled (the subject: the
+   wrapped factory counts and registers the tensor, its death credits the free through the
+   tracker's callback, call sites on) or disabled (the floor: torch's own function, the very
+   object it was before memlord). Samples alternate A/B/B/A..., medians over
+   ``max(cfg.samples, 21)`` samples of ~``cfg.sample_ms`` each, the cyclic GC off.
+
+2. Extra memory per live tracked tensor, C allocations plus Python objects: **target <= 128
+   bytes**. Measured with tracemalloc (default allocator; memlord's PyMem_* allocations and
+   its tracker objects are visible to tracemalloc, torch's C++ allocations are not and are
+   the same either way) as
+
+       (traced bytes after creating N = 100,000 ``torch.empty(16)`` under the hooks)
+     - (traced bytes after creating the same N tensors without them), divided by N,
+
+   the hooks being disabled again before the measurement is read (the trackers outlive
+   disable(); the patch table does not), the median of a few interleaved repetitions. The
+   row's figures are **bytes** (shown in the table's time columns): the subject is the
+   measured cost, the "floor" is the 128 B budget, so the ratio must be <= 1.
+
+   The same figure for tensors registered by ``lord.allocate(list_of_tensors)`` is reported
+   in the row's note, in two parts. ``allocate()`` reads ``t.untyped_storage()``, and that
+   makes torch materialise a Python storage object which it then keeps for the storage's
+   lifetime (about 64 B per tensor on CPython 3.11); ``allocate()`` pays that with or without
+   the hooks, so it is the cost of ``allocate()``, not of the tracker. The note therefore
+   gives (allocate with hooks - nothing) per tensor, the storage part (allocate without
+   hooks - nothing), and their difference, the tracker's own share.
+
+3. The ``device_memory()`` cached read is benchmarked in bench/bench_device_memory.py.
+
+    python bench/bench_lifetime.py [--samples N] [--sample-ms MS] [--quick] [--json PATH]
+
+``rows(cfg)`` returns harness ``Row`` objects, as bench/run_all.py expects.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import sys
+import tracemalloc
+from collections.abc import Callable
+
+import torch
+from _harness import Case, Config, Row, main, make_loop
+
+from memlord import MemLord, _core
+
+EMPTY_TARGET = 1.3
+BYTES_BUDGET = 128
+MIN_SAMPLES = 21
+N_TENSORS = 100_000
+MEM_REPEATS = 3
+
+
+def _calibrate(loop: Callable[[int], int], sample_ns: float) -> int:
+    n = 1
+    while True:
+        elapsed = loop(n)
+        if elapsed >= sample_ns or n >= 1 << 30:
+            return n
+        n = max(n + 1, min(n * 10, int(n * sample_ns * 1.2 / max(elapsed, 1))))
+
+
+def _assert_unhooked() -> None:
+    info = _core._hooks_info()
+    assert not info["python_installed"], "python hooks already installed by someone else"
+
+
+# ---------------------------------------------------------------------------- 1. time
+
+
+def empty_row(cfg: Config) -> Row:
+    """torch.empty(16) created and dropped, hooks on (subject) against off (floor)."""
+    _assert_unhooked()
+    lord = MemLord()  # the defaults: call sites on, auto-GC "auto"
+    empty = torch.empty
+    case = Case(
+        "torch.empty(16) created and dropped", "torch.empty(16)", {"torch": torch}, unroll=20
+    )
+    loop = make_loop(case)
+    per_op = case.ops * case.unroll
+    sample_ns = cfg.sample_ms * 1e6
+    samples = max(cfg.samples, MIN_SAMPLES)
+    results: dict[bool, list[float]] = {True: [], False: []}
+
+    def one(hooked: bool, n: int) -> float:
+        h = lord.hook_into_python() if hooked else None
+        try:
+            assert (torch.empty is not empty) == hooked
+            elapsed = loop(n)
+        finally:
+            if h is not None:
+                h.disable()
+        return elapsed / (n * per_op)
+
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        h = lord.hook_into_python()
+        try:
+            n = _calibrate(loop, sample_ns)  # on the slower side: the hooked one
+        finally:
+            h.disable()
+        for i in range(cfg.warmup_samples + samples):
+            order = (True, False) if i % 2 == 0 else (False, True)
+            for hooked in order:
+                t = one(hooked, n)
+                if i >= cfg.warmup_samples:
+                    results[hooked].append(t)
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert torch.empty is empty
+    # The subject really went through the hooks: every tensor counted, and credited at its
+    # death by its tracker, nothing left registered.
+    s = lord.stats()["cpu"]
+    assert s["allocs"] > 0 and s["allocs"] == s["frees"], s
+    assert s["allocated"] == 0 and s["freed_total"] == s["allocated_total"], s
+    return Row(
+        name=f"{case.name} (python hooks)",
+        median_ns=statistics.median(results[True]),
+        floor_name="hooks off",
+        floor_median_ns=statistics.median(results[False]),
+        target=EMPTY_TARGET,
+        note="factory wrapper + tracker + (del) credit through the weakref callback, call sites on",
+        samples_ns=results[True],
+        floor_samples_ns=results[False],
+    )
+
+
+# ---------------------------------------------------------------------------- 2. memory
+
+
+def _traced() -> int:
+    return tracemalloc.get_traced_memory()[0]
+
+
+def _factory_bytes(lord: MemLord, n: int, hooked: bool) -> int:
+    """Traced bytes that n live torch.empty(16) tensors (and their list) add."""
+    gc.collect()
+    before = _traced()
+    h = lord.hook_into_python() if hooked else None
+    try:
+        ts = [torch.empty(16) for _ in range(n)]
+    finally:
+        if h is not None:
+            h.disable()
+    after = _traced()
+    if hooked:
+        assert h.tracked >= n, h.tracked
+    del ts
+    gc.collect()
+    return after - before
+
+
+def _allocate_bytes(lord: MemLord, n: int, hooked: bool) -> int:
+    """Traced bytes that lord.allocate(ts) adds for n fresh, never-accounted tensors."""
+    ts = [torch.empty(16) for _ in range(n)]  # made unhooked, storages not materialised
+    gc.collect()
+    h = lord.hook_into_python() if hooked else None
+    try:
+        before = _traced()
+        lord.allocate(ts)
+        if h is not None:
+            h.disable()
+            h = None
+        after = _traced()
+    finally:
+        if h is not None:
+            h.disable()
+    lord.free(ts)
+    del ts
+    gc.collect()
+    return after - before
+
+
+def memory_row(cfg: Config) -> Row:
+    _assert_unhooked()
+    lord = MemLord(auto_gc_bytes=None)
+    repeats = MEM_REPEATS if cfg.samples >= MIN_SAMPLES else 1
+    was_tracing = tracemalloc.is_tracing()
+    was_enabled = gc.isenabled()
+    if not was_tracing:
+        tracemalloc.start()
+    gc.disable()
+    try:
+        # warm up: the lord's registry, its call-site tables, torch's caches
+        _factory_bytes(lord, 1000, True)
+        _factory_bytes(lord, 1000, False)
+        _allocate_bytes(lord, 1000, True)
+        _allocate_bytes(lord, 1000, False)
+        per_factory, per_alloc_total, per_storage = [], [], []
+        for i in range(repeats):
+            order = (True, False) if i % 2 == 0 else (False, True)
+            got = {hooked: _factory_bytes(lord, N_TENSORS, hooked) for hooked in order}
+            per_factory.append((got[True] - got[False]) / N_TENSORS)
+            got = {hooked: _allocate_bytes(lord, N_TENSORS, hooked) for hooked in order}
+            per_alloc_total.append(got[True] / N_TENSORS)
+            per_storage.append(got[False] / N_TENSORS)
+    finally:
+        if not was_tracing:
+            tracemalloc.stop()
+        if was_enabled:
+            gc.enable()
+    tracker = statistics.median(per_factory)
+    alloc_total = statistics.median(per_alloc_total)
+    storage = statistics.median(per_storage)
+    note = (
+        f"bytes, not ns; N = {N_TENSORS:,} live torch.empty(16) made under the hooks minus "
+        f"the same made without them, per tensor (tracemalloc). Via lord.allocate(list): "
+        f"{alloc_total:.0f} B per tensor in all = {storage:.0f} B for the Python storage "
+        f"object that allocate()'s t.untyped_storage() makes torch keep (paid with hooks off "
+        f"too: allocate()'s cost) + {alloc_total - storage:.0f} B for the tracker"
+    )
+    return Row(
+        name="extra memory per live tracked tensor [bytes]",
+        median_ns=tracker,
+        floor_name="budget [bytes]",
+        floor_median_ns=float(BYTES_BUDGET),
+        target=1.0,
+        note=note,
+        samples_ns=per_factory,
+        floor_samples_ns=[float(BYTES_BUDGET)] * len(per_factory),
+    )
+
+
+def rows(cfg: Config | None = None) -> list[Row]:
+    cfg = cfg or Config()
+    return [empty_row(cfg), memory_row(cfg)]
+
+
+if __name__ == "__main__":
+    sys.exit(main(rows))
