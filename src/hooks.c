@@ -24,8 +24,9 @@ enum hook_kind {
     HK_CAST = 1,
     HK_MODULE_TO = 2,
     HK_SYNC = 3,
-    HK_FACTORY = 4, /* hook_into_python: torch.empty, ..., Tensor.clone */
-    HK_PARAM = 5,   /* hook_into_python: nn.Parameter.__new__ moves registrations */
+    HK_FACTORY = 4,      /* hook_into_python: torch.empty, ...: strided unless layout= */
+    HK_PARAM = 5,        /* hook_into_python: nn.Parameter.__new__ moves registrations */
+    HK_FACTORY_LIKE = 6, /* *_like and Tensor.clone: the layout follows the input */
 };
 
 /* Patch groups: the torch hooks and the python (lifetime) hooks come and go
@@ -543,7 +544,10 @@ static PyObject *hook_factory(HookObject *self, PyObject *const *args, size_t na
     }
     ml_dev dev;
     int64_t bytes;
-    if (ml_tensor_meta_bytes(st, result, &dev, &bytes) < 0) {
+    /* torch's factories make strided tensors unless asked for a layout */
+    int strided = self->kind == HK_FACTORY && kwarg(args, nargs, kwnames, "layout") == NULL;
+    if ((strided ? ml_tensor_meta_bytes_strided(st, result, &dev, &bytes)
+                 : ml_tensor_meta_bytes(st, result, &dev, &bytes)) < 0) {
         Py_DECREF(result);
         return NULL;
     }
@@ -625,6 +629,7 @@ static PyObject *hook_vectorcall(PyObject *callable, PyObject *const *args, size
     case HK_MODULE_TO:
         return hook_module_to(self, args, nargsf, kwnames);
     case HK_FACTORY:
+    case HK_FACTORY_LIKE:
         return hook_factory(self, args, nargsf, kwnames);
     case HK_PARAM:
         return hook_param(self, args, nargsf, kwnames);
@@ -917,10 +922,12 @@ static void uninstall_torch(void)
 static int install_py(PyObject *module)
 {
     static const char *const factories[] = {
-        "empty",     "zeros",         "ones",       "full",         "rand",       "randn",
-        "randint",   "randperm",      "tensor",     "arange",       "linspace",   "logspace",
-        "eye",       "empty_strided", "normal",     "empty_like",   "zeros_like", "ones_like",
-        "full_like", "rand_like",     "randn_like", "randint_like",
+        "empty",  "zeros",  "ones",     "full",     "rand", "randn",         "randint", "randperm",
+        "tensor", "arange", "linspace", "logspace", "eye",  "empty_strided", "normal",
+    };
+    static const char *const likes[] = {
+        "empty_like", "zeros_like", "ones_like",    "full_like",
+        "rand_like",  "randn_like", "randint_like",
     };
     ml_state *st = ml_state_of_module(module);
     installing_group = G_PY;
@@ -935,8 +942,14 @@ static int install_py(PyObject *module)
             goto fail;
         }
     }
+    for (size_t i = 0; i < sizeof(likes) / sizeof(likes[0]); i++) {
+        if (patch_one(st, torch, likes[i], HK_FACTORY_LIKE) < 0) {
+            Py_DECREF(torch);
+            goto fail;
+        }
+    }
     Py_DECREF(torch);
-    if (patch_one(st, st->tensor_type, "clone", HK_FACTORY) < 0 ||
+    if (patch_one(st, st->tensor_type, "clone", HK_FACTORY_LIKE) < 0 ||
         patch_one(st, st->parameter_type, "__new__", HK_PARAM) < 0) {
         goto fail;
     }

@@ -595,6 +595,18 @@ int ml_walk_object(ml_state *st, ml_walk *w, PyObject *obj, const char *what)
     return ml_walk_item(st, w, obj, -1, what);
 }
 
+int ml_tensor_meta_bytes_strided(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes)
+{
+    if (ml_tensor_device(st, t, dev) < 0) {
+        return -1;
+    }
+    if (is_meta(st, *dev)) {
+        *nbytes = 0;
+        return 0;
+    }
+    return as_int64(get_fast(t, st->s_nbytes, st->d_tensor_nbytes), nbytes);
+}
+
 int ml_tensor_meta_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes)
 {
     if (ml_tensor_device(st, t, dev) < 0) {

@@ -46,6 +46,8 @@ int ml_walk_item(ml_state *st, ml_walk *w, PyObject *obj, Py_ssize_t pos, const 
 /* Size of one tensor from metadata only (numel * element size, sparse
  * components summed), for the hooks.  *dev receives its device. */
 int ml_tensor_meta_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes);
+/* The same for a tensor known to be strided (no layout check). */
+int ml_tensor_meta_bytes_strided(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes);
 /* The device of a tensor. */
 int ml_tensor_device(ml_state *st, PyObject *t, ml_dev *dev);
 /* Walk a single tensor (no type check). */
