@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -152,6 +153,57 @@ def compare(subject: Case, floor: Case, *, target: float, cfg: Config, note: str
         samples_ns=results[0],
         floor_samples_ns=results[1],
     )
+
+
+def switch_compare(
+    case: Case,
+    enable: Callable[[], Any],
+    cfg: Config,
+    *,
+    min_samples: int = 21,
+    after_sample: Callable[[], None] | None = None,
+) -> tuple[list[float], list[float]]:
+    """Time one case with a process-wide switch on and off, alternating per sample.
+
+    enable() turns the switch on and returns a handle whose disable() turns it off
+    (memlord's hook_into_torch / hook_into_python).  The iteration count is calibrated
+    on the slower side, switched on.  Returns (on, off) per-operation samples in ns.
+    """
+    loop = make_loop(case)
+    per_op = case.ops * case.unroll
+    sample_ns = cfg.sample_ms * 1e6
+    samples = max(cfg.samples, min_samples)
+    results: dict[bool, list[float]] = {True: [], False: []}
+
+    def one(on: bool, n: int) -> float:
+        handle = enable() if on else None
+        try:
+            elapsed = loop(n)
+            if after_sample is not None:
+                after_sample()
+        finally:
+            if handle is not None:
+                handle.disable()
+        return elapsed / (n * per_op)
+
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        handle = enable()
+        try:
+            n = calibrate(loop, sample_ns)
+        finally:
+            handle.disable()
+        for i in range(cfg.warmup_samples + samples):
+            for on in (True, False) if i % 2 == 0 else (False, True):
+                t = one(on, n)
+                if i >= cfg.warmup_samples:
+                    results[on].append(t)
+    finally:
+        if was_enabled:
+            gc.enable()
+    return results[True], results[False]
 
 
 # ---------------------------------------------------------------------------- report

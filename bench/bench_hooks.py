@@ -24,13 +24,11 @@ turns them into plain dicts {name, median_ns, floor_name, floor_ns, ratio, targe
 
 from __future__ import annotations
 
-import gc
 import statistics
 import sys
-from collections.abc import Callable
 
 import torch
-from _harness import Case, Config, Row, main, make_loop
+from _harness import Case, Config, Row, main, switch_compare
 from torch import nn
 
 from memlord import MemLord, _core
@@ -41,15 +39,6 @@ MODULE_TARGET = 1.10
 CUDA_MOVE_TARGET = 1.2
 MIN_SAMPLES = 21
 N_TENSORS = 1000
-
-
-def _calibrate(loop: Callable[[int], int], sample_ns: float) -> int:
-    n = 1
-    while True:
-        elapsed = loop(n)
-        if elapsed >= sample_ns or n >= 1 << 30:
-            return n
-        n = max(n + 1, min(n * 10, int(n * sample_ns * 1.2 / max(elapsed, 1))))
 
 
 def hooked_vs_unhooked(
@@ -63,42 +52,11 @@ def hooked_vs_unhooked(
 ) -> Row:
     """Time `case` with the hooks on (subject) and off (floor), alternating per sample."""
     lord = MemLord()  # the defaults: call sites on, auto-GC "auto"
-    loop = make_loop(case)
-    per_op = case.ops * case.unroll
-    sample_ns = cfg.sample_ms * 1e6
-    samples = max(cfg.samples, MIN_SAMPLES)
-    results: dict[bool, list[float]] = {True: [], False: []}
-
-    def one(hooked: bool, n: int) -> float:
-        h = lord.hook_into_torch() if hooked else None
-        try:
-            elapsed = loop(n)
-            if after_sample is not None:
-                after_sample()
-        finally:
-            if h is not None:
-                h.disable()
-        return elapsed / (n * per_op)
-
     assert not _core._hooks_info()["installed"], "hooks already installed by someone else"
-    was_enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        h = lord.hook_into_torch()
-        try:
-            n = _calibrate(loop, sample_ns)  # on the slower side: the hooked one
-        finally:
-            h.disable()
-        for i in range(cfg.warmup_samples + samples):
-            order = (True, False) if i % 2 == 0 else (False, True)
-            for hooked in order:
-                t = one(hooked, n)
-                if i >= cfg.warmup_samples:
-                    results[hooked].append(t)
-    finally:
-        if was_enabled:
-            gc.enable()
+    on, off = switch_compare(
+        case, lord.hook_into_torch, cfg, min_samples=MIN_SAMPLES, after_sample=after_sample
+    )
+    results = {True: on, False: off}
     # The subject really went through the hooks: conversions counted, no-ops not.
     assert bool(lord.stats()) == counts, (case.name, lord.stats())
     return Row(

@@ -43,10 +43,9 @@ import gc
 import statistics
 import sys
 import tracemalloc
-from collections.abc import Callable
 
 import torch
-from _harness import Case, Config, Row, main, make_loop
+from _harness import Case, Config, Row, main, switch_compare
 
 from memlord import MemLord, _core
 
@@ -55,15 +54,6 @@ BYTES_BUDGET = 128
 MIN_SAMPLES = 21
 N_TENSORS = 100_000
 MEM_REPEATS = 3
-
-
-def _calibrate(loop: Callable[[int], int], sample_ns: float) -> int:
-    n = 1
-    while True:
-        elapsed = loop(n)
-        if elapsed >= sample_ns or n >= 1 << 30:
-            return n
-        n = max(n + 1, min(n * 10, int(n * sample_ns * 1.2 / max(elapsed, 1))))
 
 
 def _assert_unhooked() -> None:
@@ -82,40 +72,8 @@ def empty_row(cfg: Config) -> Row:
     case = Case(
         "torch.empty(16) created and dropped", "torch.empty(16)", {"torch": torch}, unroll=20
     )
-    loop = make_loop(case)
-    per_op = case.ops * case.unroll
-    sample_ns = cfg.sample_ms * 1e6
-    samples = max(cfg.samples, MIN_SAMPLES)
-    results: dict[bool, list[float]] = {True: [], False: []}
-
-    def one(hooked: bool, n: int) -> float:
-        h = lord.hook_into_python() if hooked else None
-        try:
-            assert (torch.empty is not empty) == hooked
-            elapsed = loop(n)
-        finally:
-            if h is not None:
-                h.disable()
-        return elapsed / (n * per_op)
-
-    was_enabled = gc.isenabled()
-    gc.collect()
-    gc.disable()
-    try:
-        h = lord.hook_into_python()
-        try:
-            n = _calibrate(loop, sample_ns)  # on the slower side: the hooked one
-        finally:
-            h.disable()
-        for i in range(cfg.warmup_samples + samples):
-            order = (True, False) if i % 2 == 0 else (False, True)
-            for hooked in order:
-                t = one(hooked, n)
-                if i >= cfg.warmup_samples:
-                    results[hooked].append(t)
-    finally:
-        if was_enabled:
-            gc.enable()
+    on, off = switch_compare(case, lord.hook_into_python, cfg, min_samples=MIN_SAMPLES)
+    results = {True: on, False: off}
     assert torch.empty is empty
     # The subject really went through the hooks: every tensor counted, and credited at its
     # death by its tracker, nothing left registered.

@@ -831,21 +831,10 @@ static int group_installed(int group)
     return 0;
 }
 
-static PyObject *import_attr(const char *module, const char *attr)
-{
-    PyObject *m = PyImport_ImportModule(module);
-    if (m == NULL) {
-        return NULL;
-    }
-    PyObject *a = PyObject_GetAttrString(m, attr);
-    Py_DECREF(m);
-    return a;
-}
-
 /* 1 when this torch was built with CUDA (or ROCm), so torch.cuda is real. */
 static int torch_has_cuda(void)
 {
-    PyObject *version = import_attr("torch", "version");
+    PyObject *version = ml_import_attr("torch", "version");
     if (version == NULL) {
         PyErr_Clear();
         return 0;

@@ -85,6 +85,8 @@ typedef struct {
 } ml_state;
 
 ml_state *ml_state_of_module(PyObject *module); /* borrowed module */
+/* getattr(import(module), attr) */
+PyObject *ml_import_attr(const char *module, const char *attr);
 
 /* ---- devices (device.c) ----------------------------------------------- */
 int ml_device_register_types(ml_state *st);

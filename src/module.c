@@ -40,7 +40,7 @@ static int load_interned(ml_state *st)
                : 0;
 }
 
-static PyObject *import_attr(const char *module, const char *attr)
+PyObject *ml_import_attr(const char *module, const char *attr)
 {
     PyObject *m = PyImport_ImportModule(module);
     if (m == NULL) {
@@ -64,16 +64,16 @@ static void load_descriptor(PyObject *type, PyObject *name, PyObject **out)
 
 static int load_torch(ml_state *st)
 {
-    if (!(st->tensor_type = import_attr("torch", "Tensor")) ||
-        !(st->module_type = import_attr("torch.nn", "Module")) ||
-        !(st->parameter_type = import_attr("torch.nn", "Parameter")) ||
-        !(st->device_type = import_attr("torch", "device")) ||
-        !(st->storage_type = import_attr("torch", "UntypedStorage")) ||
-        !(st->layout_coo = import_attr("torch", "sparse_coo")) ||
-        !(st->layout_csr = import_attr("torch", "sparse_csr")) ||
-        !(st->layout_csc = import_attr("torch", "sparse_csc")) ||
-        !(st->layout_bsr = import_attr("torch", "sparse_bsr")) ||
-        !(st->layout_bsc = import_attr("torch", "sparse_bsc"))) {
+    if (!(st->tensor_type = ml_import_attr("torch", "Tensor")) ||
+        !(st->module_type = ml_import_attr("torch.nn", "Module")) ||
+        !(st->parameter_type = ml_import_attr("torch.nn", "Parameter")) ||
+        !(st->device_type = ml_import_attr("torch", "device")) ||
+        !(st->storage_type = ml_import_attr("torch", "UntypedStorage")) ||
+        !(st->layout_coo = ml_import_attr("torch", "sparse_coo")) ||
+        !(st->layout_csr = ml_import_attr("torch", "sparse_csr")) ||
+        !(st->layout_csc = ml_import_attr("torch", "sparse_csc")) ||
+        !(st->layout_bsr = ml_import_attr("torch", "sparse_bsr")) ||
+        !(st->layout_bsc = ml_import_attr("torch", "sparse_bsc"))) {
         return -1;
     }
     if (!PyType_Check(st->tensor_type) || !PyType_Check(st->module_type) ||
