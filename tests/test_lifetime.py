@@ -1217,22 +1217,21 @@ EXIT_SCRIPT = """
 
     # A daemon thread still registering and cancelling at shutdown. (It makes no tensors:
     # torch itself aborts when a daemon thread allocates a tensor during finalization.)
-    # Under DEBUG those calls print, and any daemon thread writing to stdout while the
-    # interpreter shuts down can abort CPython ("_enter_buffered_busy"), memlord or not:
-    # there it goes quiet (queries only) before the end.
+    # Under DEBUG those calls print, and a daemon thread writing to stdout while the
+    # interpreter shuts down can abort CPython or garble the stream, memlord or not: under
+    # DEBUG it only queries.
+    import os
     x = torch.empty(16)
-    quiet = False
+    quiet = bool(os.environ.get("DEBUG"))
     def spin():
         while True:
             if not quiet:
                 lord.allocate(x); lord.free(x); second.allocate([x, shared]); second.free(x)
             lord.stats(); second.allocated("cpu")
     threading.Thread(target=spin, daemon=True).start()
-    import os, time; time.sleep(0.2)
+    import time; time.sleep(0.2)
     assert py.tracked > 1000
     print("ok")
-    if os.environ.get("DEBUG"):
-        quiet = True; time.sleep(0.05)
     {tail}
 """
 

@@ -145,7 +145,7 @@ EXIT_SCRIPT = """
     "tail",
     [
         "pass",
-        "quiet = True; time.sleep(0.05); import os; os.environ['DEBUG'] = '1'; "
+        "quiet = True; time.sleep(0.2); import os; os.environ['DEBUG'] = '1'; "
         "lord.allocate(t); sys.exit(0)",
     ],
     ids=["fall-off-end", "sys-exit-with-debug-on"],
