@@ -68,6 +68,7 @@ class Row:
     floor_median_ns: float
     target: float
     note: str = ""
+    unit: str = "ns"  # "ns" for times; any other unit is printed as is ("B")
     samples_ns: list[float] = field(default_factory=list, repr=False)
     floor_samples_ns: list[float] = field(default_factory=list, repr=False)
 
@@ -216,6 +217,10 @@ def format_ns(ns: float) -> str:
     return f"{ns:.3g} ns"
 
 
+def format_value(value: float, unit: str) -> str:
+    return format_ns(value) if unit == "ns" else f"{value:.4g} {unit}"
+
+
 def machine() -> dict[str, str]:
     info = {
         "cpu": platform.processor() or platform.machine(),
@@ -242,9 +247,9 @@ def table(rows: Sequence[Row]) -> str:
     body = [
         [
             r.name,
-            format_ns(r.median_ns),
+            format_value(r.median_ns, r.unit),
             r.floor_name,
-            format_ns(r.floor_median_ns),
+            format_value(r.floor_median_ns, r.unit),
             f"{r.ratio:.2f}x",
             f"<= {r.target:g}x",
             "pass" if r.passed else "FAIL",

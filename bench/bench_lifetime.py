@@ -177,10 +177,11 @@ def memory_row(cfg: Config) -> Row:
         f"too: allocate()'s cost) + {alloc_total - storage:.0f} B for the tracker"
     )
     return Row(
-        name="extra memory per live tracked tensor [bytes]",
+        name="extra memory per live tracked tensor",
         median_ns=tracker,
-        floor_name="budget [bytes]",
+        floor_name="budget",
         floor_median_ns=float(BYTES_BUDGET),
+        unit="B",
         target=1.0,
         note=note,
         samples_ns=per_factory,
