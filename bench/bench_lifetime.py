@@ -170,7 +170,7 @@ def memory_row(cfg: Config) -> Row:
     alloc_total = statistics.median(per_alloc_total)
     storage = statistics.median(per_storage)
     note = (
-        f"bytes, not ns; N = {N_TENSORS:,} live torch.empty(16) made under the hooks minus "
+        f"N = {N_TENSORS:,} live torch.empty(16) made under the hooks minus "
         f"the same made without them, per tensor (tracemalloc). Via lord.allocate(list): "
         f"{alloc_total:.0f} B per tensor in all = {storage:.0f} B for the Python storage "
         f"object that allocate()'s t.untyped_storage() makes torch keep (paid with hooks off "
