@@ -44,6 +44,20 @@ static inline int ml_selector_match(const ml_selector *s, ml_dev d)
     return s->index == -2 || ML_DEV_INDEX(d) == s->index;
 }
 
+/* ---- fast descriptor calls ----------------------------------------------
+ * Which types were seen to resolve a name to torch's own descriptor, keyed
+ * by their version tag: CPython gives a type a new tag whenever its
+ * attributes change, so a patched or overriding type is looked up again. */
+typedef struct {
+    PyTypeObject *type; /* compared by address only, never dereferenced stale */
+    unsigned int tag;
+} ml_fast_entry;
+
+typedef struct {
+    ml_fast_entry e[2]; /* a walk alternates Parameter and Tensor */
+    int next;
+} ml_fast;
+
 /* ---- module state ------------------------------------------------------ */
 typedef struct {
     PyTypeObject *lord_type;
@@ -59,6 +73,8 @@ typedef struct {
     PyObject *storage_type;   /* torch.UntypedStorage */
     /* torch's own descriptors, called directly when a type has not
      * overridden them (saves a method lookup per tensor) */
+    ml_fast f_untyped_storage, f_device, f_data_ptr, f_nbytes, f_storage_device, f_tensor_nbytes,
+        f_layout;
     PyObject *d_untyped_storage, *d_device, *d_data_ptr, *d_nbytes, *d_storage_device,
         *d_tensor_nbytes, *d_layout;
     PyObject *layout_coo; /* torch.sparse_coo, ... (singletons) */

@@ -226,19 +226,41 @@ static int as_uintptr(PyObject *o, uintptr_t *out)
     return 0;
 }
 
-/* obj.name(), through torch's own descriptor when obj's type resolves name
- * to it (the method cache makes that check cheap). */
-static inline PyObject *call_fast(PyObject *obj, PyObject *name, PyObject *descr)
+/* 1 when obj's type resolves name to torch's descr, so that descr can be
+ * called directly; the answer is cached per type and version tag. */
+static inline int fast_ok(ml_fast *f, PyObject *obj, PyObject *name, PyObject *descr)
 {
-    if (descr != NULL && _PyType_Lookup(Py_TYPE(obj), name) == descr) {
+    PyTypeObject *tp = Py_TYPE(obj);
+    int valid = PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG);
+    for (int i = 0; i < 2; i++) {
+        if (f->e[i].type == tp && valid && f->e[i].tag == tp->tp_version_tag) {
+            return 1;
+        }
+    }
+    if (descr == NULL || _PyType_Lookup(tp, name) != descr) {
+        return 0;
+    }
+    valid = PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG); /* the lookup may assign one */
+    if (valid) {
+        f->e[f->next] = (ml_fast_entry){tp, tp->tp_version_tag};
+        f->next ^= 1;
+    }
+    return 1;
+}
+
+/* obj.name(), through torch's own descriptor when obj's type resolves name
+ * to it. */
+static inline PyObject *call_fast(ml_fast *f, PyObject *obj, PyObject *name, PyObject *descr)
+{
+    if (fast_ok(f, obj, name, descr)) {
         return PyObject_Vectorcall(descr, &obj, 1, NULL);
     }
     return PyObject_CallMethodNoArgs(obj, name);
 }
 
-static inline PyObject *get_fast(PyObject *obj, PyObject *name, PyObject *descr)
+static inline PyObject *get_fast(ml_fast *f, PyObject *obj, PyObject *name, PyObject *descr)
 {
-    if (descr != NULL && _PyType_Lookup(Py_TYPE(obj), name) == descr) {
+    if (fast_ok(f, obj, name, descr)) {
         return Py_TYPE(descr)->tp_descr_get(descr, obj, (PyObject *)Py_TYPE(obj));
     }
     return PyObject_GetAttr(obj, name);
@@ -246,7 +268,7 @@ static inline PyObject *get_fast(PyObject *obj, PyObject *name, PyObject *descr)
 
 int ml_tensor_device(ml_state *st, PyObject *t, ml_dev *dev)
 {
-    PyObject *d = get_fast(t, st->s_device, st->d_device);
+    PyObject *d = get_fast(&st->f_device, t, st->s_device, st->d_device);
     if (d == NULL) {
         return -1;
     }
@@ -264,7 +286,7 @@ static int is_meta(const ml_state *st, ml_dev dev)
  * method names written to names (0 when the tensor is not sparse). */
 static int sparse_components(ml_state *st, PyObject *t, PyObject *names[3])
 {
-    PyObject *layout = get_fast(t, st->s_layout, st->d_layout);
+    PyObject *layout = get_fast(&st->f_layout, t, st->s_layout, st->d_layout);
     if (layout == NULL) {
         return -1;
     }
@@ -350,7 +372,8 @@ int ml_walk_tensor(ml_state *st, ml_walk *w, PyObject *t)
         }
         w->cur_owner = t;
     }
-    PyObject *storage = call_fast(t, st->s_untyped_storage, st->d_untyped_storage);
+    PyObject *storage =
+        call_fast(&st->f_untyped_storage, t, st->s_untyped_storage, st->d_untyped_storage);
     if (storage == NULL) {
         /* Sparse tensors have no storage of their own: count components. */
         PyObject *exc_type, *exc, *tb;
@@ -397,8 +420,8 @@ int ml_walk_tensor(ml_state *st, ml_walk *w, PyObject *t)
     ml_dev dev;
     PyObject *d = Py_IS_TYPE(t, (PyTypeObject *)st->tensor_type) ||
                           Py_IS_TYPE(t, (PyTypeObject *)st->parameter_type)
-                      ? get_fast(storage, st->s_device, st->d_storage_device)
-                      : get_fast(t, st->s_device, st->d_device);
+                      ? get_fast(&st->f_storage_device, storage, st->s_device, st->d_storage_device)
+                      : get_fast(&st->f_device, t, st->s_device, st->d_device);
     int rc = d == NULL ? -1 : ml_dev_from_torch_device(st, d, &dev);
     Py_XDECREF(d);
     if (rc < 0) {
@@ -411,8 +434,8 @@ int ml_walk_tensor(ml_state *st, ml_walk *w, PyObject *t)
     }
     uintptr_t ptr;
     int64_t nbytes;
-    if (as_uintptr(call_fast(storage, st->s_data_ptr, st->d_data_ptr), &ptr) < 0 ||
-        as_int64(call_fast(storage, st->s_nbytes, st->d_nbytes), &nbytes) < 0) {
+    if (as_uintptr(call_fast(&st->f_data_ptr, storage, st->s_data_ptr, st->d_data_ptr), &ptr) < 0 ||
+        as_int64(call_fast(&st->f_nbytes, storage, st->s_nbytes, st->d_nbytes), &nbytes) < 0) {
         Py_DECREF(storage);
         return -1;
     }
@@ -604,7 +627,7 @@ int ml_tensor_meta_bytes_strided(ml_state *st, PyObject *t, ml_dev *dev, int64_t
         *nbytes = 0;
         return 0;
     }
-    return as_int64(get_fast(t, st->s_nbytes, st->d_tensor_nbytes), nbytes);
+    return as_int64(get_fast(&st->f_tensor_nbytes, t, st->s_nbytes, st->d_tensor_nbytes), nbytes);
 }
 
 int ml_tensor_meta_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes)
@@ -624,7 +647,8 @@ int ml_tensor_meta_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes
         return -1;
     }
     if (ncomp == 0) {
-        return as_int64(get_fast(t, st->s_nbytes, st->d_tensor_nbytes), nbytes);
+        return as_int64(get_fast(&st->f_tensor_nbytes, t, st->s_nbytes, st->d_tensor_nbytes),
+                        nbytes);
     }
     int64_t total = 0;
     for (int i = 0; i < ncomp; i++) {
@@ -633,7 +657,7 @@ int ml_tensor_meta_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes
             return -1;
         }
         int64_t b;
-        int rc = as_int64(get_fast(c, st->s_nbytes, st->d_tensor_nbytes), &b);
+        int rc = as_int64(get_fast(&st->f_tensor_nbytes, c, st->s_nbytes, st->d_tensor_nbytes), &b);
         Py_DECREF(c);
         if (rc < 0) {
             return -1;

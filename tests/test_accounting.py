@@ -476,3 +476,28 @@ def test_stats_entries_have_all_keys_as_ints(lord):
     st = lord.stats()
     assert set(st["cpu"]) == set(ZERO_STATS)
     assert all(type(v) is int for v in st["cpu"].values())
+
+
+def test_a_method_patched_after_first_use_is_honoured(lord):
+    """memlord calls torch's own descriptors directly while a type resolves to them; a
+    type patched later (its version tag changes) is looked up again."""
+
+    class Patchable(torch.Tensor):
+        pass
+
+    t = torch.ones(4).as_subclass(Patchable)
+    lord.allocate(t)  # the fast path now knows Patchable
+    assert lord.stats()["cpu"]["allocated"] == 16
+
+    def refuse(self):
+        raise RuntimeError("storage hidden by a patch")
+
+    Patchable.untyped_storage = refuse
+    try:
+        with pytest.raises(TypeError, match="obj") as info:
+            lord.allocate(t)
+        assert "storage hidden by a patch" in str(info.value.__cause__)
+    finally:
+        del Patchable.untyped_storage
+    lord.allocate(t)
+    assert lord.stats()["cpu"]["allocated"] == 32
