@@ -228,7 +228,7 @@ static int as_uintptr(PyObject *o, uintptr_t *out)
 
 /* 1 when obj's type resolves name to torch's descr, so that descr can be
  * called directly; the answer is cached per type and version tag. */
-static inline int fast_ok(ml_fast *f, PyObject *obj, PyObject *name, PyObject *descr)
+static inline int fast_ok(ml_fast *f, PyObject *obj, PyObject *name, const PyObject *descr)
 {
     PyTypeObject *tp = Py_TYPE(obj);
     int valid = PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG);
