@@ -241,7 +241,12 @@ ml_cuda_event *ml_cuda_event_record(int index, uintptr_t stream)
 
 int ml_cuda_event_query(ml_cuda_event *e)
 {
+    /* The event's context current, as for any driver call on its objects. */
+    if (push_primary(e->index) < 0) {
+        return -1;
+    }
     CUresult rc = drv.ev_query(e->ev);
+    pop_primary();
     if (rc == CUDA_SUCCESS) {
         return 1;
     }
@@ -250,10 +255,12 @@ int ml_cuda_event_query(ml_cuda_event *e)
 
 int ml_cuda_event_wait(ml_cuda_event *e)
 {
-    if (drv.ev_sync == NULL) {
+    if (drv.ev_sync == NULL || push_primary(e->index) < 0) {
         return -1;
     }
-    return drv.ev_sync(e->ev) == CUDA_SUCCESS ? 0 : -1;
+    CUresult rc = drv.ev_sync(e->ev);
+    pop_primary();
+    return rc == CUDA_SUCCESS ? 0 : -1;
 }
 
 void ml_cuda_event_release(ml_cuda_event *e)

@@ -76,6 +76,7 @@ static struct {
     PyObject *lords;          /* tuple of subscribed lords; replaced, never mutated */
     PyObject *py_lords;       /* lords subscribed to the factory wrappers */
     PyObject *current_stream; /* torch.cuda.current_stream, or NULL */
+    PyObject *raw_stream;     /* torch._C._cuda_getCurrentRawStream (an int), or NULL */
     PyObject *s_cuda_stream;
     ml_pending *pending;
     Py_ssize_t npending, cap;
@@ -271,16 +272,17 @@ static void record_all(PyObject *lords, int flags, ml_dev dev, int64_t bytes, co
  * driver cannot (then the free is credited at once). */
 static ml_cuda_event *record_event(ml_dev src)
 {
-    if (disp.current_stream == NULL) {
+    PyObject *handle;
+    if (disp.raw_stream != NULL) {
+        /* the cudaStream_t as an int, without building a Stream object */
+        handle = PyObject_CallFunction(disp.raw_stream, "i", ML_DEV_INDEX(src));
+    } else if (disp.current_stream != NULL) {
+        PyObject *stream = PyObject_CallFunction(disp.current_stream, "i", ML_DEV_INDEX(src));
+        handle = stream ? PyObject_GetAttr(stream, disp.s_cuda_stream) : NULL;
+        Py_XDECREF(stream);
+    } else {
         return NULL;
     }
-    PyObject *stream = PyObject_CallFunction(disp.current_stream, "i", ML_DEV_INDEX(src));
-    if (stream == NULL) {
-        PyErr_Clear();
-        return NULL;
-    }
-    PyObject *handle = PyObject_GetAttr(stream, disp.s_cuda_stream);
-    Py_DECREF(stream);
     if (handle == NULL) {
         PyErr_Clear();
         return NULL;
@@ -881,6 +883,10 @@ static int install_torch(PyObject *module)
         PyObject *stream_cls = PyObject_GetAttrString(cuda, "Stream");
         PyObject *event_cls = stream_cls ? PyObject_GetAttrString(cuda, "Event") : NULL;
         disp.current_stream = event_cls ? PyObject_GetAttrString(cuda, "current_stream") : NULL;
+        disp.raw_stream = ml_import_attr("torch._C", "_cuda_getCurrentRawStream");
+        if (disp.raw_stream == NULL) {
+            PyErr_Clear(); /* older torch: current_stream(i).cuda_stream */
+        }
         int rc = disp.current_stream == NULL                             ? -1
                  : patch_one(st, cuda, "synchronize", HK_SYNC) < 0       ? -1
                  : patch_one(st, stream_cls, "synchronize", HK_SYNC) < 0 ? -1
@@ -897,6 +903,7 @@ static int install_torch(PyObject *module)
 fail:
     unpatch_group(G_TORCH);
     Py_CLEAR(disp.current_stream);
+    Py_CLEAR(disp.raw_stream);
     return -1;
 }
 
@@ -904,6 +911,7 @@ static void uninstall_torch(void)
 {
     unpatch_group(G_TORCH);
     Py_CLEAR(disp.current_stream);
+    Py_CLEAR(disp.raw_stream);
 }
 
 /* The factories of hook_into_python (torch.<name>), Tensor.clone and
