@@ -213,16 +213,16 @@ static PyObject **weaklist(PyObject *obj)
 /* Building a tracker through weakref.ref's constructor costs an argument
  * tuple and its parsing per object, which is most of the cost of tracking a
  * small tensor.  On the CPython versions whose weakref layout memlord knows
- * (3.10 to 3.13 with the GIL), trackers are linked directly, following
+ * (3.11 to 3.13 with the GIL), trackers are linked directly, following
  * weakrefobject.c: after the object's basic ref and proxy (callback-less,
  * exact types), at the head otherwise.  The direct path is self-tested once
  * at import (process-wide facts about the interpreter, hence globals) and
  * the constructor is used when the test fails. */
 static int direct_ok = -1;
-static vectorcallfunc weakref_vectorcall;
 
-#if PY_VERSION_HEX >= 0x030A0000 && PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
 #define ML_DIRECT_TRACKERS 1
+static vectorcallfunc weakref_vectorcall;
 #endif
 
 static TrackerObject *tracker_new(PyTypeObject *tp, PyObject *obj, PyObject *callback)
@@ -276,6 +276,7 @@ static TrackerObject *tracker_new(PyTypeObject *tp, PyObject *obj, PyObject *cal
     return tr;
 }
 
+#ifdef ML_DIRECT_TRACKERS
 static int selftest_fired;
 
 static PyObject *selftest_callback(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(ref))
@@ -285,6 +286,7 @@ static PyObject *selftest_callback(PyObject *Py_UNUSED(self), PyObject *Py_UNUSE
 }
 
 static PyMethodDef selftest_def = {"_memlord_selftest", selftest_callback, METH_O, NULL};
+#endif
 
 /* Link trackers directly next to a basic ref, check that weakref's own
  * functions see them, and that deaths call back. */
@@ -305,16 +307,18 @@ int ml_life_selftest(PyTypeObject *tracker_type)
     TrackerObject *a = tracker_new(tracker_type, obj, cb);
     TrackerObject *b = a ? tracker_new(tracker_type, obj, cb) : NULL;
     direct_ok = 0;
-    int ok = a != NULL && b != NULL &&
-             _PyWeakref_GetWeakrefCount(*(PyWeakReference **)weaklist(obj)) == 3 &&
-             PyWeakref_GetObject((PyObject *)a) == obj &&
+    Py_ssize_t count = 0;
+    for (const PyWeakReference *r = *(PyWeakReference **)weaklist(obj); r != NULL; r = r->wr_next) {
+        count++;
+    }
+    int ok = a != NULL && b != NULL && count == 3 && a->base.wr_object == obj &&
              *(PyWeakReference **)weaklist(obj) == (PyWeakReference *)basic;
     PyObject *basic2 = ok ? PyWeakref_NewRef(obj, NULL) : NULL;
     ok = ok && basic2 == basic; /* the basic ref is still found first */
     Py_XDECREF(basic2);
     selftest_fired = 0;
     Py_DECREF(obj);
-    ok = ok && selftest_fired == 2 && PyWeakref_GetObject(basic) == Py_None;
+    ok = ok && selftest_fired == 2 && ((PyWeakReference *)basic)->wr_object == Py_None;
     Py_XDECREF(a);
     Py_XDECREF(b);
     Py_DECREF(basic);

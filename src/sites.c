@@ -1,6 +1,10 @@
 /* Call-site capture and hotspot tables. */
 #include "sites.h"
 
+#if PY_VERSION_HEX < 0x030B0000
+#include <frameobject.h> /* PyFrame_GetBack and f_lasti on 3.10 */
+#endif
+
 #include <string.h>
 
 static int is_internal(ml_state *st, PyObject *filename)
