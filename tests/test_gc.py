@@ -305,3 +305,26 @@ def test_real_cuda_gc_on_other_index_keeps_current_device():
 @pytest.mark.cuda
 def test_cuda_device_count_helper_agrees():
     assert cuda_device_count() == torch.cuda.device_count() >= 1
+
+
+def test_gc_runs_property_totals_every_device_and_resets():
+    lord = MemLord(auto_gc_bytes=4000)
+    assert lord.gc_runs == 0
+    a, b = fake_cuda(1000, 0), fake_cuda(1001, 1)
+    lord.allocate([a, b])
+    lord.free(a)
+    lord.free(b)
+    per_device = [s["gc_runs"] for s in lord.stats().values()]
+    assert per_device == [1, 1]
+    assert lord.gc_runs == 2
+    lord.reset()
+    assert lord.gc_runs == 0
+
+
+def test_lazy_auto_threshold_is_read_on_demand():
+    """'auto' is read from the driver only when asked (or at a device's first free):
+    without CUDA it is None, and repr never loads the driver."""
+    lord = MemLord()
+    assert "read at first use" in repr(lord)
+    assert lord.auto_gc_bytes is None if cuda_device_count() == 0 else lord.auto_gc_bytes > 0
+    assert "read at first use" not in repr(lord)

@@ -484,3 +484,9 @@ def test_callsite_default_on():
     assert lord.track_callsite is True
     lord.allocate(torch.empty(4))
     assert lord.top_alloc_site() is not None
+
+
+@pytest.mark.parametrize("bad", [1, 0, "yes", None, 1.0])
+def test_track_callsite_must_be_a_bool(bad):
+    with pytest.raises(TypeError, match="track_callsite"):
+        MemLord(track_callsite=bad)
