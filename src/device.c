@@ -259,6 +259,24 @@ bad_index:
     return -1;
 }
 
+int ml_device_arg(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                  int required, PyObject **out)
+{
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs + nkw > 1 || (required && nargs + nkw == 0)) {
+        PyErr_Format(PyExc_TypeError, "%s() takes %s 1 argument (%zd given)", fname,
+                     required ? "exactly" : "at most", nargs + nkw);
+        return -1;
+    }
+    if (nkw == 1 && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "device") != 0) {
+        PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", fname,
+                     PyTuple_GET_ITEM(kwnames, 0));
+        return -1;
+    }
+    *out = nargs + nkw == 1 ? args[0] : NULL;
+    return 0;
+}
+
 int ml_selector_parse(ml_state *st, PyObject *arg, ml_selector *out)
 {
     if (arg == NULL || arg == Py_None) {

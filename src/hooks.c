@@ -296,24 +296,36 @@ static ml_cuda_event *record_event(ml_dev src)
     return ml_cuda_event_record(ML_DEV_INDEX(src), h);
 }
 
-static int is_non_blocking(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+static PyObject *kwarg(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const char *name)
 {
-    if (module_non_blocking > 0) {
-        return 1;
-    }
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     for (Py_ssize_t i = 0; i < nkw; i++) {
-        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, i), "non_blocking") == 0) {
-            return PyObject_IsTrue(args[nargs + i]) == 1;
+        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, i), name) == 0) {
+            return args[nargs + i];
         }
     }
-    /* Every Tensor.to/.cuda overload takes non_blocking as its first bool. */
+    return NULL;
+}
+
+/* The non_blocking flag of a Tensor.to/.cuda or Module.to call: the keyword,
+ * or the first positional bool (every overload takes it as its first bool). */
+static int call_non_blocking(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *nb = kwarg(args, nargs, kwnames, "non_blocking");
+    if (nb != NULL) {
+        return PyObject_IsTrue(nb) == 1;
+    }
     for (Py_ssize_t i = 1; i < nargs; i++) {
         if (PyBool_Check(args[i])) {
             return args[i] == Py_True;
         }
     }
     return 0;
+}
+
+static int is_non_blocking(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    return module_non_blocking > 0 || call_non_blocking(args, nargs, kwnames);
 }
 
 /* Lifetime tracking of conversion results (hook_into_python with
@@ -477,19 +489,7 @@ static PyObject *hook_module_to(HookObject *self, PyObject *const *args, size_t 
                                 PyObject *kwnames)
 {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    int nb = 0;
-    for (Py_ssize_t i = 0; i < nkw; i++) {
-        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, i), "non_blocking") == 0) {
-            nb = PyObject_IsTrue(args[nargs + i]) == 1;
-        }
-    }
-    for (Py_ssize_t i = 1; i < nargs && !nb; i++) {
-        if (PyBool_Check(args[i])) {
-            nb = args[i] == Py_True;
-            break;
-        }
-    }
+    int nb = call_non_blocking(args, nargs, kwnames);
     /* Nested Module.to calls keep the outermost call's site. */
     int own_site = 0;
     if (!module_site_set && disp.lords != NULL && disp.module != NULL &&
@@ -507,17 +507,6 @@ static PyObject *hook_module_to(HookObject *self, PyObject *const *args, size_t 
         ml_site_clear(&module_site);
     }
     return result;
-}
-
-static PyObject *kwarg(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, const char *name)
-{
-    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    for (Py_ssize_t i = 0; i < nkw; i++) {
-        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, i), name) == 0) {
-            return args[nargs + i];
-        }
-    }
-    return NULL;
 }
 
 /* torch.empty(...) and friends, Tensor.clone: the result is counted and
@@ -1073,22 +1062,9 @@ static PyObject *handle_poll(HandleObject *Py_UNUSED(self), PyObject *Py_UNUSED(
 static PyObject *handle_pending(HandleObject *self, PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames)
 {
-    static const char *const kw[] = {"device", NULL};
-    PyObject *device = Py_None;
-    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    if (nargs + nkw > 1) {
-        PyErr_SetString(PyExc_TypeError, "pending() takes at most 1 argument");
+    PyObject *device;
+    if (ml_device_arg("pending", args, nargs, kwnames, 0, &device) < 0) {
         return NULL;
-    }
-    if (nargs == 1) {
-        device = args[0];
-    } else if (nkw == 1) {
-        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), kw[0]) != 0) {
-            PyErr_Format(PyExc_TypeError, "pending() got an unexpected keyword argument '%U'",
-                         PyTuple_GET_ITEM(kwnames, 0));
-            return NULL;
-        }
-        device = args[0];
     }
     ml_selector sel;
     if (ml_selector_parse(ml_lord_state(self->lord), device, &sel) < 0) {

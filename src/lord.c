@@ -374,22 +374,9 @@ static PyObject *lord_free(MemLordObject *self, PyObject *obj)
 static int parse_device_arg(MemLordObject *self, const char *fname, PyObject *const *args,
                             Py_ssize_t nargs, PyObject *kwnames, ml_selector *sel)
 {
-    PyObject *arg = NULL;
-    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    if (nargs + nkw > 1) {
-        PyErr_Format(PyExc_TypeError, "%s() takes at most 1 argument (%zd given)", fname,
-                     nargs + nkw);
+    PyObject *arg;
+    if (ml_device_arg(fname, args, nargs, kwnames, 0, &arg) < 0) {
         return -1;
-    }
-    if (nargs == 1) {
-        arg = args[0];
-    } else if (nkw == 1) {
-        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "device") != 0) {
-            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument '%U'", fname,
-                         PyTuple_GET_ITEM(kwnames, 0));
-            return -1;
-        }
-        arg = args[0];
     }
     if (arg != NULL && PyUnicode_CheckExact(arg) && PyUnicode_IS_COMPACT_ASCII(arg)) {
         /* "cuda:0" asked again: compare the text, keep no reference */
@@ -655,21 +642,8 @@ static PyObject *lord_device_memory(MemLordObject *self, PyObject *const *args, 
                                     PyObject *kwnames)
 {
     PyObject *arg;
-    if (nargs == 1 && kwnames == NULL) {
-        arg = args[0];
-    } else {
-        Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-        if (nargs + nkw != 1) {
-            PyErr_Format(PyExc_TypeError, "device_memory() takes exactly 1 argument (%zd given)",
-                         nargs + nkw);
-            return NULL;
-        }
-        if (PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, 0), "device") != 0) {
-            PyErr_Format(PyExc_TypeError, "device_memory() got an unexpected keyword argument '%U'",
-                         PyTuple_GET_ITEM(kwnames, 0));
-            return NULL;
-        }
-        arg = args[0];
+    if (ml_device_arg("device_memory", args, nargs, kwnames, 1, &arg) < 0) {
+        return NULL;
     }
     ml_state *st = ml_lord_state(self);
     ml_dev dev;

@@ -108,6 +108,10 @@ PyObject *ml_import_attr(const char *module, const char *attr);
 int ml_device_register_types(ml_state *st);
 int ml_dev_from_torch_device(ml_state *st, PyObject *dev, ml_dev *out);
 int ml_selector_parse(ml_state *st, PyObject *arg, ml_selector *out);
+/* The one `device` argument of a fastcall method fname(device[=None]):
+ * positional or keyword.  *out is borrowed; NULL when optional and absent. */
+int ml_device_arg(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                  int required, PyObject **out);
 /* "cpu", "cuda:0" into buf; returns length */
 int ml_dev_name(ml_state *st, ml_dev d, char *buf, size_t size);
 PyObject *ml_dev_to_torch(ml_state *st, ml_dev d);

@@ -569,7 +569,9 @@ static int walk_ndarray(ml_walk *w, PyObject *obj)
     return add_block(w, ML_DEV(ML_TYPE_CPU, -1), (uintptr_t)PyArray_DATA(owner), nbytes);
 }
 
-int ml_walk_item(ml_state *st, ml_walk *w, PyObject *obj, Py_ssize_t pos, const char *what)
+/* One item (not a sequence); pos is its index in the argument, or -1 for a
+ * bare object, for the error message. */
+static int walk_item(ml_state *st, ml_walk *w, PyObject *obj, Py_ssize_t pos, const char *what)
 {
     w->pos = pos;
     w->what = what;
@@ -605,7 +607,7 @@ int ml_walk_object(ml_state *st, ml_walk *w, PyObject *obj, const char *what)
         for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(obj); i++) {
             PyObject *item = PySequence_Fast_GET_ITEM(obj, i);
             Py_INCREF(item);
-            int rc = ml_walk_item(st, w, item, i, what);
+            int rc = walk_item(st, w, item, i, what);
             Py_DECREF(item);
             if (rc < 0) {
                 Py_DECREF(obj);
@@ -615,7 +617,7 @@ int ml_walk_object(ml_state *st, ml_walk *w, PyObject *obj, const char *what)
         Py_DECREF(obj);
         return 0;
     }
-    return ml_walk_item(st, w, obj, -1, what);
+    return walk_item(st, w, obj, -1, what);
 }
 
 int ml_tensor_meta_bytes_strided(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes)

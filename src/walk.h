@@ -40,9 +40,6 @@ void ml_walk_clear(ml_walk *w);
 /* Walk obj (tensor, module, ndarray, or a tuple/list of them).  what names
  * the calling method for error messages ("allocate"). */
 int ml_walk_object(ml_state *st, ml_walk *w, PyObject *obj, const char *what);
-/* Walk one item (not a sequence); pos is its index in the argument, or -1
- * for a bare object, for the error message. */
-int ml_walk_item(ml_state *st, ml_walk *w, PyObject *obj, Py_ssize_t pos, const char *what);
 /* Size of one tensor from metadata only (numel * element size, sparse
  * components summed), for the hooks.  *dev receives its device. */
 int ml_tensor_meta_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes);
