@@ -27,6 +27,32 @@ static PyObject *make_device(ml_state *st, const char *spec)
     return PyObject_CallFunction(st->device_type, "s", spec);
 }
 
+/* Whether a device type has a cache memlord can release: decided once, when
+ * the type gets its name, because the auto-GC check runs on every record. */
+static int name_has_cache(const char *name)
+{
+    static const char *const cached[] = {"cuda", "xpu", "mps", "npu", "hip", "privateuseone"};
+    for (size_t i = 0; i < sizeof(cached) / sizeof(cached[0]); i++) {
+        if (strcmp(name, cached[i]) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Steals name (an interned str) into the type table. */
+static int set_type_name(ml_state *st, int code, PyObject *name)
+{
+    const char *utf8 = PyUnicode_AsUTF8(name);
+    if (utf8 == NULL) {
+        Py_DECREF(name);
+        return -1;
+    }
+    st->type_names[code] = name;
+    st->type_has_cache[code] = (unsigned char)name_has_cache(utf8);
+    return 0;
+}
+
 static int read_device_attrs(ml_state *st, PyObject *dev, int *type, int *index)
 {
     PyObject *name = PyObject_GetAttr(dev, st->s_type);
@@ -51,8 +77,10 @@ static int read_device_attrs(ml_state *st, PyObject *dev, int *type, int *index)
         /* A backend renamed at run time (privateuse1): give it a free code. */
         for (int t = ML_MAX_DEV_TYPES - 1; t > 0; t--) {
             if (st->type_names[t] == NULL) {
-                Py_INCREF(name);
-                st->type_names[t] = name;
+                if (set_type_name(st, t, Py_NewRef(name)) < 0) {
+                    Py_DECREF(name);
+                    return -1;
+                }
                 found = t;
                 break;
             }
@@ -128,7 +156,9 @@ int ml_device_register_types(ml_state *st)
         if (name == NULL) {
             return -1;
         }
-        st->type_names[code] = name;
+        if (set_type_name(st, code, name) < 0) {
+            return -1;
+        }
     }
     return 0;
 }
@@ -184,14 +214,6 @@ PyObject *ml_dev_to_torch(ml_state *st, ml_dev d)
     char buf[64];
     ml_dev_name(st, d, buf, sizeof(buf));
     return make_device(st, buf);
-}
-
-int ml_dev_has_cache(ml_state *st, ml_dev d)
-{
-    const char *name = ml_type_name(st, ML_DEV_TYPE(d));
-    return strcmp(name, "cuda") == 0 || strcmp(name, "xpu") == 0 || strcmp(name, "mps") == 0 ||
-           strcmp(name, "npu") == 0 || strcmp(name, "hip") == 0 ||
-           strcmp(name, "privateuseone") == 0;
 }
 
 /* "cuda", "cuda:1", "cpu" -> selector.  Strict: a type name torch knows,

@@ -557,11 +557,9 @@ static PyObject *hook_factory(HookObject *self, PyObject *const *args, size_t na
         ml_site none = {NULL, 0};
         rc =
             ml_lord_record(lord, 0, &d, 1, lord->track_callsite ? &site : &none, "(factory)", NULL);
-#ifndef ML_EXP_NO_REGISTER
         if (rc == 0 && lord->py_handle != NULL) {
             rc = ml_life_register(lord, result, &d, 1);
         }
-#endif
     }
     ml_site_clear(&site);
     Py_DECREF(lords);

@@ -128,11 +128,9 @@ static PyObject *registry_vectorcall(PyObject *callable, PyObject *const *args, 
         int n = tracker_deltas(tr, buf, 4, &d);
         if (n > 0) {
             ml_site site = {NULL, 0};
-#ifndef ML_EXP_NO_DEATH_SITE
             if (lord->track_callsite) {
                 ml_site_capture(ml_lord_state(lord), &site);
             }
-#endif
             Py_INCREF(lord);
             if (ml_lord_record(lord, ML_REC_FREE, d, n, &site, "(del)", NULL) < 0) {
                 PyErr_WriteUnraisable((PyObject *)lord);

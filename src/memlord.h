@@ -86,6 +86,7 @@ typedef struct {
     int device_struct_ok; /* torch.device layout verified: read type/index in place */
     /* type code -> name ("cpu", "cuda", ...), interned str or NULL */
     PyObject *type_names[ML_MAX_DEV_TYPES];
+    unsigned char type_has_cache[ML_MAX_DEV_TYPES]; /* cuda, xpu, mps, ...: 1 */
     /* interned attribute and method names used on hot paths */
     PyObject *s_untyped_storage, *s_data_ptr, *s_nbytes, *s_device, *s_layout, *s_type, *s_index;
     PyObject *s_parameters, *s_buffers, *s_modules;
@@ -118,7 +119,10 @@ PyObject *ml_dev_to_torch(ml_state *st, ml_dev d);
 PyObject *ml_dev_str(ml_state *st, ml_dev d);
 const char *ml_type_name(ml_state *st, int type);
 /* 1 when the device type has a cache memlord can release */
-int ml_dev_has_cache(ml_state *st, ml_dev d);
+static inline int ml_dev_has_cache(const ml_state *st, ml_dev d)
+{
+    return st->type_has_cache[ML_DEV_TYPE(d)];
+}
 
 /* ---- formatting (format.c) -------------------------------------------- */
 #define ML_FMT_BYTES_MAX 48

@@ -7,6 +7,8 @@
 #include "lifetime.h"
 #include "log.h"
 #include "ml_cuda.h"
+#include "tensorabi.h"
+#include "walk.h"
 
 #define PY_ARRAY_UNIQUE_SYMBOL memlord_ARRAY_API
 #include <numpy/arrayobject.h>
@@ -107,7 +109,8 @@ static int core_exec(PyObject *module)
     if (_import_array() < 0) {
         return -1;
     }
-    if (ml_log_install_env_watch() < 0 || load_interned(st) < 0 || load_torch(st) < 0) {
+    if (ml_log_install_env_watch() < 0 || load_interned(st) < 0 || load_torch(st) < 0 ||
+        ml_abi_init(st) < 0) {
         return -1;
     }
     st->lord_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_lord_spec, NULL);
@@ -166,6 +169,46 @@ static PyObject *core_cuda_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED
         (Py_ssize_t)ml_cuda_events_created(), "events_pooled", (Py_ssize_t)ml_cuda_events_pooled());
 }
 
+/* _tensor_abi(enabled=None): {"valid": bool, "enabled": bool}, after
+ * switching the stable-ABI metadata path when enabled is a bool. */
+static PyObject *core_tensor_abi(PyObject *Py_UNUSED(module), PyObject *const *args,
+                                 Py_ssize_t nargs)
+{
+    if (nargs > 1) {
+        PyErr_Format(PyExc_TypeError, "_tensor_abi() takes at most 1 argument (%zd given)", nargs);
+        return NULL;
+    }
+    if (nargs == 1 && args[0] != Py_None) {
+        if (!PyBool_Check(args[0])) {
+            PyErr_Format(PyExc_TypeError,
+                         "_tensor_abi(): enabled must be a bool or None, not %.100s",
+                         Py_TYPE(args[0])->tp_name);
+            return NULL;
+        }
+        ml_abi_set_enabled(args[0] == Py_True);
+    }
+    return Py_BuildValue("{s:O,s:O}", "valid", ml_abi_valid() ? Py_True : Py_False, "enabled",
+                         ml_abi_enabled() ? Py_True : Py_False);
+}
+
+/* _tensor_meta(t): (device str, nbytes) as the hooks size t. */
+static PyObject *core_tensor_meta(PyObject *module, PyObject *t)
+{
+    ml_state *st = ml_state_of_module(module);
+    if (!PyObject_TypeCheck(t, (PyTypeObject *)st->tensor_type)) {
+        PyErr_Format(PyExc_TypeError, "_tensor_meta(): t must be a torch.Tensor, not %.100s",
+                     Py_TYPE(t)->tp_name);
+        return NULL;
+    }
+    ml_dev dev;
+    int64_t nbytes;
+    if (ml_tensor_meta_bytes(st, t, &dev, &nbytes) < 0) {
+        return NULL;
+    }
+    PyObject *name = ml_dev_str(st, dev);
+    return name == NULL ? NULL : Py_BuildValue("(NL)", name, (long long)nbytes);
+}
+
 static PyMethodDef core_methods[] = {
     {"format_bytes", (PyCFunction)ml_format_bytes_py, METH_O,
      "format_bytes(n, /)\n--\n\nA byte count as a human string with binary units: '1.5 KiB'."},
@@ -175,6 +218,10 @@ static PyMethodDef core_methods[] = {
      "The dispatcher's state: installed, subscribers, pending, event pool counts."},
     {"_cuda_info", (PyCFunction)core_cuda_info, METH_NOARGS,
      "What the CUDA driver API reports (driver loaded, device count, smallest total)."},
+    {"_tensor_abi", (PyCFunction)(void (*)(void))core_tensor_abi, METH_FASTCALL,
+     "Whether tensor metadata is read through torch's stable C ABI; switches it for tests."},
+    {"_tensor_meta", (PyCFunction)core_tensor_meta, METH_O,
+     "(device, nbytes) of a tensor as the hooks size it, from metadata only."},
     {NULL, NULL, 0, NULL},
 };
 

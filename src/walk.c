@@ -5,6 +5,7 @@
  * _buffers, _modules in the instance dict): the data nn.Module.parameters()
  * reads, without a Python generator per tensor. */
 #include "walk.h"
+#include "tensorabi.h"
 
 #define NO_IMPORT_ARRAY
 #define PY_ARRAY_UNIQUE_SYMBOL memlord_ARRAY_API
@@ -268,6 +269,9 @@ static inline PyObject *get_fast(ml_fast *f, PyObject *obj, PyObject *name, PyOb
 
 int ml_tensor_device(ml_state *st, PyObject *t, ml_dev *dev)
 {
+    if (ml_abi_device(st, t, dev)) {
+        return 0;
+    }
     PyObject *d = get_fast(&st->f_device, t, st->s_device, st->d_device);
     if (d == NULL) {
         return -1;
@@ -622,6 +626,9 @@ int ml_walk_object(ml_state *st, ml_walk *w, PyObject *obj, const char *what)
 
 int ml_tensor_meta_bytes_strided(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes)
 {
+    if (ml_abi_meta_bytes(st, t, dev, nbytes)) {
+        return 0;
+    }
     if (ml_tensor_device(st, t, dev) < 0) {
         return -1;
     }
@@ -634,6 +641,9 @@ int ml_tensor_meta_bytes_strided(ml_state *st, PyObject *t, ml_dev *dev, int64_t
 
 int ml_tensor_meta_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes)
 {
+    if (ml_abi_meta_bytes(st, t, dev, nbytes)) {
+        return 0; /* strided, read in C; otherwise the getters below */
+    }
     if (ml_tensor_device(st, t, dev) < 0) {
         return -1;
     }

@@ -93,6 +93,22 @@ def _quiet_environment(monkeypatch):
     monkeypatch.delenv("NO_COLOR", raising=False)
 
 
+@pytest.fixture(params=["abi", "getters"])
+def tensor_abi(request, monkeypatch):
+    """Run a test once per way the hooks read tensor metadata: through torch's stable C ABI
+    (the fast path) and through torch's Python getters (the fallback).  Subprocesses the test
+    starts inherit the choice through MEMLORD_TENSOR_ABI."""
+    from memlord import _core
+
+    on = request.param == "abi"
+    if on and not _core._tensor_abi()["valid"]:
+        pytest.skip("torch's stable C ABI is not usable with this torch build")
+    monkeypatch.setenv("MEMLORD_TENSOR_ABI", "1" if on else "0")
+    previous = _core._tensor_abi(on)["enabled"]
+    yield request.param
+    _core._tensor_abi(previous)
+
+
 @pytest.fixture
 def lord():
     """A MemLord with auto-GC disabled, so nothing resets `freed` behind a test's back."""

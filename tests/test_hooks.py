@@ -28,6 +28,10 @@ from torch import nn
 
 from memlord import MemLord, _core
 
+# Every test runs with tensor metadata read through torch's stable C ABI and through its
+# Python getters (conftest.tensor_abi).
+pytestmark = pytest.mark.usefixtures("tensor_abi")
+
 CPU = torch.device("cpu")
 CUDA0 = torch.device("cuda", 0)
 TENSOR_NAMES = ("to", "cuda", "cpu", "half", "float", "double", "bfloat16")

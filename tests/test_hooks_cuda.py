@@ -22,6 +22,7 @@ from memlord import MemLord, _core
 pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.usefixtures("tensor_abi"),  # both ways of reading tensor metadata
 ]
 
 CPU = torch.device("cpu")

@@ -30,6 +30,10 @@ from torch import nn
 import memlord
 from memlord import MemLord, _core
 
+# Every test runs with tensor metadata read through torch's stable C ABI and through its
+# Python getters (conftest.tensor_abi).
+pytestmark = pytest.mark.usefixtures("tensor_abi")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(memlord.__file__)))
 TIMEOUT_S = 180
 
