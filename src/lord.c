@@ -191,7 +191,7 @@ static void read_capacities(MemLordObject *self, ml_state *st, const ml_delta *d
 }
 
 /* 1 when slot's device is due; fills g->why.  No Python code runs. */
-static int gc_due(MemLordObject *self, ml_state *st, int is_free, const ml_capinfo *cap,
+static int gc_due(MemLordObject *self, const ml_state *st, int is_free, const ml_capinfo *cap,
                   const ml_slot *slot, ml_gc_run *g)
 {
     if (self->gc_mode == ML_GC_STRATEGY) {

@@ -65,7 +65,7 @@ void ml_policy_resolve(ml_policy *p)
     }
 }
 
-int ml_policy_due(ml_state *st, ml_policy *p, const ml_slot *slot)
+int ml_policy_due(const ml_state *st, ml_policy *p, const ml_slot *slot)
 {
     if (p->is_auto && !p->resolved && slot->freed > 0 && ml_dev_has_cache(st, slot->dev)) {
         ml_policy_resolve(p);

@@ -71,7 +71,7 @@ int ml_policy_parse_bytes(PyObject *value, ml_policy *out);
  * that forks workers before using CUDA keeps them able to use it. */
 void ml_policy_resolve(ml_policy *p);
 /* 1 when slot's device is due for a GC run under p. */
-int ml_policy_due(ml_state *st, ml_policy *p, const ml_slot *slot);
+int ml_policy_due(const ml_state *st, ml_policy *p, const ml_slot *slot);
 /* Release the backend cache of dev (calls the configured Python callable):
  * 1 when a cache was released, 0 when the backend held none (never
  * initialised), -1 with an exception set. */

@@ -70,7 +70,7 @@ static inline void *tensor_handle(PyObject *t)
 
 static inline int exact_tensor(const ml_state *st, PyObject *t)
 {
-    PyTypeObject *tp = Py_TYPE(t);
+    const PyTypeObject *tp = Py_TYPE(t);
     return tp == (PyTypeObject *)st->tensor_type || tp == (PyTypeObject *)st->parameter_type;
 }
 
