@@ -37,9 +37,24 @@ typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *original; /* what the attribute resolved to before patching */
+    /* original's own vectorcall, or NULL: calling it directly saves a layer
+     * (a hook is on the path of every conversion) */
+    vectorcallfunc original_vc;
     PyObject *name;
     int kind;
 } HookObject;
+
+/* original(*args, **kwnames): what PyObject_Vectorcall does, minus the
+ * lookup of original's vectorcall.  The result is checked by whoever called
+ * the hook (the interpreter checks every call's result). */
+static inline PyObject *call_original(const HookObject *self, PyObject *const *args, size_t nargsf,
+                                      PyObject *kwnames)
+{
+    if (self->original_vc != NULL) {
+        return self->original_vc(self->original, args, nargsf, kwnames);
+    }
+    return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+}
 
 typedef struct {
     PyObject_HEAD
@@ -82,19 +97,25 @@ static struct {
     Py_ssize_t npending, cap;
 } disp;
 
-/* Module.to passes its non_blocking flag down through this counter, and
- * tells conversions they run inside it (module_depth). */
-static _Thread_local int module_non_blocking;
-static _Thread_local int module_depth;
-/* Depth of hooked calls running their original on this thread.  A tensor
- * subclass's __torch_function__ or a TorchFunctionMode (with
- * torch.device(...) is one) calls func, which is the hook itself, from inside
- * the original: only the outermost call counts. */
-static _Thread_local int hook_depth;
-/* The user's line of the Module.to being run on this thread: every
- * conversion inside it shares that site, found once. */
-static _Thread_local ml_site module_site;
-static _Thread_local int module_site_set;
+/* Per-thread state of the hooks, one struct so that a hook finds it with a
+ * single thread-local lookup. */
+typedef struct {
+    /* Module.to passes its non_blocking flag down through this counter, and
+     * tells conversions they run inside it (module_depth). */
+    int module_non_blocking;
+    int module_depth;
+    /* Depth of hooked calls running their original on this thread.  A tensor
+     * subclass's __torch_function__ or a TorchFunctionMode (with
+     * torch.device(...) is one) calls func, which is the hook itself, from
+     * inside the original: only the outermost call counts. */
+    int hook_depth;
+    /* The user's line of the Module.to being run on this thread: every
+     * conversion inside it shares that site, found once. */
+    int module_site_set;
+    ml_site module_site;
+} ml_hook_tls;
+
+static _Thread_local ml_hook_tls hook_tls;
 
 /* ---- pending queue ----------------------------------------------------- */
 
@@ -325,7 +346,8 @@ static int call_non_blocking(PyObject *const *args, Py_ssize_t nargs, PyObject *
 
 static int is_non_blocking(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    return module_non_blocking > 0 || call_non_blocking(args, nargs, kwnames);
+    ml_hook_tls *tl = &hook_tls;
+    return tl->module_non_blocking > 0 || call_non_blocking(args, nargs, kwnames);
 }
 
 /* Lifetime tracking of conversion results (hook_into_python with
@@ -337,6 +359,7 @@ static int is_non_blocking(PyObject *const *args, Py_ssize_t nargs, PyObject *kw
 static int autowrap(ml_state *st, PyObject *lords, PyObject *src, PyObject *dst, ml_dev ddev,
                     int64_t dbytes, int moved)
 {
+    ml_hook_tls *tl = &hook_tls;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
         MemLordObject *lord = (MemLordObject *)PyTuple_GET_ITEM(lords, i);
         if (lord->py_handle == NULL || !lord->deep_autowrap) {
@@ -345,7 +368,7 @@ static int autowrap(ml_state *st, PyObject *lords, PyObject *src, PyObject *dst,
             }
             continue;
         }
-        if (module_depth > 0) {
+        if (tl->module_depth > 0) {
             ml_dev sdev;
             int64_t sbytes = 0;
             if (!moved && ml_tensor_meta_bytes(st, src, &sdev, &sbytes) < 0) {
@@ -361,7 +384,7 @@ static int autowrap(ml_state *st, PyObject *lords, PyObject *src, PyObject *dst,
                 ml_delta d = {sdev, sbytes, 1};
                 ml_site none = {NULL, 0};
                 const ml_site *where =
-                    module_site_set && lord->track_callsite ? &module_site : &none;
+                    tl->module_site_set && lord->track_callsite ? &tl->module_site : &none;
                 if (ml_lord_record(lord, ML_REC_FREE, &d, 1, where, "(hook)", NULL) < 0) {
                     return -1;
                 }
@@ -384,6 +407,7 @@ static int autowrap(ml_state *st, PyObject *lords, PyObject *src, PyObject *dst,
 static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyObject *dst, int kind,
                               int non_blocking)
 {
+    ml_hook_tls *tl = &hook_tls;
     ml_dev sdev, ddev;
     int64_t sbytes = 0, dbytes = 0;
     if (ml_tensor_meta_bytes(st, dst, &ddev, &dbytes) < 0) {
@@ -400,9 +424,9 @@ static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyOb
         }
     }
     ml_site site = {NULL, 0};
-    if (module_site_set) {
-        site.code = Py_XNewRef(module_site.code);
-        site.line = module_site.line;
+    if (tl->module_site_set) {
+        site.code = Py_XNewRef(tl->module_site.code);
+        site.line = tl->module_site.line;
     } else if (any_tracks_callsite(lords)) {
         ml_site_capture(st, &site);
     }
@@ -446,14 +470,16 @@ static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyOb
 
 /* ---- the wrapper type -------------------------------------------------- */
 
-static PyObject *hook_tensor(HookObject *self, PyObject *const *args, size_t nargsf,
+static PyObject *hook_tensor(PyObject *callable, PyObject *const *args, size_t nargsf,
                              PyObject *kwnames)
 {
+    ml_hook_tls *tl = &hook_tls;
+    HookObject *self = (HookObject *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    hook_depth++;
-    PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
-    hook_depth--;
-    if (hook_depth > 0) {
+    tl->hook_depth++;
+    PyObject *result = call_original(self, args, nargsf, kwnames);
+    tl->hook_depth--;
+    if (tl->hook_depth > 0) {
         return result; /* re-entered through __torch_function__: the outer call counts */
     }
     if (result == NULL || nargs < 1 || result == args[0] || disp.lords == NULL ||
@@ -485,26 +511,28 @@ static PyObject *hook_tensor(HookObject *self, PyObject *const *args, size_t nar
     return result;
 }
 
-static PyObject *hook_module_to(HookObject *self, PyObject *const *args, size_t nargsf,
+static PyObject *hook_module_to(PyObject *callable, PyObject *const *args, size_t nargsf,
                                 PyObject *kwnames)
 {
+    ml_hook_tls *tl = &hook_tls;
+    HookObject *self = (HookObject *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     int nb = call_non_blocking(args, nargs, kwnames);
     /* Nested Module.to calls keep the outermost call's site. */
     int own_site = 0;
-    if (!module_site_set && disp.lords != NULL && disp.module != NULL &&
+    if (!tl->module_site_set && disp.lords != NULL && disp.module != NULL &&
         any_tracks_callsite(disp.lords)) {
-        ml_site_capture(ml_state_of_module(disp.module), &module_site);
-        module_site_set = own_site = 1;
+        ml_site_capture(ml_state_of_module(disp.module), &tl->module_site);
+        tl->module_site_set = own_site = 1;
     }
-    module_non_blocking += nb;
-    module_depth++;
-    PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
-    module_depth--;
-    module_non_blocking -= nb;
+    tl->module_non_blocking += nb;
+    tl->module_depth++;
+    PyObject *result = call_original(self, args, nargsf, kwnames);
+    tl->module_depth--;
+    tl->module_non_blocking -= nb;
     if (own_site) {
-        module_site_set = 0;
-        ml_site_clear(&module_site);
+        tl->module_site_set = 0;
+        ml_site_clear(&tl->module_site);
     }
     return result;
 }
@@ -512,14 +540,16 @@ static PyObject *hook_module_to(HookObject *self, PyObject *const *args, size_t 
 /* torch.empty(...) and friends, Tensor.clone: the result is counted and
  * registered for every lord with hook_into_python on, unless out= was
  * given (the memory already existed). */
-static PyObject *hook_factory(HookObject *self, PyObject *const *args, size_t nargsf,
+static PyObject *hook_factory(PyObject *callable, PyObject *const *args, size_t nargsf,
                               PyObject *kwnames)
 {
+    ml_hook_tls *tl = &hook_tls;
+    HookObject *self = (HookObject *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    hook_depth++;
-    PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
-    hook_depth--;
-    if (hook_depth > 0) {
+    tl->hook_depth++;
+    PyObject *result = call_original(self, args, nargsf, kwnames);
+    tl->hook_depth--;
+    if (tl->hook_depth > 0) {
         return result; /* re-entered through __torch_function__: the outer call counts */
     }
     if (result == NULL || disp.py_lords == NULL || disp.module == NULL) {
@@ -572,11 +602,12 @@ static PyObject *hook_factory(HookObject *self, PyObject *const *args, size_t na
 
 /* nn.Parameter(data): the parameter now holds data's memory, so data's
  * registrations move to it (data's own object usually dies right away). */
-static PyObject *hook_param(HookObject *self, PyObject *const *args, size_t nargsf,
+static PyObject *hook_param(PyObject *callable, PyObject *const *args, size_t nargsf,
                             PyObject *kwnames)
 {
+    HookObject *self = (HookObject *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    PyObject *result = call_original(self, args, nargsf, kwnames);
     if (result == NULL || disp.py_lords == NULL) {
         return result;
     }
@@ -597,33 +628,34 @@ static PyObject *hook_param(HookObject *self, PyObject *const *args, size_t narg
     return result;
 }
 
-static PyObject *hook_sync(HookObject *self, PyObject *const *args, size_t nargsf,
+static PyObject *hook_sync(PyObject *callable, PyObject *const *args, size_t nargsf,
                            PyObject *kwnames)
 {
-    PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    HookObject *self = (HookObject *)callable;
+    PyObject *result = call_original(self, args, nargsf, kwnames);
     if (result != NULL) {
         pending_drain(0, NULL, 0);
     }
     return result;
 }
 
-static PyObject *hook_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
-                                 PyObject *kwnames)
+/* Each kind of hook gets its own entry point: no dispatch on the way into
+ * the original. */
+static vectorcallfunc hook_entry(int kind)
 {
-    HookObject *self = (HookObject *)callable;
-    switch (self->kind) {
+    switch (kind) {
     case HK_MOVE:
     case HK_CAST:
-        return hook_tensor(self, args, nargsf, kwnames);
+        return hook_tensor;
     case HK_MODULE_TO:
-        return hook_module_to(self, args, nargsf, kwnames);
+        return hook_module_to;
     case HK_FACTORY:
     case HK_FACTORY_LIKE:
-        return hook_factory(self, args, nargsf, kwnames);
+        return hook_factory;
     case HK_PARAM:
-        return hook_param(self, args, nargsf, kwnames);
+        return hook_param;
     default:
-        return hook_sync(self, args, nargsf, kwnames);
+        return hook_sync;
     }
 }
 
@@ -711,7 +743,10 @@ PyType_Spec ml_hook_spec = {
     .name = "memlord._core.Hook",
     .basicsize = sizeof(HookObject),
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
-             Py_TPFLAGS_METHOD_DESCRIPTOR | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+             Py_TPFLAGS_METHOD_DESCRIPTOR | Py_TPFLAGS_DISALLOW_INSTANTIATION |
+             /* immutable: CPython then specializes `t.half()` on a hook
+              * like on a method descriptor (LOAD_METHOD skips the lookup) */
+             Py_TPFLAGS_IMMUTABLETYPE,
     .slots = hook_slots,
 };
 
@@ -758,8 +793,9 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
         Py_XDECREF(own);
         return -1;
     }
-    hook->vectorcall = hook_vectorcall;
+    hook->vectorcall = hook_entry(kind);
     hook->original = Py_NewRef(original);
+    hook->original_vc = PyVectorcall_Function(original);
     hook->name = Py_NewRef(pname);
     hook->kind = kind;
     PyObject_GC_Track(hook);

@@ -104,7 +104,8 @@ def tensor_abi(request, monkeypatch):
     if on and not _core._tensor_abi()["valid"]:
         pytest.skip("torch's stable C ABI is not usable with this torch build")
     monkeypatch.setenv("MEMLORD_TENSOR_ABI", "1" if on else "0")
-    previous = _core._tensor_abi(on)["enabled"]
+    previous = _core._tensor_abi()["enabled"]
+    _core._tensor_abi(on)
     yield request.param
     _core._tensor_abi(previous)
 
