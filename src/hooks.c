@@ -346,7 +346,7 @@ static int call_non_blocking(PyObject *const *args, Py_ssize_t nargs, PyObject *
 
 static int is_non_blocking(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    ml_hook_tls *tl = &hook_tls;
+    const ml_hook_tls *tl = &hook_tls;
     return tl->module_non_blocking > 0 || call_non_blocking(args, nargs, kwnames);
 }
 
@@ -515,7 +515,7 @@ static PyObject *hook_module_to(PyObject *callable, PyObject *const *args, size_
                                 PyObject *kwnames)
 {
     ml_hook_tls *tl = &hook_tls;
-    HookObject *self = (HookObject *)callable;
+    const HookObject *self = (const HookObject *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     int nb = call_non_blocking(args, nargs, kwnames);
     /* Nested Module.to calls keep the outermost call's site. */
@@ -544,7 +544,7 @@ static PyObject *hook_factory(PyObject *callable, PyObject *const *args, size_t 
                               PyObject *kwnames)
 {
     ml_hook_tls *tl = &hook_tls;
-    HookObject *self = (HookObject *)callable;
+    const HookObject *self = (const HookObject *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     tl->hook_depth++;
     PyObject *result = call_original(self, args, nargsf, kwnames);
@@ -605,7 +605,7 @@ static PyObject *hook_factory(PyObject *callable, PyObject *const *args, size_t 
 static PyObject *hook_param(PyObject *callable, PyObject *const *args, size_t nargsf,
                             PyObject *kwnames)
 {
-    HookObject *self = (HookObject *)callable;
+    const HookObject *self = (const HookObject *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *result = call_original(self, args, nargsf, kwnames);
     if (result == NULL || disp.py_lords == NULL) {
@@ -631,7 +631,7 @@ static PyObject *hook_param(PyObject *callable, PyObject *const *args, size_t na
 static PyObject *hook_sync(PyObject *callable, PyObject *const *args, size_t nargsf,
                            PyObject *kwnames)
 {
-    HookObject *self = (HookObject *)callable;
+    const HookObject *self = (const HookObject *)callable;
     PyObject *result = call_original(self, args, nargsf, kwnames);
     if (result != NULL) {
         pending_drain(0, NULL, 0);
