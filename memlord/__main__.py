@@ -139,6 +139,13 @@ def info() -> int:
         f"CUDA driver: {'loaded' if cuda['driver'] else 'not available'}, "
         f"{cuda['device_count']} visible device(s)"
     )
+    abi = _core._tensor_abi()
+    state = (
+        "in use"
+        if abi["enabled"]
+        else ("off (MEMLORD_TENSOR_ABI=0)" if abi["valid"] else "not usable")
+    )
+    print(f"tensor metadata through torch's stable C ABI: {state}")
     lord = MemLord()
     for dev in ["cpu"] + [f"cuda:{i}" for i in range(cuda["device_count"])]:
         total, used, pct = lord.device_memory(dev)

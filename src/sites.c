@@ -42,7 +42,10 @@ void ml_site_capture(ml_state *st, ml_site *out)
 {
     out->code = NULL;
     out->line = 0;
-    PyFrameObject *frame = PyThreadState_GetFrame(PyThreadState_Get());
+    /* The innermost frame is borrowed: most captures end there (the user
+     * called torch directly), with no reference taken on the frame. */
+    PyFrameObject *frame = PyEval_GetFrame();
+    PyFrameObject *owned = NULL; /* frames further out are new references */
     while (frame != NULL) {
         PyCodeObject *code = PyFrame_GetCode(frame);
         if (!code_is_internal(st, code)) {
@@ -52,13 +55,13 @@ void ml_site_capture(ml_state *st, ml_site *out)
 #else
             out->line = frame->f_lasti * 2;
 #endif
-            Py_DECREF(frame);
+            Py_XDECREF(owned);
             return;
         }
         Py_DECREF(code);
         PyFrameObject *back = PyFrame_GetBack(frame);
-        Py_DECREF(frame);
-        frame = back;
+        Py_XDECREF(owned);
+        frame = owned = back;
     }
     if (PyErr_Occurred()) {
         PyErr_Clear();

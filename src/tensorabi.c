@@ -34,6 +34,8 @@ typedef int32_t (*abi_get_i32)(void *tensor, int32_t *out);
 typedef size_t (*abi_elsize)(int32_t dtype);
 typedef int32_t (*abi_code)(void);
 
+#define ML_ABI_MAX_DTYPE 64
+
 /* Process-wide: libtorch is loaded once per process and never unloaded, and
  * every memlord module instance would find the same functions.  Written once
  * during the first import, read-only afterwards. */
@@ -44,6 +46,11 @@ static struct {
     abi_get_i32 dtype, device_type, device_index, layout;
     abi_elsize element_size;
     int32_t strided;
+    int32_t cpu; /* c10::DeviceType::CPU, whose index is always -1 */
+    /* element size by dtype code, filled as dtypes are met: the shim's
+     * element_size may only be asked about a code a tensor really has (it
+     * cannot report an unknown one) */
+    uint8_t elsize[ML_ABI_MAX_DTYPE];
 } abi;
 
 int ml_abi_enabled(void)
@@ -76,8 +83,8 @@ static inline int exact_tensor(const ml_state *st, PyObject *t)
 
 static inline int read_device(const ml_state *st, void *h, ml_dev *dev)
 {
-    int32_t type, index;
-    if (abi.device_type(h, &type) != 0 || abi.device_index(h, &index) != 0) {
+    int32_t type, index = -1;
+    if (abi.device_type(h, &type) != 0 || (type != abi.cpu && abi.device_index(h, &index) != 0)) {
         return 0;
     }
     if (type < 0 || type >= ML_MAX_DEV_TYPES || st->type_names[type] == NULL || index < -1 ||
@@ -86,6 +93,21 @@ static inline int read_device(const ml_state *st, void *h, ml_dev *dev)
     }
     *dev = ML_DEV(type, index);
     return 1;
+}
+
+static inline size_t element_size(int32_t dtype)
+{
+    if (dtype < 0 || dtype >= ML_ABI_MAX_DTYPE) {
+        return abi.element_size(dtype);
+    }
+    if (abi.elsize[dtype] == 0) {
+        size_t size = abi.element_size(dtype);
+        if (size == 0 || size > UINT8_MAX) {
+            return size;
+        }
+        abi.elsize[dtype] = (uint8_t)size;
+    }
+    return abi.elsize[dtype];
 }
 
 int ml_abi_device(const ml_state *st, PyObject *t, ml_dev *dev)
@@ -114,7 +136,7 @@ int ml_abi_meta_bytes(const ml_state *st, PyObject *t, ml_dev *dev, int64_t *nby
     if (abi.numel(h, &numel) != 0 || abi.dtype(h, &dtype) != 0 || numel < 0) {
         return 0;
     }
-    *nbytes = numel * (int64_t)abi.element_size(dtype);
+    *nbytes = numel * (int64_t)element_size(dtype);
     return 1;
 }
 
@@ -148,12 +170,14 @@ static int load_symbols(void)
     abi.layout = (abi_get_i32)find_symbol(lib, "aoti_torch_get_layout");
     abi.element_size = (abi_elsize)find_symbol(lib, "aoti_torch_dtype_element_size");
     abi_code strided = (abi_code)find_symbol(lib, "aoti_torch_layout_strided");
+    abi_code cpu = (abi_code)find_symbol(lib, "aoti_torch_device_type_cpu");
     dlclose(lib); /* drops the count RTLD_NOLOAD took; torch._C keeps it loaded */
     if (!abi.numel || !abi.dtype || !abi.device_type || !abi.device_index || !abi.layout ||
-        !abi.element_size || !strided) {
+        !abi.element_size || !strided || !cpu) {
         return 0;
     }
     abi.strided = strided();
+    abi.cpu = cpu();
     return 1;
 #endif
 }
@@ -223,7 +247,7 @@ static int probe_agrees(ml_state *st, PyObject *t)
     if (abi.numel(h, &numel) != 0 || abi.dtype(h, &dtype) != 0) {
         return 0;
     }
-    return numel * (int64_t)abi.element_size(dtype) == want_bytes;
+    return numel * (int64_t)element_size(dtype) == want_bytes;
 }
 
 /* Probe tensors: several element sizes, empty, 2-d, meta, a Parameter and a

@@ -159,3 +159,20 @@ def test_hooks_count_the_same_both_ways(restore_abi):
         results.append((lord.stats(), lord.allocated("cpu"), lord.freed("cpu")))
     assert results[0] == results[1]
     assert results[0][1][0] > 0
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"), [("1", "in use"), ("0", "off (MEMLORD_TENSOR_ABI=0)")]
+)
+def test_info_reports_the_reader(env, expected):
+    if not _core._tensor_abi()["valid"]:
+        expected = "not usable"
+    out = subprocess.run(
+        [sys.executable, "-m", "memlord", "--info"],
+        env=dict(os.environ, MEMLORD_TENSOR_ABI=env),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert f"tensor metadata through torch's stable C ABI: {expected}\n" in out.stdout
+    assert out.stderr == ""
