@@ -46,6 +46,7 @@ if os.environ.get("MEMLORD_SANITIZE"):
         "-fno-sanitize-recover=undefined",
         "-O1",
         "-g",
+        "-DML_NO_FREELIST",  # pooled memory would hide a use after free
     ]
     extra_compile_args += flags
     extra_link_args += flags

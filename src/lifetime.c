@@ -13,6 +13,7 @@
 #include "hooks.h"
 
 #include <structmember.h>
+#include <string.h>
 
 #define ML_TR_OWNED 1u
 
@@ -52,6 +53,42 @@ static int finalizing(void)
 
 /* ---- the tracker type --------------------------------------------------- */
 
+/* Trackers come and go with every tracked tensor, so the memory of dead
+ * ones is kept in a small per-module free list (as CPython does for tuples):
+ * a new tracker then costs no allocation and no GC bookkeeping.  Sanitizer
+ * builds keep no list, so that a use after free is still caught. */
+static void tracker_free(void *op)
+{
+#ifndef ML_NO_FREELIST
+    ml_state *st = PyType_GetModuleState(Py_TYPE((PyObject *)op));
+    if (st != NULL && !st->tracker_free_closed && st->ntracker_free < ML_TRACKER_FREELIST) {
+        st->tracker_free[st->ntracker_free++] = op; /* untracked by weakref's dealloc */
+        return;
+    }
+#endif
+    PyObject_GC_Del(op);
+}
+
+static TrackerObject *tracker_alloc(ml_state *st, PyTypeObject *tp)
+{
+    if (st->ntracker_free == 0) {
+        return (TrackerObject *)tp->tp_alloc(tp, 0);
+    }
+    PyObject *op = st->tracker_free[--st->ntracker_free];
+    memset((char *)op + sizeof(PyObject), 0, sizeof(TrackerObject) - sizeof(PyObject));
+    PyObject_Init(op, tp); /* a new reference to tp, as tp_alloc takes */
+    PyObject_GC_Track(op);
+    return (TrackerObject *)op;
+}
+
+void ml_life_free_trackers(ml_state *st)
+{
+    st->tracker_free_closed = 1; /* trackers that die later are freed at once */
+    while (st->ntracker_free > 0) {
+        PyObject_GC_Del(st->tracker_free[--st->ntracker_free]);
+    }
+}
+
 static void tracker_dealloc(PyObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
@@ -69,6 +106,7 @@ static int tracker_traverse(PyObject *self, visitproc visit, void *arg)
 
 static PyType_Slot tracker_slots[] = {
     {Py_tp_dealloc, tracker_dealloc},
+    {Py_tp_free, tracker_free},
     {Py_tp_traverse, tracker_traverse},
     {Py_tp_doc, "A weak reference that credits its object's bytes to a MemLord when the "
                 "object dies."},
@@ -228,7 +266,7 @@ static TrackerObject *tracker_new(PyTypeObject *tp, PyObject *obj, PyObject *cal
 #ifdef ML_DIRECT_TRACKERS
     if (direct_ok == 1) {
         PyWeakReference **list = (PyWeakReference **)weaklist(obj);
-        TrackerObject *tr = (TrackerObject *)tp->tp_alloc(tp, 0);
+        TrackerObject *tr = tracker_alloc(PyType_GetModuleState(tp), tp);
         if (tr == NULL) {
             return NULL;
         }

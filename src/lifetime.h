@@ -31,6 +31,8 @@ PyObject *ml_life_enable(MemLordObject *lord, int factories, int deep);
 /* Decide, once at import, whether trackers may be linked directly. */
 int ml_life_selftest(PyTypeObject *tracker_type);
 int ml_life_direct(void);
+/* Release the trackers' free list (module teardown). */
+void ml_life_free_trackers(ml_state *st);
 /* Trackers alive for lord (for tests and the memory benchmark). */
 Py_ssize_t ml_life_count(MemLordObject *lord);
 

@@ -98,6 +98,11 @@ typedef struct {
     PyObject *torch_prefix;  /* directory of the torch package, with trailing slash */
     PyObject *memlord_prefix;
     PyObject *last_code; /* sites.c: last code object classified, strong */
+    /* lifetime.c: memory of dead trackers, reused by the next ones */
+#define ML_TRACKER_FREELIST 256
+    void *tracker_free[ML_TRACKER_FREELIST];
+    int ntracker_free;
+    int tracker_free_closed; /* module cleared: no more pooling */
     int last_code_internal;
 } ml_state;
 

@@ -291,6 +291,7 @@ static int core_clear(PyObject *module)
     for (int t = 0; t < ML_MAX_DEV_TYPES; t++) {
         Py_CLEAR(st->type_names[t]);
     }
+    ml_life_free_trackers(st);
     return 0;
 }
 

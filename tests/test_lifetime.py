@@ -1068,6 +1068,30 @@ def test_registration_leaves_refcounts_unchanged(lord, hooks):
     assert [sys.getrefcount(x) for x in (t, m, items, *items)] == before
 
 
+def test_reused_trackers_behave_like_new_ones(lord, hooks):
+    """Dead trackers' memory is pooled and reused: the tracker type's reference count, the
+    weak-reference lists and the totals stay exact through many generations."""
+    hooks(lord)
+    probe = torch.empty(1)
+    tracker_type = type(trackers(probe)[0])
+    del probe
+    gc.collect()
+    type_refs = sys.getrefcount(tracker_type)
+    n = scaled(20_000)
+    for i in range(n):
+        t = torch.empty(8)
+        keep = torch.empty(4) if i % 3 == 0 else None
+        (tr,) = trackers(t)
+        assert type(tr) is tracker_type and tr() is t and tr.__callback__ is not None
+        del t, tr, keep
+    gc.collect()
+    assert sys.getrefcount(tracker_type) == type_refs
+    expected = 32 * n + 16 * len(range(0, n, 3)) + 4
+    assert cpu(lord, "allocated_total") == expected
+    assert cpu(lord, "freed_total") == expected
+    assert _core._hooks_info()["python_installed"]
+
+
 def test_factory_result_refcount_is_that_of_an_unhooked_one(lord, hooks):
     plain = torch.empty(4)
     expected = sys.getrefcount(plain)
