@@ -6,9 +6,12 @@ for its declarations when a CUDA toolkit is found at build time.
 
 import os
 import sys
+import tempfile
 
 import numpy
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.errors import CompileError, LinkError
 
 SOURCES = sorted(os.path.join("src", f) for f in os.listdir("src") if f.endswith(".c"))
 HEADERS = sorted(os.path.join("src", f) for f in os.listdir("src") if f.endswith(".h"))
@@ -31,14 +34,43 @@ extra_compile_args = [
 ]
 extra_link_args = []
 # Link-time optimisation inlines the small ledger, site and metadata helpers into the hooks
-# across files (a few percent of a hooked conversion).  MEMLORD_NO_LTO=1 builds without it.
-if (
+# across files (a few percent of a hooked conversion).  MEMLORD_NO_LTO=1 builds without it;
+# a compiler that rejects the flag builds without it too (see BuildExt).
+WANT_LTO = (
     sys.platform.startswith("linux")
     and not os.environ.get("MEMLORD_NO_LTO")
     and not os.environ.get("MEMLORD_SANITIZE")
-):
-    extra_compile_args.append("-flto=auto")
-    extra_link_args.append("-flto=auto")
+)
+
+
+class BuildExt(build_ext):
+    """build_ext that adds link-time optimisation when the compiler accepts it."""
+
+    def _accepts(self, flag: str) -> bool:
+        with tempfile.TemporaryDirectory() as tmp:
+            src = os.path.join(tmp, "lto_probe.c")
+            with open(src, "w") as f:
+                f.write("int memlord_lto_probe(void) { return 0; }\n")
+            try:
+                objs = self.compiler.compile([src], output_dir=tmp, extra_postargs=[flag])
+                self.compiler.link_shared_object(
+                    objs, os.path.join(tmp, "probe.so"), extra_postargs=[flag]
+                )
+            except (CompileError, LinkError):
+                return False
+        return True
+
+    def build_extensions(self):
+        if WANT_LTO:
+            for flag in ("-flto=auto", "-flto"):
+                if self._accepts(flag):
+                    for ext in self.extensions:
+                        ext.extra_compile_args.append(flag)
+                        ext.extra_link_args.append(flag)
+                    break
+        super().build_extensions()
+
+
 if os.environ.get("MEMLORD_SANITIZE"):
     flags = [
         "-fsanitize=address,undefined",
@@ -55,6 +87,7 @@ if os.environ.get("MEMLORD_WERROR"):
 libraries = [] if sys.platform == "win32" else ["dl"]
 
 setup(
+    cmdclass={"build_ext": BuildExt},
     ext_modules=[
         Extension(
             "memlord._core",
@@ -66,5 +99,5 @@ setup(
             extra_link_args=extra_link_args,
             libraries=libraries,
         )
-    ]
+    ],
 )
