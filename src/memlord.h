@@ -59,6 +59,7 @@ typedef struct {
 } ml_fast;
 
 /* ---- module state ------------------------------------------------------ */
+#define ML_TRACKER_FREELIST 256 /* dead trackers kept for reuse, per module */
 typedef struct {
     PyTypeObject *lord_type;
     PyTypeObject *hook_type;    /* wrapper installed in torch */
@@ -99,7 +100,6 @@ typedef struct {
     PyObject *memlord_prefix;
     PyObject *last_code; /* sites.c: last code object classified, strong */
     /* lifetime.c: memory of dead trackers, reused by the next ones */
-#define ML_TRACKER_FREELIST 256
     void *tracker_free[ML_TRACKER_FREELIST];
     int ntracker_free;
     int tracker_free_closed; /* module cleared: no more pooling */

@@ -21,6 +21,7 @@
  * nn.Parameter: a subclass may override device or layout in Python
  * (FakeTensor does), and then its getters are the truth. */
 #include "tensorabi.h"
+#include "walk.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -233,13 +234,8 @@ static int probe_agrees(ml_state *st, PyObject *t)
     if (!read_device(st, h, &got) || got != want) {
         return 0;
     }
-    PyObject *nb = PyObject_GetAttr(t, st->s_nbytes);
-    if (nb == NULL) {
-        return -1;
-    }
-    long long want_bytes = PyLong_AsLongLong(nb);
-    Py_DECREF(nb);
-    if (want_bytes == -1 && PyErr_Occurred()) {
+    int64_t want_bytes;
+    if (ml_as_int64(PyObject_GetAttr(t, st->s_nbytes), &want_bytes) < 0) {
         return -1;
     }
     int64_t numel;

@@ -199,7 +199,7 @@ static void stack_clear(ml_stack *s)
     PyMem_Free(s->items);
 }
 
-static int as_int64(PyObject *o, int64_t *out)
+int ml_as_int64(PyObject *o, int64_t *out)
 {
     if (o == NULL) {
         return -1;
@@ -439,7 +439,7 @@ int ml_walk_tensor(ml_state *st, ml_walk *w, PyObject *t)
     uintptr_t ptr;
     int64_t nbytes;
     if (as_uintptr(call_fast(&st->f_data_ptr, storage, st->s_data_ptr, st->d_data_ptr), &ptr) < 0 ||
-        as_int64(call_fast(&st->f_nbytes, storage, st->s_nbytes, st->d_nbytes), &nbytes) < 0) {
+        ml_as_int64(call_fast(&st->f_nbytes, storage, st->s_nbytes, st->d_nbytes), &nbytes) < 0) {
         Py_DECREF(storage);
         return -1;
     }
@@ -636,7 +636,8 @@ int ml_tensor_meta_bytes_strided(ml_state *st, PyObject *t, ml_dev *dev, int64_t
         *nbytes = 0;
         return 0;
     }
-    return as_int64(get_fast(&st->f_tensor_nbytes, t, st->s_nbytes, st->d_tensor_nbytes), nbytes);
+    return ml_as_int64(get_fast(&st->f_tensor_nbytes, t, st->s_nbytes, st->d_tensor_nbytes),
+                       nbytes);
 }
 
 int ml_tensor_meta_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes)
@@ -659,8 +660,8 @@ int ml_tensor_meta_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes
         return -1;
     }
     if (ncomp == 0) {
-        return as_int64(get_fast(&st->f_tensor_nbytes, t, st->s_nbytes, st->d_tensor_nbytes),
-                        nbytes);
+        return ml_as_int64(get_fast(&st->f_tensor_nbytes, t, st->s_nbytes, st->d_tensor_nbytes),
+                           nbytes);
     }
     int64_t total = 0;
     for (int i = 0; i < ncomp; i++) {
@@ -669,7 +670,8 @@ int ml_tensor_meta_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes
             return -1;
         }
         int64_t b;
-        int rc = as_int64(get_fast(&st->f_tensor_nbytes, c, st->s_nbytes, st->d_tensor_nbytes), &b);
+        int rc =
+            ml_as_int64(get_fast(&st->f_tensor_nbytes, c, st->s_nbytes, st->d_tensor_nbytes), &b);
         Py_DECREF(c);
         if (rc < 0) {
             return -1;

@@ -47,6 +47,8 @@ int ml_tensor_meta_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes
 int ml_tensor_meta_bytes_strided(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes);
 /* The device of a tensor. */
 int ml_tensor_device(ml_state *st, PyObject *t, ml_dev *dev);
+/* *out = int(o), stealing o (NULL: an error is already set); -1 on error. */
+int ml_as_int64(PyObject *o, int64_t *out);
 /* Walk a single tensor (no type check). */
 int ml_walk_tensor(ml_state *st, ml_walk *w, PyObject *t);
 
