@@ -16,8 +16,9 @@ import os as _os
 import numpy as _numpy  # noqa: F401  (the C core uses the NumPy C API)
 import torch as _torch
 
-from . import _backend, _core
-from ._core import MemLord, PythonHooks, TorchHooks, format_bytes
+from . import _backend, _core, _log
+from ._core import PythonHooks, TorchHooks, format_bytes
+from .lord import MemLord
 
 __all__ = ["MemLord", "PythonHooks", "TorchHooks", "format_bytes", "__version__"]
 __version__ = "0.1.0"
@@ -26,4 +27,8 @@ _core._configure(
     release_cache=_backend.release_cache,
     torch_prefix=_os.path.dirname(_os.path.abspath(_torch.__file__)) + _os.sep,
     memlord_prefix=_os.path.dirname(_os.path.abspath(__file__)) + _os.sep,
+    logger=_log.logger,
+    debug_env=_log._debug_env_changed,
+    log_event=_log._event,
+    log_gc=_log._auto_gc,
 )

@@ -9,8 +9,8 @@
  * A conversion is sized from tensor metadata only (numel * element size);
  * the hook never touches data or storages. */
 #include "hooks.h"
+#include "autogc.h"
 #include "lifetime.h"
-#include "log.h"
 #include "ml_cuda.h"
 #include "walk.h"
 
@@ -88,8 +88,14 @@ static struct {
     PyObject *module; /* memlord._core, strong while installed */
     ml_patch patches[ML_MAX_PATCHES];
     int npatches;
-    PyObject *lords;          /* tuple of subscribed lords; replaced, never mutated */
-    PyObject *py_lords;       /* lords subscribed to the factory wrappers */
+    /* Subscribers: tuples of weak references to lords, replaced, never
+     * mutated.  The dispatcher never keeps a lord alive: a lord stays
+     * subscribed while it (or a handle, which holds it) lives; when it dies,
+     * its reference's callback schedules a cleanup at the next safe point,
+     * which drops it and restores torch once no lord is left. */
+    PyObject *lord_refs;      /* hook_into_torch() */
+    PyObject *py_lord_refs;   /* hook_into_python(): the factory wrappers */
+    PyObject *on_lord_death;  /* the weak references' callback */
     PyObject *current_stream; /* torch.cuda.current_stream, or NULL */
     PyObject *raw_stream;     /* torch._C._cuda_getCurrentRawStream (an int), or NULL */
     PyObject *s_cuda_stream;
@@ -127,6 +133,30 @@ static int lords_contain(PyObject *lords, const PyObject *lord)
         }
     }
     return 0;
+}
+
+/* The live lords of a subscriber tuple, as a new tuple of strong
+ * references (empty when none is alive); NULL with an exception set. */
+static PyObject *live_lords(PyObject *refs)
+{
+    Py_ssize_t n = refs != NULL ? PyTuple_GET_SIZE(refs) : 0;
+    PyObject *out = PyTuple_New(n);
+    if (out == NULL) {
+        return NULL;
+    }
+    /* Reading a weak reference runs no Python, and the tuple was allocated
+     * before the first read: nothing below can run the cyclic GC. */
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *lord = PyWeakref_GET_OBJECT(PyTuple_GET_ITEM(refs, i)); /* borrowed */
+        if (lord != Py_None && Py_REFCNT(lord) > 0) {
+            PyTuple_SET_ITEM(out, k++, Py_NewRef(lord));
+        }
+    }
+    if (k < n && _PyTuple_Resize(&out, k) < 0) {
+        return NULL;
+    }
+    return out;
 }
 
 static void credit(ml_pending *p, const char *label)
@@ -276,14 +306,16 @@ static int any_tracks_callsite(PyObject *lords)
     return 0;
 }
 
-static void record_all(PyObject *lords, int flags, ml_dev dev, int64_t bytes, const ml_site *site)
+/* One event for every subscribed lord; subject is the tensor it is about. */
+static void record_all(PyObject *lords, int flags, ml_dev dev, int64_t bytes, const ml_site *site,
+                       PyObject *subject)
 {
     ml_delta d = {dev, bytes, 1};
+    ml_emit_ctx ctx = {subject, NULL};
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
         MemLordObject *lord = (MemLordObject *)PyTuple_GET_ITEM(lords, i);
-        ml_site none = {NULL, 0};
-        if (ml_lord_record(lord, flags, &d, 1, lord->track_callsite ? site : &none, "(hook)",
-                           NULL) < 0) {
+        if (ml_record(lord, (flags & ML_REC_FREE) ? ML_EV_FREE : ML_EV_ALLOC, ML_SRC_CONVERT, &d, 1,
+                      site, &ctx) < 0) {
             PyErr_WriteUnraisable((PyObject *)lord);
         }
     }
@@ -432,7 +464,7 @@ static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyOb
     }
     int queued = 0;
     if (dbytes > 0) {
-        record_all(lords, 0, ddev, dbytes, &site);
+        record_all(lords, 0, ddev, dbytes, &site, dst);
     }
     if (moved && sbytes > 0) {
         ml_cuda_event *ev = NULL;
@@ -449,12 +481,12 @@ static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyOb
             if (pending_push(ev, sdev, sbytes, lords, &site) < 0) {
                 ml_cuda_event_release(ev);
                 PyErr_Clear();
-                record_all(lords, ML_REC_FREE, sdev, sbytes, &site);
+                record_all(lords, ML_REC_FREE, sdev, sbytes, &site, src);
             } else {
                 queued = 1;
             }
         } else {
-            record_all(lords, ML_REC_FREE, sdev, sbytes, &site);
+            record_all(lords, ML_REC_FREE, sdev, sbytes, &site, src);
         }
     }
     if (autowrap(st, lords, src, dst, ddev, dbytes, moved) < 0) {
@@ -482,8 +514,7 @@ static PyObject *hook_tensor(PyObject *callable, PyObject *const *args, size_t n
     if (tl->hook_depth > 0) {
         return result; /* re-entered through __torch_function__: the outer call counts */
     }
-    if (result == NULL || nargs < 1 || result == args[0] || disp.lords == NULL ||
-        PyTuple_GET_SIZE(disp.lords) == 0) {
+    if (result == NULL || nargs < 1 || result == args[0] || disp.lord_refs == NULL) {
         if (result != NULL && result == args[0] && disp.npending > 0) {
             pending_drain(0, NULL, 1);
         }
@@ -500,10 +531,15 @@ static PyObject *hook_tensor(PyObject *callable, PyObject *const *args, size_t n
     if (!PyObject_TypeCheck(args[0], (PyTypeObject *)st->tensor_type)) {
         return result; /* called unbound on something else: not ours to count */
     }
-    PyObject *lords = Py_NewRef(disp.lords); /* a snapshot: subscribers may change */
+    PyObject *lords = live_lords(disp.lord_refs); /* a snapshot: subscribers may change */
+    if (lords == NULL) {
+        PyErr_WriteUnraisable(callable);
+        return result;
+    }
     int nb = self->kind == HK_MOVE && is_non_blocking(args, nargs, kwnames);
     int rc = account_conversion(st, lords, args[0], result, self->kind, nb);
     Py_DECREF(lords);
+    ml_safe_point();
     if (rc < 0) {
         Py_DECREF(result);
         return NULL;
@@ -520,10 +556,15 @@ static PyObject *hook_module_to(PyObject *callable, PyObject *const *args, size_
     int nb = call_non_blocking(args, nargs, kwnames);
     /* Nested Module.to calls keep the outermost call's site. */
     int own_site = 0;
-    if (!tl->module_site_set && disp.lords != NULL && disp.module != NULL &&
-        any_tracks_callsite(disp.lords)) {
-        ml_site_capture(ml_state_of_module(disp.module), &tl->module_site);
-        tl->module_site_set = own_site = 1;
+    if (!tl->module_site_set && disp.lord_refs != NULL && disp.module != NULL) {
+        PyObject *lords = live_lords(disp.lord_refs);
+        if (lords == NULL) {
+            PyErr_WriteUnraisable(callable);
+        } else if (any_tracks_callsite(lords)) {
+            ml_site_capture(ml_state_of_module(disp.module), &tl->module_site);
+            tl->module_site_set = own_site = 1;
+        }
+        Py_XDECREF(lords);
     }
     tl->module_non_blocking += nb;
     tl->module_depth++;
@@ -552,7 +593,7 @@ static PyObject *hook_factory(PyObject *callable, PyObject *const *args, size_t 
     if (tl->hook_depth > 0) {
         return result; /* re-entered through __torch_function__: the outer call counts */
     }
-    if (result == NULL || disp.py_lords == NULL || disp.module == NULL) {
+    if (result == NULL || disp.py_lord_refs == NULL || disp.module == NULL) {
         return result;
     }
     const PyObject *out = kwarg(args, nargs, kwnames, "out");
@@ -575,7 +616,11 @@ static PyObject *hook_factory(PyObject *callable, PyObject *const *args, size_t 
     if (bytes <= 0) {
         return result;
     }
-    PyObject *lords = Py_NewRef(disp.py_lords);
+    PyObject *lords = live_lords(disp.py_lord_refs);
+    if (lords == NULL) {
+        Py_DECREF(result);
+        return NULL;
+    }
     ml_site site = {NULL, 0};
     if (any_tracks_callsite(lords)) {
         ml_site_capture(st, &site);
@@ -584,9 +629,8 @@ static PyObject *hook_factory(PyObject *callable, PyObject *const *args, size_t 
     int rc = 0;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords) && rc == 0; i++) {
         MemLordObject *lord = (MemLordObject *)PyTuple_GET_ITEM(lords, i);
-        ml_site none = {NULL, 0};
-        rc =
-            ml_lord_record(lord, 0, &d, 1, lord->track_callsite ? &site : &none, "(factory)", NULL);
+        ml_emit_ctx ctx = {result, NULL};
+        rc = ml_record(lord, ML_EV_ALLOC, ML_SRC_FACTORY, &d, 1, &site, &ctx);
         if (rc == 0 && lord->py_handle != NULL) {
             rc = ml_life_register(lord, result, &d, 1);
         }
@@ -608,14 +652,18 @@ static PyObject *hook_param(PyObject *callable, PyObject *const *args, size_t na
     const HookObject *self = (const HookObject *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *result = call_original(self, args, nargsf, kwnames);
-    if (result == NULL || disp.py_lords == NULL) {
+    if (result == NULL || disp.py_lord_refs == NULL) {
         return result;
     }
     PyObject *data = nargs >= 2 ? args[1] : kwarg(args, nargs, kwnames, "data");
     if (data == NULL || data == Py_None || data == result) {
         return result;
     }
-    PyObject *lords = Py_NewRef(disp.py_lords);
+    PyObject *lords = live_lords(disp.py_lord_refs);
+    if (lords == NULL) {
+        Py_DECREF(result);
+        return NULL;
+    }
     int rc = 0;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords) && rc >= 0; i++) {
         rc = ml_life_transfer((MemLordObject *)PyTuple_GET_ITEM(lords, i), data, result);
@@ -979,31 +1027,108 @@ fail:
     return -1;
 }
 
-/* New subscriber tuple: lords with lord added or removed. */
-static PyObject *lords_with(PyObject *lords, PyObject *lord, int add)
+/* New subscriber tuple: refs without the dead ones, with lord added or
+ * removed.  NULL with an exception set. */
+static PyObject *lords_with(PyObject *refs, PyObject *lord, int add)
 {
-    Py_ssize_t n = lords ? PyTuple_GET_SIZE(lords) : 0;
-    PyObject *out = PyTuple_New(add ? n + 1 : n - 1);
+    Py_ssize_t n = refs ? PyTuple_GET_SIZE(refs) : 0;
+    PyObject *out = PyList_New(0);
     if (out == NULL) {
         return NULL;
     }
-    Py_ssize_t k = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *l = PyTuple_GET_ITEM(lords, i);
-        if (!add && l == lord) {
+        PyObject *ref = PyTuple_GET_ITEM(refs, i);
+        const PyObject *l = PyWeakref_GET_OBJECT(ref);
+        if (l == Py_None || l == lord || PyList_Append(out, ref) == 0) {
             continue;
         }
-        PyTuple_SET_ITEM(out, k++, Py_NewRef(l));
+        Py_DECREF(out);
+        return NULL;
     }
     if (add) {
-        PyTuple_SET_ITEM(out, k, Py_NewRef(lord));
+        PyObject *ref = PyWeakref_NewRef(lord, disp.on_lord_death);
+        if (ref == NULL || PyList_Append(out, ref) < 0) {
+            Py_XDECREF(ref);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(ref);
     }
-    return out;
+    PyObject *t = PyList_AsTuple(out);
+    Py_DECREF(out);
+    return t;
+}
+
+static int refs_contain(PyObject *refs, const PyObject *lord)
+{
+    for (Py_ssize_t i = 0; refs != NULL && i < PyTuple_GET_SIZE(refs); i++) {
+        if (PyWeakref_GET_OBJECT(PyTuple_GET_ITEM(refs, i)) == lord) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static Py_ssize_t live_count(PyObject *refs)
+{
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; refs != NULL && i < PyTuple_GET_SIZE(refs); i++) {
+        k += PyWeakref_GET_OBJECT(PyTuple_GET_ITEM(refs, i)) != Py_None;
+    }
+    return k;
+}
+
+/* At a safe point after a lord died: drop dead subscribers, and restore
+ * torch's originals for a group nobody subscribes to any more. */
+static void cleanup_dead_lords(void)
+{
+    PyObject **slots[2] = {&disp.lord_refs, &disp.py_lord_refs};
+    for (int g = 0; g < 2; g++) {
+        if (*slots[g] == NULL) {
+            continue;
+        }
+        PyObject *refs = lords_with(*slots[g], NULL, 0);
+        if (refs == NULL) {
+            PyErr_WriteUnraisable(NULL);
+            continue;
+        }
+        Py_XSETREF(*slots[g], refs);
+        if (PyTuple_GET_SIZE(refs) == 0) {
+            Py_CLEAR(*slots[g]);
+            if (g == 0) {
+                pending_drain(0, NULL, 0);
+                uninstall_torch();
+            } else {
+                unpatch_group(G_PY);
+            }
+        }
+    }
+}
+
+/* The weak references' callback: runs inside the lord's deallocator, so it
+ * only schedules. */
+static PyObject *lord_died(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(ref))
+{
+    ml_safe_point_add_task(cleanup_dead_lords);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef lord_died_def = {"_lord_died", lord_died, METH_O, NULL};
+
+static int ensure_death_callback(void)
+{
+    if (disp.on_lord_death == NULL) {
+        disp.on_lord_death = PyCFunction_New(&lord_died_def, NULL);
+    }
+    return disp.on_lord_death != NULL ? 0 : -1;
 }
 
 int ml_hooks_py_subscribe(MemLordObject *lord)
 {
-    PyObject *lords = lords_with(disp.py_lords, (PyObject *)lord, 1);
+    if (ensure_death_callback() < 0) {
+        return -1;
+    }
+    PyObject *lords = lords_with(disp.py_lord_refs, (PyObject *)lord, 1);
     if (lords == NULL) {
         return -1;
     }
@@ -1011,22 +1136,22 @@ int ml_hooks_py_subscribe(MemLordObject *lord)
         Py_DECREF(lords);
         return -1;
     }
-    Py_XSETREF(disp.py_lords, lords);
+    Py_XSETREF(disp.py_lord_refs, lords);
     return 0;
 }
 
 int ml_hooks_py_unsubscribe(MemLordObject *lord)
 {
-    if (disp.py_lords == NULL || !lords_contain(disp.py_lords, (PyObject *)lord)) {
+    if (!refs_contain(disp.py_lord_refs, (PyObject *)lord)) {
         return 0;
     }
-    PyObject *lords = lords_with(disp.py_lords, (PyObject *)lord, 0);
+    PyObject *lords = lords_with(disp.py_lord_refs, (PyObject *)lord, 0);
     if (lords == NULL) {
         return -1;
     }
-    Py_XSETREF(disp.py_lords, lords);
-    if (PyTuple_GET_SIZE(disp.py_lords) == 0) {
-        Py_CLEAR(disp.py_lords);
+    Py_XSETREF(disp.py_lord_refs, lords);
+    if (PyTuple_GET_SIZE(disp.py_lord_refs) == 0) {
+        Py_CLEAR(disp.py_lord_refs);
         unpatch_group(G_PY);
     }
     return 0;
@@ -1047,7 +1172,8 @@ PyObject *ml_hooks_enable(MemLordObject *lord)
     h->lord = (MemLordObject *)Py_NewRef(lord);
     h->enabled = 0;
     PyObject_GC_Track(h);
-    PyObject *lords = lords_with(disp.lords, (PyObject *)lord, 1);
+    PyObject *lords =
+        ensure_death_callback() < 0 ? NULL : lords_with(disp.lord_refs, (PyObject *)lord, 1);
     if (lords == NULL) {
         Py_DECREF(h);
         return NULL;
@@ -1057,7 +1183,7 @@ PyObject *ml_hooks_enable(MemLordObject *lord)
         Py_DECREF(h);
         return NULL;
     }
-    Py_XSETREF(disp.lords, lords);
+    Py_XSETREF(disp.lord_refs, lords);
     h->enabled = 1;
     Py_XSETREF(lord->torch_handle, Py_NewRef(h));
     return (PyObject *)h;
@@ -1068,17 +1194,17 @@ static PyObject *handle_disable(HandleObject *self, PyObject *Py_UNUSED(ignored)
     if (!self->enabled) {
         Py_RETURN_NONE;
     }
-    PyObject *lords = lords_with(disp.lords, (PyObject *)self->lord, 0);
+    PyObject *lords = lords_with(disp.lord_refs, (PyObject *)self->lord, 0);
     if (lords == NULL) {
         return NULL;
     }
     self->enabled = 0;
-    Py_XSETREF(disp.lords, lords);
+    Py_XSETREF(disp.lord_refs, lords);
     /* This lord's deferred frees are credited before it leaves. */
     pending_drain(0, NULL, 0);
     pending_drain(1, (PyObject *)self->lord, 0);
-    if (PyTuple_GET_SIZE(disp.lords) == 0) {
-        Py_CLEAR(disp.lords);
+    if (disp.lord_refs != NULL && PyTuple_GET_SIZE(disp.lord_refs) == 0) {
+        Py_CLEAR(disp.lord_refs);
         uninstall_torch();
     }
     if (self->lord->torch_handle == (PyObject *)self) {
@@ -1203,9 +1329,9 @@ PyObject *ml_hooks_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(unused)
     return Py_BuildValue("{s:O,s:O,s:n,s:n,s:n,s:n,s:n,s:O}", "installed",
                          group_installed(G_TORCH) ? Py_True : Py_False, "python_installed",
                          group_installed(G_PY) ? Py_True : Py_False, "subscribers",
-                         disp.lords ? PyTuple_GET_SIZE(disp.lords) : 0, "python_subscribers",
-                         disp.py_lords ? PyTuple_GET_SIZE(disp.py_lords) : 0, "pending",
-                         disp.npending, "events_created", (Py_ssize_t)ml_cuda_events_created(),
-                         "events_pooled", (Py_ssize_t)ml_cuda_events_pooled(), "direct_trackers",
+                         live_count(disp.lord_refs), "python_subscribers",
+                         live_count(disp.py_lord_refs), "pending", disp.npending, "events_created",
+                         (Py_ssize_t)ml_cuda_events_created(), "events_pooled",
+                         (Py_ssize_t)ml_cuda_events_pooled(), "direct_trackers",
                          ml_life_direct() ? Py_True : Py_False);
 }

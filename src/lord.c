@@ -3,8 +3,9 @@
  * counters), sites.c (hotspots) and policy.c (auto-GC). */
 #include "lord.h"
 #include "hooks.h"
+#include "autogc.h"
 #include "lifetime.h"
-#include "log.h"
+#include "logsink.h"
 #include "walk.h"
 
 #include <stdio.h>
@@ -63,222 +64,59 @@ static int deltas_add(ml_deltas *ds, ml_dev dev, int64_t bytes, int64_t count)
     return 0;
 }
 
-static void log_event(MemLordObject *self, ml_state *st, int is_free, const ml_delta *d,
-                      PyObject *where, const char *label)
+static int source_of_label(const char *label)
 {
-    const ml_slot *slot = ml_ledger_find(&self->ledger, d->dev);
-    char dev[64], amount[ML_FMT_BYTES_MAX], now[ML_FMT_BYTES_MAX];
-    ml_dev_name(st, d->dev, dev, sizeof(dev));
-    ml_format_bytes(d->bytes, amount, sizeof(amount));
-    ml_format_bytes(is_free ? slot->freed : slot->allocated, now, sizeof(now));
-    ml_log(is_free ? ML_GREEN : ML_RED, "[%s]%s%s %s %s%s (%lld storage%s) at %U; %s %s",
-           is_free ? "free" : "allocate", label ? " " : "", label ? label : "", dev,
-           is_free ? "-" : "+", amount, (long long)d->count, d->count == 1 ? "" : "s", where,
-           is_free ? "freed since GC" : "allocated", now);
+    if (label == NULL) {
+        return ML_SRC_EXPLICIT;
+    }
+    if (strcmp(label, "(factory)") == 0) {
+        return ML_SRC_FACTORY;
+    }
+    if (strcmp(label, "(del)") == 0) {
+        return ML_SRC_DEATH;
+    }
+    if (strcmp(label, "(hook, deferred)") == 0) {
+        return ML_SRC_DEFERRED;
+    }
+    return ML_SRC_CONVERT;
 }
 
-/* The summary block of one allocate/free call: a line per known device and
- * a line per device type that has more than one device. */
-static void log_summary(MemLordObject *self, ml_state *st, const char *what, const ml_delta *d,
-                        int n, PyObject *where)
+int ml_record(MemLordObject *lord, int kind, int source, const ml_delta *d, int n,
+              const ml_site *site, const ml_emit_ctx *ctx)
 {
-    int64_t bytes = 0, count = 0;
+    ml_event inline_ev[ML_DELTAS_INLINE];
+    ml_event *ev = n <= ML_DELTAS_INLINE ? inline_ev : PyMem_Malloc((size_t)n * sizeof(ml_event));
+    if (ev == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    uint32_t sid = 0;
+    if (lord->track_callsite && site != NULL && site->code != NULL) {
+        sid = ml_site_intern(&ml_lord_state(lord)->sites, site);
+    }
     for (int i = 0; i < n; i++) {
-        bytes += d[i].bytes;
-        count += d[i].count;
+        memset(&ev[i], 0, sizeof(ml_event));
+        ev[i].kind = (uint8_t)kind;
+        ev[i].source = (uint8_t)source;
+        ev[i].dev = d[i].dev;
+        ev[i].bytes = d[i].bytes;
+        ev[i].count = d[i].count;
+        ev[i].site = sid;
     }
-    char amount[ML_FMT_BYTES_MAX], a[ML_FMT_BYTES_MAX], f[ML_FMT_BYTES_MAX], dev[64];
-    ml_format_bytes(bytes, amount, sizeof(amount));
-    ml_log(ML_CYAN, "[%s-summary] %s in %lld storage%s at %U", what, amount, (long long)count,
-           count == 1 ? "" : "s", where);
-    const ml_ledger *l = &self->ledger;
-    for (int i = 0; i < l->n; i++) {
-        const ml_slot *s = &l->slots[i];
-        ml_dev_name(st, s->dev, dev, sizeof(dev));
-        ml_format_bytes(s->allocated, a, sizeof(a));
-        ml_format_bytes(s->freed, f, sizeof(f));
-        ml_log(ML_CYAN, "  %s: allocated %s, freed %s", dev, a, f);
+    static const ml_emit_ctx none = {NULL, NULL};
+    int rc = ml_emit(lord, ev, n, ctx != NULL ? ctx : &none);
+    if (ev != inline_ev) {
+        PyMem_Free(ev);
     }
-    for (int i = 0; i < l->n;) {
-        int type = ML_DEV_TYPE(l->slots[i].dev);
-        int j = i;
-        int64_t ta = 0, tf = 0;
-        while (j < l->n && ML_DEV_TYPE(l->slots[j].dev) == type) {
-            ta += l->slots[j].allocated;
-            tf += l->slots[j].freed;
-            j++;
-        }
-        if (j - i > 1) {
-            ml_format_bytes(ta, a, sizeof(a));
-            ml_format_bytes(tf, f, sizeof(f));
-            ml_log(ML_CYAN, "  %s (%d devices): allocated %s, freed %s", ml_type_name(st, type),
-                   j - i, a, f);
-        }
-        i = j;
-    }
-}
-
-typedef struct {
-    ml_dev dev;
-    int64_t runs;
-    ml_gc_why why;
-} ml_gc_run;
-
-/* The one [auto_gc] line of a run, printed DEBUG or not. */
-static void log_gc(ml_state *st, const ml_gc_run *g, int released)
-{
-    char dev[64], band[96], used[32], value[ML_FMT_BYTES_MAX], thr[ML_FMT_BYTES_MAX];
-    ml_dev_name(st, g->dev, dev, sizeof(dev));
-    if (g->why.banded) {
-        ml_band_name(g->why.lo, g->why.lo_is_int, g->why.hi, g->why.hi_is_int, band, sizeof(band));
-    } else {
-        snprintf(band, sizeof(band), "bytes");
-    }
-    if (g->why.used_pct >= 0) {
-        snprintf(used, sizeof(used), "%.1f%%", g->why.used_pct);
-    } else {
-        snprintf(used, sizeof(used), "unknown");
-    }
-    ml_format_bytes(g->why.value, value, sizeof(value));
-    ml_format_bytes(g->why.threshold, thr, sizeof(thr));
-    char line[512];
-    snprintf(line, sizeof(line),
-             "[auto_gc] %s band=%s used=%s metric=%s value=%lld (%s) threshold=%lld (%s) "
-             "runs=%lld; %s",
-             dev, band, used, ml_metric_name(g->why.metric), (long long)g->why.value, value,
-             (long long)g->why.threshold, thr, (long long)g->runs,
-             released > 0    ? "cache released"
-             : released == 0 ? "no cache to release (backend not initialised)"
-                             : "cache release failed");
-    ml_log(ML_YELLOW, "%s", line);
-}
-
-static void run_gc(MemLordObject *self, ml_state *st, ml_gc_run *g)
-{
-    if (!g->why.banded) {
-        /* bytes mode decides without capacity: read it for the line only */
-        ml_capinfo cap;
-        if (ml_capacity_read(st, &self->capacity, g->dev, 0, &cap) < 0) {
-            PyErr_WriteUnraisable((PyObject *)self);
-        } else if (cap.known) {
-            g->why.used_pct = (double)cap.used * 100.0 / (double)cap.total;
-        }
-    }
-    int released = ml_policy_release(st, g->dev);
-    if (released < 0) {
-        PyErr_WriteUnraisable((PyObject *)self);
-    }
-    log_gc(st, g, released);
-}
-
-/* Strategy mode: the capacity of every touched device with a cache, read
- * before the ledger changes because a user source is Python code.
- * cap[i].known == -1 marks a device that is not checked. */
-static void read_capacities(MemLordObject *self, ml_state *st, const ml_delta *d, int n,
-                            ml_capinfo *cap)
-{
-    int banded = self->gc_mode == ML_GC_STRATEGY && self->strategy.n > 0;
-    for (int i = 0; i < n; i++) {
-        cap[i].known = -1;
-        if (!banded || !ml_dev_has_cache(st, d[i].dev)) {
-            continue;
-        }
-        if (ml_capacity_read(st, &self->capacity, d[i].dev, 0, &cap[i]) < 0) {
-            PyErr_WriteUnraisable((PyObject *)self);
-            cap[i].known = -1;
-        }
-    }
-}
-
-/* 1 when slot's device is due; fills g->why.  No Python code runs. */
-static int gc_due(MemLordObject *self, const ml_state *st, int is_free, const ml_capinfo *cap,
-                  const ml_slot *slot, ml_gc_run *g)
-{
-    if (self->gc_mode == ML_GC_STRATEGY) {
-        return cap->known >= 0 && ml_dev_has_cache(st, slot->dev) &&
-               ml_strategy_due(&self->strategy, cap, slot, &g->why);
-    }
-    if (!is_free || !ml_policy_due(st, &self->policy, slot)) {
-        return 0;
-    }
-    memset(&g->why, 0, sizeof(g->why));
-    g->why.used_pct = -1.0;
-    g->why.metric = ML_METRIC_FREED;
-    g->why.value = slot->freed;
-    g->why.threshold = self->policy.threshold;
-    return 1;
+    return rc;
 }
 
 int ml_lord_record(MemLordObject *self, int flags, const ml_delta *d, int n, const ml_site *site,
                    const char *label, const char *what)
 {
-    ml_state *st = ml_lord_state(self);
-    int is_free = flags & ML_REC_FREE;
-    ml_hotspots *hot = is_free ? &self->free_sites : &self->alloc_sites;
-    ml_gc_run gc_inline[ML_DELTAS_INLINE];
-    ml_capinfo cap_inline[ML_DELTAS_INLINE];
-    ml_gc_run *gc = gc_inline;
-    ml_capinfo *cap = cap_inline;
-    int ngc = 0;
-
-    /* Everything that can fail happens before the first counter moves. */
-    if (n > ML_DELTAS_INLINE) {
-        gc = PyMem_Malloc((size_t)n * (sizeof(ml_gc_run) + sizeof(ml_capinfo)));
-        if (gc == NULL) {
-            PyErr_NoMemory();
-            return -1;
-        }
-        cap = (ml_capinfo *)(gc + n);
-    }
-    read_capacities(self, st, d, n, cap);
-    if (ml_ledger_reserve(&self->ledger, d, n) < 0 ||
-        (site->code != NULL && ml_hotspots_reserve(hot, n) < 0)) {
-        if (gc != gc_inline) {
-            PyMem_Free(gc);
-        }
-        return -1;
-    }
-
-    /* Critical section: no Python calls until the ledger is consistent. */
-    if (is_free) {
-        ml_ledger_apply_free(&self->ledger, d, n);
-    } else {
-        ml_ledger_apply_alloc(&self->ledger, d, n);
-    }
-    for (int i = 0; i < n; i++) {
-        ml_hotspots_add(hot, d[i].dev, site, d[i].bytes);
-        ml_slot *slot = ml_ledger_find(&self->ledger, d[i].dev);
-        if (gc_due(self, st, is_free, &cap[i], slot, &gc[ngc])) {
-            gc[ngc].dev = slot->dev;
-            ml_ledger_gc_done(&self->ledger, slot);
-            gc[ngc].runs = slot->gc_runs;
-            ngc++;
-        }
-    }
-    self->version++;
-    /* End of critical section. */
-
-    if (ml_debug_on()) {
-        PyObject *where = ml_site_str(site->code, site->line);
-        if (where == NULL) {
-            PyErr_WriteUnraisable((PyObject *)self);
-        } else {
-            for (int i = 0; i < n; i++) {
-                log_event(self, st, is_free, &d[i], where, label);
-            }
-            if (flags & ML_REC_SUMMARY) {
-                log_summary(self, st, what, d, n, where);
-            }
-            Py_DECREF(where);
-        }
-    }
-    for (int i = 0; i < ngc; i++) {
-        run_gc(self, st, &gc[i]);
-    }
-    if (gc != gc_inline) {
-        PyMem_Free(gc);
-    }
-    return 0;
+    ml_emit_ctx ctx = {NULL, (flags & ML_REC_SUMMARY) ? what : NULL};
+    return ml_record(self, (flags & ML_REC_FREE) ? ML_EV_FREE : ML_EV_ALLOC, source_of_label(label),
+                     d, n, site, &ctx);
 }
 
 /* Register, for lifetime tracking, each tensor or array that contributed
@@ -339,8 +177,9 @@ static PyObject *record_object(MemLordObject *self, PyObject *obj, int is_free)
     if (self->track_callsite) {
         ml_site_capture(st, &site);
     }
-    if (ml_lord_record(self, (is_free ? ML_REC_FREE : 0) | ML_REC_SUMMARY, ds.d, ds.n, &site, NULL,
-                       what) < 0) {
+    ml_emit_ctx ctx = {obj, what};
+    if (ml_record(self, is_free ? ML_EV_FREE : ML_EV_ALLOC, ML_SRC_EXPLICIT, ds.d, ds.n, &site,
+                  &ctx) < 0) {
         goto done;
     }
     if (cancel) {
@@ -355,6 +194,7 @@ done:
     ml_site_clear(&site);
     deltas_clear(&ds);
     ml_walk_clear(&w);
+    ml_safe_point();
     return result;
 }
 
@@ -444,11 +284,16 @@ static PyObject *bytes_query(MemLordObject *self, int kind, const char *fname,
             return Py_NewRef(c->result);
         }
     }
+    uint64_t version = self->version;
     int64_t v = kind == 0 ? ml_ledger_sum_allocated(&self->ledger, &sel)
                           : ml_ledger_sum_freed(&self->ledger, &sel);
+    /* Building the answer allocates, which may run the cyclic GC and with it
+     * tracker callbacks (or let another thread in) that change the ledger:
+     * the answer then describes the ledger before; it is returned (it was
+     * true when asked) but never cached under the newer version. */
     PyObject *result = bytes_pair(v);
-    if (result == NULL) {
-        return NULL;
+    if (result == NULL || self->version != version) {
+        return result;
     }
     ml_qcache *c = &self->qcache[self->qnext];
     self->qnext = (self->qnext + 1) % ML_QCACHE;
@@ -542,43 +387,51 @@ static PyObject *lord_stats(MemLordObject *self, PyObject *const *args, Py_ssize
     return out;
 }
 
-static PyObject *top_site(MemLordObject *self, int is_free, const char *fname,
-                          PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+/* _hotspots(free, device=None): [(device str, site id, bytes), ...], the raw
+ * table; memlord/lord.py folds it by line and resolves the sites. */
+static PyObject *lord_hotspots(MemLordObject *self, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames)
 {
-    ml_selector sel;
-    if (parse_device_arg(self, fname, args, nargs, kwnames, &sel) < 0) {
+    if (nargs < 1) {
+        PyErr_SetString(PyExc_TypeError, "_hotspots() needs the 'free' flag");
         return NULL;
     }
-    ml_hot top;
-    int found = ml_hotspots_top(is_free ? &self->free_sites : &self->alloc_sites, &sel, &top);
-    if (found <= 0) {
-        if (found < 0) {
-            return NULL;
-        }
-        Py_RETURN_NONE;
+    int is_free = PyObject_IsTrue(args[0]);
+    if (is_free < 0) {
+        return NULL;
+    }
+    ml_selector sel;
+    if (parse_device_arg(self, "_hotspots", args + 1, nargs - 1, kwnames, &sel) < 0) {
+        return NULL;
+    }
+    /* Copy first: building the list allocates, which may run Python that
+     * records into this lord. */
+    const ml_hotspots *h = is_free ? &self->free_sites : &self->alloc_sites;
+    Py_ssize_t cap = h->cap;
+    ml_hot *copy = PyMem_Malloc((size_t)(cap ? cap : 1) * sizeof(ml_hot));
+    if (copy == NULL) {
+        return PyErr_NoMemory();
+    }
+    if (cap > 0) {
+        memcpy(copy, h->entries, (size_t)cap * sizeof(ml_hot));
     }
     ml_state *st = ml_lord_state(self);
-    PyObject *dev = ml_dev_to_torch(st, top.dev);
-    PyObject *where = dev ? ml_site_str_line(top.code, top.line) : NULL;
-    PyObject *result = where ? Py_BuildValue("(NNL)", dev, where, (long long)top.bytes) : NULL;
-    if (result == NULL) {
-        Py_XDECREF(dev);
-        Py_XDECREF(where);
+    PyObject *out = PyList_New(0);
+    for (Py_ssize_t i = 0; out != NULL && i < cap; i++) {
+        if (copy[i].site == 0 || !ml_selector_match(&sel, copy[i].dev)) {
+            continue;
+        }
+        PyObject *dev = ml_dev_str(st, copy[i].dev);
+        PyObject *item = dev ? Py_BuildValue("(NILI)", dev, (unsigned)copy[i].site,
+                                             (long long)copy[i].bytes, (unsigned)copy[i].dev)
+                             : NULL;
+        if (item == NULL || PyList_Append(out, item) < 0) {
+            Py_CLEAR(out);
+        }
+        Py_XDECREF(item);
     }
-    Py_DECREF(top.code);
-    return result;
-}
-
-static PyObject *lord_top_alloc_site(MemLordObject *self, PyObject *const *args, Py_ssize_t nargs,
-                                     PyObject *kwnames)
-{
-    return top_site(self, 0, "top_alloc_site", args, nargs, kwnames);
-}
-
-static PyObject *lord_top_free_site(MemLordObject *self, PyObject *const *args, Py_ssize_t nargs,
-                                    PyObject *kwnames)
-{
-    return top_site(self, 1, "top_free_site", args, nargs, kwnames);
+    PyMem_Free(copy);
+    return out;
 }
 
 static void clear_qcache(MemLordObject *self)
@@ -590,31 +443,31 @@ static void clear_qcache(MemLordObject *self)
 
 static PyObject *lord_reset(MemLordObject *self, PyObject *Py_UNUSED(ignored))
 {
-    ml_ledger_reset(&self->ledger);
+    /* The ledger and hotspots are cleared in the event's apply phase. */
+    ml_event ev = {0};
+    ev.kind = ML_EV_RESET;
+    ev.source = ML_SRC_POLICY;
+    if (ml_emit(self, &ev, 1, &(ml_emit_ctx){NULL, NULL}) < 0) {
+        return NULL;
+    }
     /* Objects registered before the reset were counted before it: their
      * deaths no longer credit anything. */
     ml_life_detach(self);
-    /* Detach the tables before releasing code objects: their deallocation
-     * may run Python code that records into this lord. */
-    ml_hotspots a = self->alloc_sites, f = self->free_sites;
-    ml_hotspots_init(&self->alloc_sites);
-    ml_hotspots_init(&self->free_sites);
-    self->version++;
-    ml_hotspots_clear(&a);
-    ml_hotspots_clear(&f);
     clear_qcache(self);
-    if (ml_debug_on()) {
-        ml_log(ML_MAGENTA, "[reset] counters and hotspots cleared");
-    }
+    ml_safe_point();
     Py_RETURN_NONE;
 }
 
-static PyObject *lord_set_auto_gc(MemLordObject *self, PyObject *value)
+/* _set_bytes(value): bytes-mode auto-GC; value as memlord/_config.py gives
+ * it (-1 "auto", 0 off, else the threshold). */
+static PyObject *lord_set_bytes(MemLordObject *self, PyObject *value)
 {
-    ml_policy p;
-    if (ml_policy_parse_bytes(value, &p) < 0) {
+    long long v = PyLong_AsLongLong(value);
+    if (v == -1 && PyErr_Occurred()) {
         return NULL;
     }
+    ml_policy p;
+    ml_policy_from_bytes(v, &p);
     ml_strategy old = self->strategy;
     self->policy = p;
     self->gc_mode = ML_GC_BYTES;
@@ -624,10 +477,11 @@ static PyObject *lord_set_auto_gc(MemLordObject *self, PyObject *value)
     Py_RETURN_NONE;
 }
 
-static PyObject *lord_set_auto_gc_strategy(MemLordObject *self, PyObject *value)
+/* _set_bands(bands): banded auto-GC from validated plain tuples. */
+static PyObject *lord_set_bands(MemLordObject *self, PyObject *bands)
 {
     ml_strategy s;
-    if (ml_strategy_parse(value, &s) < 0) {
+    if (ml_strategy_from_tuples(bands, &s) < 0) {
         return NULL;
     }
     ml_strategy old = self->strategy;
@@ -717,12 +571,9 @@ static PyObject *lord_get_auto_gc_bytes(MemLordObject *self, void *Py_UNUSED(clo
     return PyLong_FromLongLong(self->policy.threshold);
 }
 
-static PyObject *lord_get_auto_gc_strategy(MemLordObject *self, void *Py_UNUSED(closure))
+static PyObject *lord_get_gc_mode(MemLordObject *self, void *Py_UNUSED(closure))
 {
-    if (self->gc_mode != ML_GC_STRATEGY) {
-        Py_RETURN_NONE;
-    }
-    return ml_strategy_to_dict(&self->strategy);
+    return PyUnicode_FromString(self->gc_mode == ML_GC_STRATEGY ? "strategy" : "bytes");
 }
 
 static PyObject *lord_get_capacity_source(MemLordObject *self, void *Py_UNUSED(closure))
@@ -780,27 +631,11 @@ static PyObject *lord_repr(MemLordObject *self)
 
 /* ---- lifecycle --------------------------------------------------------- */
 
-static PyObject *lord_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+/* The configuration (auto-GC bytes or strategy, call sites) is validated
+ * and set by memlord.MemLord.__init__ (memlord/lord.py); a bare core lord is
+ * in bytes mode "auto" and records call sites. */
+static PyObject *lord_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObject *Py_UNUSED(kwds))
 {
-    static char *kwlist[] = {"auto_gc_bytes", "auto_gc_strategy", "track_callsite", NULL};
-    PyObject *auto_gc = NULL, *strategy_arg = NULL; /* NULL: not passed */
-    PyObject *track_obj = Py_True;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O$OO:MemLord", kwlist, &auto_gc, &strategy_arg,
-                                     &track_obj)) {
-        return NULL;
-    }
-    if (!PyBool_Check(track_obj)) {
-        PyErr_Format(PyExc_TypeError,
-                     "MemLord(): argument 'track_callsite' must be a bool, not %.100s",
-                     Py_TYPE(track_obj)->tp_name);
-        return NULL;
-    }
-    int track = track_obj == Py_True;
-    if (auto_gc != NULL && strategy_arg != NULL) {
-        PyErr_SetString(PyExc_ValueError,
-                        "MemLord(): pass either 'auto_gc_bytes' or 'auto_gc_strategy', not both");
-        return NULL;
-    }
     PyObject *module = PyType_GetModule(type);
     if (module == NULL) {
         /* a Python subclass: find the module through the base type */
@@ -820,32 +655,17 @@ static PyObject *lord_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
             return NULL;
         }
     }
-    ml_policy policy = {0, 0, 0};
+    ml_policy policy;
+    ml_policy_from_bytes(-1, &policy);
     ml_strategy strategy = {NULL, 0};
-    PyObject *auto_str = NULL;
-    if (strategy_arg != NULL) {
-        if (ml_strategy_parse(strategy_arg, &strategy) < 0) {
-            return NULL;
-        }
-    } else if (auto_gc == NULL) {
-        auto_str = PyUnicode_FromString("auto");
-        if (auto_str == NULL) {
-            return NULL;
-        }
-        auto_gc = auto_str;
-    }
-    int rc = auto_gc == NULL ? 0 : ml_policy_parse_bytes(auto_gc, &policy);
-    Py_XDECREF(auto_str);
-    if (rc < 0) {
-        return NULL;
-    }
+    int track = 1;
     MemLordObject *self = (MemLordObject *)type->tp_alloc(type, 0);
     if (self == NULL) {
         ml_strategy_free(&strategy);
         return NULL;
     }
     self->strategy = strategy;
-    self->gc_mode = strategy_arg != NULL ? ML_GC_STRATEGY : ML_GC_BYTES;
+    self->gc_mode = ML_GC_BYTES;
     ml_capacity_init(&self->capacity);
     self->module = Py_NewRef(module);
     self->st = ml_state_of_module(module);
@@ -854,6 +674,12 @@ static PyObject *lord_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     ml_hotspots_init(&self->free_sites);
     self->policy = policy;
     self->track_callsite = track;
+    self->nsinks = 0;
+    if (ml_sink_add(self, &ml_hotspot_sink) < 0 || ml_sink_add(self, &ml_log_sink) < 0 ||
+        ml_sink_add(self, &ml_autogc_sink) < 0) {
+        Py_DECREF(self);
+        return NULL;
+    }
     return (PyObject *)self;
 }
 
@@ -864,8 +690,7 @@ static int lord_traverse(MemLordObject *self, visitproc visit, void *arg)
     Py_VISIT(self->torch_handle);
     Py_VISIT(self->py_handle);
     Py_VISIT(self->capacity.source);
-    return ml_hotspots_traverse(&self->alloc_sites, visit, arg) ||
-           ml_hotspots_traverse(&self->free_sites, visit, arg);
+    return 0;
 }
 
 static int lord_clear(MemLordObject *self)
@@ -913,26 +738,16 @@ static PyMethodDef lord_methods[] = {
      "human_string)."},
     {"stats", (PyCFunction)(void (*)(void))lord_stats, FASTKW,
      "stats($self, /, device=None)\n--\n\nPer-device counters: {device: {name: int}}."},
-    {"top_alloc_site", (PyCFunction)(void (*)(void))lord_top_alloc_site, FASTKW,
-     "top_alloc_site($self, /, device=None)\n--\n\n(torch.device, 'file:line', bytes) of the "
-     "biggest "
-     "cumulative allocation site, or None."},
-    {"top_free_site", (PyCFunction)(void (*)(void))lord_top_free_site, FASTKW,
-     "top_free_site($self, /, device=None)\n--\n\n(torch.device, 'file:line', bytes) of the "
-     "biggest "
-     "cumulative free site, or None."},
+    {"_hotspots", (PyCFunction)(void (*)(void))lord_hotspots, FASTKW,
+     "_hotspots($self, free, /, device=None)\n--\n\nThe raw hotspot table: [(device, site id, "
+     "bytes, device key)]."},
     {"reset", (PyCFunction)lord_reset, METH_NOARGS,
      "reset($self, /)\n--\n\nClear every counter and hotspot; the auto-GC threshold or strategy is "
      "kept."},
-    {"set_auto_gc", (PyCFunction)lord_set_auto_gc, METH_O,
-     "set_auto_gc($self, value, /)\n--\n\nSwitch to bytes-mode auto-GC with this threshold: "
-     "\"auto\", an "
-     "int >= 0 (0 disables) or None."},
-    {"set_auto_gc_strategy", (PyCFunction)lord_set_auto_gc_strategy, METH_O,
-     "set_auto_gc_strategy($self, strategy, /)\n--\n\nSwitch to banded auto-GC: {(lo_pct, hi_pct): "
-     "{'metric': 'allocated'|'freed'|'max', 'threshold': {'bytes': int, 'percent': float}}}. "
-     "None installs the default bands; {} disables auto-GC.  A malformed strategy raises "
-     "TypeError/ValueError and changes nothing."},
+    {"_set_bytes", (PyCFunction)lord_set_bytes, METH_O,
+     "Bytes-mode auto-GC from a validated value (-1 auto, 0 off, n)."},
+    {"_set_bands", (PyCFunction)lord_set_bands, METH_O,
+     "Banded auto-GC from validated band tuples."},
     {"device_memory", (PyCFunction)(void (*)(void))lord_device_memory, FASTKW,
      "device_memory($self, /, device)\n--\n\n(total_bytes, used_bytes, used_percent) of one device "
      "('cpu', 'cuda:0', torch.device), or (None, None, None) when it cannot be read.  The "
@@ -961,8 +776,7 @@ static PyMethodDef lord_methods[] = {
 static PyGetSetDef lord_getset[] = {
     {"auto_gc_bytes", (getter)lord_get_auto_gc_bytes, NULL,
      "The auto-GC threshold in force, in bytes, or None when disabled.", NULL},
-    {"auto_gc_strategy", (getter)lord_get_auto_gc_strategy, NULL,
-     "The banded strategy in force (a fresh dict), or None in bytes mode.", NULL},
+    {"_gc_mode", (getter)lord_get_gc_mode, NULL, "'bytes' or 'strategy'.", NULL},
     {"capacity_source", (getter)lord_get_capacity_source, NULL,
      "The user capacity source, or None for the built-in one.", NULL},
     {"gc_runs", (getter)lord_get_gc_runs, NULL,
@@ -978,9 +792,7 @@ static PyMemberDef lord_members[] = {
 };
 
 static PyType_Slot lord_slots[] = {
-    {Py_tp_doc, "MemLord(auto_gc_bytes=\"auto\", *, auto_gc_strategy=..., track_callsite=True)\n"
-                "--\n\n"
-                "A per-device ledger of the memory a program allocated and freed."},
+    {Py_tp_doc, "The C core of memlord.MemLord: the ledger, its queries and the hooks."},
     {Py_tp_new, lord_new},
     {Py_tp_dealloc, lord_dealloc},
     {Py_tp_traverse, lord_traverse},
@@ -993,7 +805,7 @@ static PyType_Slot lord_slots[] = {
 };
 
 PyType_Spec ml_lord_spec = {
-    .name = "memlord.MemLord",
+    .name = "memlord._core.Lord",
     .basicsize = sizeof(MemLordObject),
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     .slots = lord_slots,

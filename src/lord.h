@@ -3,6 +3,7 @@
 #define MEMLORD_LORD_H
 
 #include "capacity.h"
+#include "event.h"
 #include "ledger.h"
 #include "policy.h"
 #include "sites.h"
@@ -19,7 +20,7 @@ typedef struct {
     int kind; /* 0 allocated, 1 freed */
 } ml_qcache;
 
-typedef struct {
+typedef struct MemLordObject {
     PyObject_HEAD
     PyObject *module; /* the _core module, strong: gives the state */
     ml_state *st;     /* its state, valid while module is held */
@@ -38,14 +39,17 @@ typedef struct {
     char last_sel_text[24];
     Py_ssize_t last_sel_len; /* 0: none cached */
     ml_selector last_sel;
-    PyObject *torch_handle; /* the enabled hook_into_torch() handle, strong */
-    PyObject *registry;     /* lifetime tracking: callback of this lord's trackers */
-    PyObject *py_handle;    /* the enabled hook_into_python() handle, strong */
-    int deep_autowrap;      /* register conversion results of the torch hooks */
+    PyObject *torch_handle;      /* the enabled hook_into_torch() handle, strong */
+    PyObject *registry;          /* lifetime tracking: callback of this lord's trackers */
+    PyObject *py_handle;         /* the enabled hook_into_python() handle, strong */
+    int deep_autowrap;           /* register conversion results of the torch hooks */
+    ml_sink sinks[ML_MAX_SINKS]; /* event.h: hotspots, log, auto-GC, ... */
+    int nsinks;
     PyObject *weakreflist;
 } MemLordObject;
 
 extern PyType_Spec ml_lord_spec;
+extern const ml_sink ml_hotspot_sink; /* emit.c */
 
 static inline ml_state *ml_lord_state(const MemLordObject *self)
 {
@@ -54,12 +58,17 @@ static inline ml_state *ml_lord_state(const MemLordObject *self)
 
 /* Flags of ml_lord_record */
 #define ML_REC_FREE 1    /* a free (else an allocation) */
-#define ML_REC_SUMMARY 2 /* print the per-call summary block under DEBUG */
+#define ML_REC_SUMMARY 2 /* explicit call: a summary record under DEBUG */
 
-/* Record deltas as one allocation or free: ledger, hotspots, DEBUG lines
- * (label, e.g. "(hook)", may be NULL), then auto-GC for the devices it
- * touched.  what is the call name for the summary ("allocate").  All or
+/* Record per-device deltas as events of one kind (ML_EV_ALLOC/ML_EV_FREE)
+ * from one source (event.h) at one site, through ml_emit.  The site is
+ * interned (and recorded) only when lord tracks call sites.  All or
  * nothing: on failure no counter has changed. */
+int ml_record(MemLordObject *lord, int kind, int source, const ml_delta *d, int n,
+              const ml_site *site, const ml_emit_ctx *ctx);
+
+/* The same, with the source named by its DEBUG label ("(hook)", "(factory)",
+ * "(del)", "(hook, deferred)"; NULL for explicit calls). */
 int ml_lord_record(MemLordObject *self, int flags, const ml_delta *d, int n, const ml_site *site,
                    const char *label, const char *what);
 

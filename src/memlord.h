@@ -58,6 +58,21 @@ typedef struct {
     int next;
 } ml_fast;
 
+/* ---- the site table (sites.c) ------------------------------------------- */
+#define ML_SITES_MAX (1 << 20)
+
+typedef struct {
+    PyObject *code; /* strong */
+    int offset;
+} ml_site_entry;
+
+typedef struct {
+    ml_site_entry *by_id; /* by_id[0] is unused: id 0 means unknown */
+    uint32_t n, cap;      /* ids 1..n in use */
+    uint32_t *index;      /* open addressing: id, 0 = empty */
+    uint32_t nindex;      /* power of two */
+} ml_sitetab;
+
 /* ---- module state ------------------------------------------------------ */
 #define ML_TRACKER_FREELIST 256 /* dead trackers kept for reuse, per module */
 typedef struct {
@@ -99,6 +114,16 @@ typedef struct {
     PyObject *torch_prefix;  /* directory of the torch package, with trailing slash */
     PyObject *memlord_prefix;
     PyObject *last_code; /* sites.c: last code object classified, strong */
+    ml_sitetab sites;    /* sites.c: every call site seen, by id */
+    /* logsink.c: the "memlord" logger and what decides whether it emits */
+    PyObject *log_logger;      /* logging.getLogger("memlord") */
+    PyObject *log_cache;       /* its Logger._cache dict, or NULL (then ask every time) */
+    PyObject *log_env_changed; /* memlord._log._debug_env_changed(value) */
+    PyObject *log_on_event;    /* memlord._log._event(...) */
+    PyObject *log_on_gc;       /* memlord._log._auto_gc(...) */
+    PyObject *env_data;        /* os.environ._data, or NULL (then getenv) */
+    PyObject *debug_key;       /* its key for DEBUG */
+    PyObject *debug_seen;      /* the DEBUG value last handed to log_env_changed */
     /* lifetime.c: memory of dead trackers, reused by the next ones */
     void *tracker_free[ML_TRACKER_FREELIST];
     int ntracker_free;

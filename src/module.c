@@ -3,9 +3,11 @@
  * The module imports torch and numpy when it is executed: memlord counts
  * torch objects, and reads their types and singletons once here. */
 #include "lord.h"
+#include "autogc.h"
 #include "hooks.h"
+#include "logsink.h"
+#include "sites.h"
 #include "lifetime.h"
-#include "log.h"
 #include "ml_cuda.h"
 #include "tensorabi.h"
 #include "walk.h"
@@ -109,8 +111,7 @@ static int core_exec(PyObject *module)
     if (_import_array() < 0) {
         return -1;
     }
-    if (ml_log_install_env_watch() < 0 || load_interned(st) < 0 || load_torch(st) < 0 ||
-        ml_abi_init(st) < 0) {
+    if (load_interned(st) < 0 || load_torch(st) < 0 || ml_abi_init(st) < 0) {
         return -1;
     }
     st->lord_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_lord_spec, NULL);
@@ -143,9 +144,14 @@ static int core_exec(PyObject *module)
  * memlord/__init__.py, where Python is the natural place to find paths. */
 static PyObject *core_configure(PyObject *module, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"release_cache", "torch_prefix", "memlord_prefix", NULL};
-    PyObject *release, *tp, *mp;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OUU:_configure", kwlist, &release, &tp, &mp)) {
+    static char *kwlist[] = {"release_cache", "torch_prefix", "memlord_prefix", "logger",
+                             "debug_env",     "log_event",    "log_gc",         NULL};
+    PyObject *release, *tp, *mp, *logger, *env, *on_event, *on_gc;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OUUOOOO:_configure", kwlist, &release, &tp, &mp,
+                                     &logger, &env, &on_event, &on_gc)) {
+        return NULL;
+    }
+    if (ml_log_configure(ml_state_of_module(module), logger, env, on_event, on_gc) < 0) {
         return NULL;
     }
     if (release != Py_None && !PyCallable_Check(release)) {
@@ -209,7 +215,34 @@ static PyObject *core_tensor_meta(PyObject *module, PyObject *t)
     return name == NULL ? NULL : Py_BuildValue("(NL)", name, (long long)nbytes);
 }
 
+/* _site(id): (filename, line) of a site id, or None. */
+static PyObject *core_site(PyObject *module, PyObject *arg)
+{
+    unsigned long id = PyLong_AsUnsignedLong(arg);
+    if (id == (unsigned long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    PyObject *code;
+    int line;
+    if (id > UINT32_MAX ||
+        !ml_site_lookup(&ml_state_of_module(module)->sites, (uint32_t)id, &code, &line)) {
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(Oi)", ((PyCodeObject *)code)->co_filename, line);
+}
+
+/* _safe_point(): run what waits for a safe point (deferred notifications,
+ * cache releases) now. */
+static PyObject *core_safe_point(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
+{
+    ml_safe_point();
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef core_methods[] = {
+    {"_site", (PyCFunction)core_site, METH_O, "(filename, line) of a site id, or None."},
+    {"_safe_point", (PyCFunction)core_safe_point, METH_NOARGS,
+     "Run deferred notifications and cache releases now."},
     {"format_bytes", (PyCFunction)ml_format_bytes_py, METH_O,
      "format_bytes(n, /)\n--\n\nA byte count as a human string with binary units: '1.5 KiB'."},
     {"_configure", (PyCFunction)(void (*)(void))core_configure, METH_VARARGS | METH_KEYWORDS,
@@ -238,7 +271,11 @@ static int core_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->module_type);
     Py_VISIT(st->device_type);
     Py_VISIT(st->release_cache);
-    return 0;
+    Py_VISIT(st->last_code);
+    if (ml_log_traverse(st, visit, arg) < 0) {
+        return -1;
+    }
+    return ml_sitetab_traverse(&st->sites, visit, arg);
 }
 
 static int core_clear(PyObject *module)
@@ -292,6 +329,10 @@ static int core_clear(PyObject *module)
         Py_CLEAR(st->type_names[t]);
     }
     ml_life_free_trackers(st);
+    ml_log_clear(st);
+    Py_CLEAR(st->last_code);
+    ml_sitetab_clear(&st->sites);
+    ml_safe_point_clear();
     return 0;
 }
 

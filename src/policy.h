@@ -49,12 +49,12 @@ typedef struct {
     int64_t value, threshold;
 } ml_gc_why;
 
-/* Parse a strategy dict into *out (fresh array).  None gives the default
- * bands.  Fails, naming the band and field, without touching *out. */
-int ml_strategy_parse(PyObject *value, ml_strategy *out);
+/* Bands from memlord/_config.py's plain tuples (lo, hi, lo_is_int,
+ * hi_is_int, metric, bytes or -1, percent or -1.0), already validated and
+ * sorted there; a malformed tuple raises TypeError.  Fails without touching
+ * *out. */
+int ml_strategy_from_tuples(PyObject *bands, ml_strategy *out);
 void ml_strategy_free(ml_strategy *s);
-/* A fresh dict in the shape ml_strategy_parse accepts. */
-PyObject *ml_strategy_to_dict(const ml_strategy *s);
 /* 1 (and *why filled) when slot's device is due under s with capacity cap. */
 int ml_strategy_due(const ml_strategy *s, const ml_capinfo *cap, const ml_slot *slot,
                     ml_gc_why *why);
@@ -62,9 +62,9 @@ const char *ml_metric_name(int metric);
 /* "[50, 75)" into buf */
 int ml_band_name(double lo, int lo_is_int, double hi, int hi_is_int, char *buf, size_t size);
 
-/* Parse an auto_gc_bytes value ("auto", int >= 0, None).  Fails without
- * touching *out. */
-int ml_policy_parse_bytes(PyObject *value, ml_policy *out);
+/* The policy of an auto_gc_bytes value as memlord/_config.py hands it
+ * over: -1 for "auto", 0 for off, else the threshold. */
+void ml_policy_from_bytes(int64_t value, ml_policy *out);
 /* Read "auto" from the CUDA driver if not done yet.  Deferred until a
  * device with a cache first frees something (or the threshold is asked
  * for), so that creating a MemLord never initialises the driver: a process

@@ -73,21 +73,119 @@ void ml_site_clear(ml_site *s)
     Py_CLEAR(s->code);
 }
 
-PyObject *ml_site_str(PyObject *code, int offset)
+/* ---- the site table ------------------------------------------------------ */
+
+void ml_sitetab_init(ml_sitetab *t)
 {
-    if (code == NULL) {
-        return PyUnicode_FromString("<unknown>:0");
-    }
-    return ml_site_str_line(code, PyCode_Addr2Line((PyCodeObject *)code, offset));
+    t->by_id = NULL;
+    t->n = t->cap = 0;
+    t->index = NULL;
+    t->nindex = 0;
 }
 
-PyObject *ml_site_str_line(PyObject *code, int line)
+void ml_sitetab_clear(ml_sitetab *t)
 {
-    if (code == NULL) {
-        return PyUnicode_FromString("<unknown>:0");
+    /* Detach first: releasing a code object may run Python that captures
+     * a site again. */
+    ml_site_entry *by_id = t->by_id;
+    uint32_t n = t->n;
+    PyMem_Free(t->index);
+    ml_sitetab_init(t);
+    for (uint32_t i = 1; i <= n; i++) {
+        Py_XDECREF(by_id[i].code);
     }
-    return PyUnicode_FromFormat("%U:%d", ((PyCodeObject *)code)->co_filename, line);
+    PyMem_Free(by_id);
 }
+
+int ml_sitetab_traverse(ml_sitetab *t, visitproc visit, void *arg)
+{
+    for (uint32_t i = 1; i <= t->n; i++) {
+        Py_VISIT(t->by_id[i].code);
+    }
+    return 0;
+}
+
+static uint32_t hash_site(const PyObject *code, int offset)
+{
+    uint64_t x = (uint64_t)(uintptr_t)code * 0x9E3779B97F4A7C15ULL;
+    x ^= (uint64_t)(uint32_t)offset * 0xBF58476D1CE4E5B9ULL;
+    return (uint32_t)(x ^ (x >> 31));
+}
+
+static uint32_t *index_slot(uint32_t *index, uint32_t nindex, const ml_site_entry *by_id,
+                            const PyObject *code, int offset)
+{
+    uint32_t mask = nindex - 1;
+    uint32_t j = hash_site(code, offset) & mask;
+    while (index[j] != 0 && !(by_id[index[j]].code == code && by_id[index[j]].offset == offset)) {
+        j = (j + 1) & mask;
+    }
+    return &index[j];
+}
+
+/* Room for one more id: PyMem only, which never runs the cyclic GC. */
+static int sitetab_grow(ml_sitetab *t)
+{
+    if (t->n + 1 >= ML_SITES_MAX) {
+        return -1;
+    }
+    if (t->n + 1 >= t->cap) {
+        uint32_t cap = t->cap ? t->cap * 2 : 64;
+        ml_site_entry *by_id = PyMem_Realloc(t->by_id, (size_t)cap * sizeof(ml_site_entry));
+        if (by_id == NULL) {
+            return -1;
+        }
+        t->by_id = by_id;
+        t->cap = cap;
+    }
+    if ((t->n + 1) * 2 >= t->nindex) {
+        uint32_t nindex = t->nindex ? t->nindex * 2 : 128;
+        uint32_t *index = PyMem_Calloc(nindex, sizeof(uint32_t));
+        if (index == NULL) {
+            return -1;
+        }
+        for (uint32_t id = 1; id <= t->n; id++) {
+            *index_slot(index, nindex, t->by_id, t->by_id[id].code, t->by_id[id].offset) = id;
+        }
+        PyMem_Free(t->index);
+        t->index = index;
+        t->nindex = nindex;
+    }
+    return 0;
+}
+
+uint32_t ml_site_intern(ml_sitetab *t, const ml_site *site)
+{
+    if (site->code == NULL) {
+        return 0;
+    }
+    if (t->nindex > 0) {
+        uint32_t id = *index_slot(t->index, t->nindex, t->by_id, site->code, site->line);
+        if (id != 0) {
+            return id;
+        }
+    }
+    if (sitetab_grow(t) < 0) {
+        return 0;
+    }
+    uint32_t id = ++t->n;
+    t->by_id[id].code = Py_NewRef(site->code);
+    t->by_id[id].offset = site->line;
+    *index_slot(t->index, t->nindex, t->by_id, site->code, site->line) = id;
+    return id;
+}
+
+int ml_site_lookup(const ml_sitetab *t, uint32_t id, PyObject **code, int *line)
+{
+    if (id == 0 || id > t->n) {
+        return 0;
+    }
+    *code = t->by_id[id].code;
+    *line = PyCode_Addr2Line((PyCodeObject *)t->by_id[id].code, t->by_id[id].offset);
+    return 1;
+}
+
+/* ---- hotspots ------------------------------------------------------------ */
 
 void ml_hotspots_init(ml_hotspots *h)
 {
@@ -99,26 +197,21 @@ void ml_hotspots_init(ml_hotspots *h)
 
 void ml_hotspots_clear(ml_hotspots *h)
 {
-    for (Py_ssize_t i = 0; i < h->cap; i++) {
-        Py_CLEAR(h->entries[i].code);
-    }
     PyMem_Free(h->entries);
     ml_hotspots_init(h);
 }
 
-static size_t hash_hot(ml_dev dev, const PyObject *code, int line)
+static size_t hash_hot(ml_dev dev, uint32_t site)
 {
-    uint64_t x = (uint64_t)(uintptr_t)code * 0x9E3779B97F4A7C15ULL;
-    x ^= ((uint64_t)dev << 32 | (uint32_t)line) * 0xBF58476D1CE4E5B9ULL;
+    uint64_t x = ((uint64_t)dev << 32 | site) * 0x9E3779B97F4A7C15ULL;
     return (size_t)(x ^ (x >> 29));
 }
 
-static ml_hot *slot_for(ml_hot *entries, Py_ssize_t cap, ml_dev dev, const PyObject *code, int line)
+static ml_hot *slot_for(ml_hot *entries, Py_ssize_t cap, ml_dev dev, uint32_t site)
 {
     size_t mask = (size_t)cap - 1;
-    size_t j = hash_hot(dev, code, line) & mask;
-    while (entries[j].code != NULL &&
-           !(entries[j].code == code && entries[j].dev == dev && entries[j].line == line)) {
+    size_t j = hash_hot(dev, site) & mask;
+    while (entries[j].site != 0 && !(entries[j].site == site && entries[j].dev == dev)) {
         j = (j + 1) & mask;
     }
     return &entries[j];
@@ -140,8 +233,8 @@ int ml_hotspots_reserve(ml_hotspots *h, Py_ssize_t k)
     }
     for (Py_ssize_t i = 0; i < h->cap; i++) {
         const ml_hot *e = &h->entries[i];
-        if (e->code != NULL) {
-            *slot_for(entries, cap, e->dev, e->code, e->line) = *e;
+        if (e->site != 0) {
+            *slot_for(entries, cap, e->dev, e->site) = *e;
         }
     }
     PyMem_Free(h->entries);
@@ -151,74 +244,23 @@ int ml_hotspots_reserve(ml_hotspots *h, Py_ssize_t k)
     return 0;
 }
 
-void ml_hotspots_add(ml_hotspots *h, ml_dev dev, const ml_site *site, int64_t bytes)
+void ml_hotspots_add(ml_hotspots *h, ml_dev dev, uint32_t site, int64_t bytes)
 {
-    if (site->code == NULL || h->cap == 0) {
+    if (site == 0 || h->cap == 0) {
         return;
     }
     ml_hot *e = &h->entries[h->last];
-    if (e->code == site->code && e->dev == dev && e->line == site->line) {
+    if (e->site == site && e->dev == dev) {
         e->bytes += bytes;
         return;
     }
-    e = slot_for(h->entries, h->cap, dev, site->code, site->line);
+    e = slot_for(h->entries, h->cap, dev, site);
     h->last = e - h->entries;
-    if (e->code == NULL) {
-        Py_INCREF(site->code);
-        e->code = site->code;
+    if (e->site == 0) {
+        e->site = site;
         e->dev = dev;
-        e->line = site->line;
         e->bytes = 0;
         h->n++;
     }
     e->bytes += bytes;
-}
-
-int ml_hotspots_top(const ml_hotspots *h, const ml_selector *s, ml_hot *out)
-{
-    /* Offsets on one line are one site: fold them into a table keyed by
-     * line, then take the biggest. */
-    ml_hotspots agg;
-    ml_hotspots_init(&agg);
-    Py_ssize_t n = 0;
-    for (Py_ssize_t i = 0; i < h->cap; i++) {
-        n += h->entries[i].code != NULL && ml_selector_match(s, h->entries[i].dev);
-    }
-    if (n == 0) {
-        return 0;
-    }
-    if (ml_hotspots_reserve(&agg, n) < 0) {
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < h->cap; i++) {
-        const ml_hot *e = &h->entries[i];
-        if (e->code != NULL && ml_selector_match(s, e->dev)) {
-            ml_site site = {e->code, PyCode_Addr2Line((PyCodeObject *)e->code, e->line)};
-            ml_hotspots_add(&agg, e->dev, &site, e->bytes);
-        }
-    }
-    const ml_hot *best = NULL;
-    for (Py_ssize_t i = 0; i < agg.cap; i++) {
-        const ml_hot *e = &agg.entries[i];
-        if (e->code != NULL && (best == NULL || e->bytes > best->bytes ||
-                                (e->bytes == best->bytes && e->dev < best->dev))) {
-            best = e;
-        }
-    }
-    if (best == NULL) { /* cannot happen: n > 0 entries were added */
-        ml_hotspots_clear(&agg);
-        return 0;
-    }
-    *out = *best;
-    Py_INCREF(out->code);
-    ml_hotspots_clear(&agg);
-    return 1;
-}
-
-int ml_hotspots_traverse(ml_hotspots *h, visitproc visit, void *arg)
-{
-    for (Py_ssize_t i = 0; i < h->cap; i++) {
-        Py_VISIT(h->entries[i].code);
-    }
-    return 0;
 }

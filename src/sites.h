@@ -8,13 +8,33 @@
  * the line number is computed only when a query or a log line needs it. */
 typedef struct {
     PyObject *code; /* strong reference, or NULL when unknown */
-    int line;       /* instruction offset (or a line once resolved) */
+    int line;       /* instruction offset */
 } ml_site;
 
+/* The innermost frame outside torch and memlord.  out->code is NULL when no
+ * such frame exists.  Never fails: a frame that cannot be read is skipped. */
+void ml_site_capture(ml_state *st, ml_site *out);
+void ml_site_clear(ml_site *s);
+
+/* ---- the site table ------------------------------------------------------
+ * A site (code object, instruction offset) gets a stable id the first time it
+ * is seen; events and hotspots refer to ids, and "file:line" is resolved only
+ * when asked.  The table keeps a strong reference to each code object so that
+ * an id stays resolvable; it lives in the module state and grows up to
+ * ML_SITES_MAX entries, after which new sites read as unknown (id 0). */
+void ml_sitetab_init(ml_sitetab *t);
+void ml_sitetab_clear(ml_sitetab *t);
+int ml_sitetab_traverse(ml_sitetab *t, visitproc visit, void *arg);
+/* The id of site (0 when unknown or the table cannot grow).  Never raises,
+ * never runs Python. */
+uint32_t ml_site_intern(ml_sitetab *t, const ml_site *site);
+/* The code object (borrowed) and line number of an id; 0 when unknown. */
+int ml_site_lookup(const ml_sitetab *t, uint32_t id, PyObject **code, int *line);
+
+/* ---- hotspots: cumulative bytes per (device, site id); pure C ------------ */
 typedef struct {
     ml_dev dev;
-    int line;       /* instruction offset in recorded tables, line in resolved ones */
-    PyObject *code; /* strong reference; NULL marks an empty entry */
+    uint32_t site; /* 0 marks an empty entry */
     int64_t bytes;
 } ml_hot;
 
@@ -24,24 +44,10 @@ typedef struct {
     Py_ssize_t last;   /* entry added to last: a loop adds to one site */
 } ml_hotspots;
 
-/* The innermost frame outside torch and memlord.  out->code is NULL when no
- * such frame exists.  Never fails: a frame that cannot be read is skipped. */
-void ml_site_capture(ml_state *st, ml_site *out);
-void ml_site_clear(ml_site *s);
-/* "file:line" (new reference) of a captured site (line = instruction offset) */
-PyObject *ml_site_str(PyObject *code, int offset);
-/* "file:line" with a resolved line number */
-PyObject *ml_site_str_line(PyObject *code, int line);
-
 void ml_hotspots_init(ml_hotspots *h);
 void ml_hotspots_clear(ml_hotspots *h);
 /* Room for k more entries, so that the adds that follow cannot fail. */
 int ml_hotspots_reserve(ml_hotspots *h, Py_ssize_t k);
-void ml_hotspots_add(ml_hotspots *h, ml_dev dev, const ml_site *site, int64_t bytes);
-/* The biggest cumulative (device, file:line) matching s: 1 and *out filled
- * (out->code a new reference, out->line a line number), 0 when none, -1 on
- * error. */
-int ml_hotspots_top(const ml_hotspots *h, const ml_selector *s, ml_hot *out);
-int ml_hotspots_traverse(ml_hotspots *h, visitproc visit, void *arg);
+void ml_hotspots_add(ml_hotspots *h, ml_dev dev, uint32_t site, int64_t bytes);
 
 #endif

@@ -15,6 +15,7 @@ pytest's default ``prepend`` import mode puts ``tests/`` on ``sys.path``.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import warnings
@@ -91,6 +92,31 @@ def _quiet_environment(monkeypatch):
     """Tests start with DEBUG and NO_COLOR unset, whatever the caller's shell has."""
     monkeypatch.delenv("DEBUG", raising=False)
     monkeypatch.delenv("NO_COLOR", raising=False)
+
+
+class MemLog:
+    """The messages of the "memlord" logger's records during a test (through caplog)."""
+
+    def __init__(self, caplog):
+        self._caplog = caplog
+
+    def text(self) -> str:
+        """Every message so far, one per line (a summary spans several), then cleared."""
+        msgs = [r.getMessage() for r in self._caplog.records if r.name == "memlord"]
+        self._caplog.clear()
+        return "".join(m + "\n" for m in msgs)
+
+    def records(self):
+        return [r for r in self._caplog.records if r.name == "memlord"]
+
+
+@pytest.fixture
+def memlog(caplog):
+    """memlord's log records, with INFO on for the "memlord" logger (auto-GC records); DEBUG=1
+    turns DEBUG records on as in a program."""
+    caplog.set_level(logging.INFO, logger="memlord")
+    caplog.handler.setLevel(logging.NOTSET)  # set_level raised it too: keep DEBUG records
+    return MemLog(caplog)
 
 
 @pytest.fixture(params=["abi", "getters"])

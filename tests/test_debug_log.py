@@ -1,24 +1,30 @@
-"""DEBUG=1 colored log lines on stdout, read at call time; NO_COLOR; one summary per call."""
+"""memlord's output through the logging module: DEBUG=1 read while the program runs, one
+record per event and one summary per explicit call, a colored stderr handler only on a
+terminal or with FORCE_COLOR, never with NO_COLOR, nothing printed by default."""
 
+import logging
+import os
 import re
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
 import torch
-from conftest import fake_cuda
+from conftest import fake_cuda, here
 from torch import nn
 
-RED, GREEN, YELLOW, MAGENTA, CYAN = "\x1b[31m", "\x1b[32m", "\x1b[33m", "\x1b[35m", "\x1b[36m"
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
+from memlord import MemLord
+from memlord._log import ColorFormatter
+from memlord._sites import relative_path
+
+HERE = relative_path(__file__)
 TAGS = ("[allocate]", "[free]", "[allocate-summary]", "[free-summary]", "[auto_gc]", "[reset]")
 
 
-def _colored(line, color, tag):
-    return tag in line and color in line and line.index(color) < line.index(tag)
-
-
 def _summary_block(out, header):
-    """The lines of the single summary block headed `header`, header line included."""
+    """The lines of the single summary record headed `header`."""
     lines = out.splitlines()
     starts = [i for i, ln in enumerate(lines) if header in ln]
     assert len(starts) == 1, out
@@ -30,7 +36,7 @@ def _summary_block(out, header):
     return block
 
 
-def test_silent_without_debug(lord, capsys):
+def test_silent_without_debug(lord, capsys, memlog):
     t = torch.empty(10)
     lord.allocate(t)
     lord.free(t)
@@ -38,53 +44,51 @@ def test_silent_without_debug(lord, capsys):
     lord.allocated()
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == ""
+    assert memlog.text() == ""
 
 
-def test_silent_with_debug_zero(lord, capsys, monkeypatch):
+def test_silent_with_debug_zero(lord, memlog, monkeypatch):
     monkeypatch.setenv("DEBUG", "0")
     t = torch.empty(10)
     lord.allocate(t)
     lord.free(t)
     lord.reset()
-    captured = capsys.readouterr()
-    assert captured.out == "" and captured.err == ""
+    assert memlog.text() == ""
 
 
-def test_allocate_line_red_and_one_cyan_summary(lord, capsys, monkeypatch):
+def test_allocate_record_and_one_summary(lord, memlog, monkeypatch):
     monkeypatch.setenv("DEBUG", "1")
     lord.allocate(torch.empty(10))
-    out = capsys.readouterr().out
-    assert any(_colored(ln, RED, "[allocate]") for ln in out.splitlines()), out
+    line = here() - 1
+    records = memlog.records()
+    assert all(r.levelname == "DEBUG" for r in records)
+    out = memlog.text()
+    (event,) = [ln for ln in out.splitlines() if ln.startswith("[allocate]")]
+    assert event == f"[allocate] cpu +40 B (1 storage) at {HERE}:{line}; cpu allocated 40 B"
     assert out.count("[allocate-summary]") == 1
     assert "[free" not in out
     block = _summary_block(out, "[allocate-summary]")
-    assert CYAN in block[0]
     assert any("cpu" in ln for ln in block[1:]), block
 
 
-def test_free_line_green_and_one_summary(lord, capsys, monkeypatch):
+def test_free_record_and_one_summary(lord, memlog, monkeypatch):
     t = torch.empty(10)
     lord.allocate(t)
     monkeypatch.setenv("DEBUG", "1")
     lord.free(t)
-    out = capsys.readouterr().out
-    assert any(_colored(ln, GREEN, "[free]") for ln in out.splitlines()), out
-    assert out.count("[free-summary]") == 1
+    out = memlog.text()
+    assert "[free] cpu -40 B (1 storage)" in out and out.count("[free-summary]") == 1
     assert "[allocate" not in out
-    block = _summary_block(out, "[free-summary]")
-    assert CYAN in block[0]
-    assert any("cpu" in ln for ln in block[1:])
 
 
-def test_reset_line_magenta(lord, capsys, monkeypatch):
+def test_reset_record(lord, memlog, monkeypatch):
     lord.allocate(torch.empty(1))
     monkeypatch.setenv("DEBUG", "1")
     lord.reset()
-    out = capsys.readouterr().out
-    assert any(_colored(ln, MAGENTA, "[reset]") for ln in out.splitlines()), out
+    assert "[reset] counters and hotspots cleared" in memlog.text()
 
 
-def test_exactly_one_summary_per_call_for_many_storages(lord, capsys, monkeypatch):
+def test_exactly_one_summary_per_call_for_many_storages(lord, memlog, monkeypatch):
     monkeypatch.setenv("DEBUG", "1")
     m = nn.Sequential(*[nn.Linear(3, 3) for _ in range(5)])
     objs = [m, torch.empty(4), np.zeros(3), fake_cuda(3, 0), fake_cuda(4, 1)]
@@ -92,17 +96,16 @@ def test_exactly_one_summary_per_call_for_many_storages(lord, capsys, monkeypatc
         lord.allocate(objs)
     lord.free(objs)
     lord.free(objs[1])
-    out = capsys.readouterr().out
+    out = memlog.text()
     assert out.count("[allocate-summary]") == 3
     assert out.count("[free-summary]") == 2
 
 
-def test_summary_has_line_per_known_device_and_per_multi_device_type(lord, capsys, monkeypatch):
+def test_summary_has_line_per_known_device_and_per_multi_device_type(lord, memlog, monkeypatch):
     lord.allocate([torch.empty(2), fake_cuda(3, 0), fake_cuda(4, 1)])
     monkeypatch.setenv("DEBUG", "1")
     lord.free(torch.empty(1))  # a cpu-only call still summarises every known device
-    out = capsys.readouterr().out
-    block = [ANSI.sub("", ln) for ln in _summary_block(out, "[free-summary]")[1:]]
+    block = _summary_block(memlog.text(), "[free-summary]")[1:]
     assert any("cuda:0" in ln for ln in block), block
     assert any("cuda:1" in ln for ln in block), block
     assert any("cpu" in ln for ln in block), block
@@ -110,47 +113,41 @@ def test_summary_has_line_per_known_device_and_per_multi_device_type(lord, capsy
     assert any(re.search(r"\bcuda\b(?!:)", ln) for ln in block), block
 
 
-def test_debug_is_read_at_call_time(lord, capsys, monkeypatch):
+def test_debug_is_read_while_the_program_runs(lord, memlog, monkeypatch):
     t = torch.empty(3)
     lord.allocate(t)
-    assert capsys.readouterr().out == ""
+    assert memlog.text() == ""
     monkeypatch.setenv("DEBUG", "1")
     lord.allocate(t)
-    assert "[allocate-summary]" in capsys.readouterr().out
+    assert "[allocate-summary]" in memlog.text()
     monkeypatch.delenv("DEBUG")
     lord.allocate(t)
-    assert capsys.readouterr().out == ""
+    assert memlog.text() == ""
     monkeypatch.setenv("DEBUG", "1")
     lord.free(t)
-    assert "[free-summary]" in capsys.readouterr().out
+    assert "[free-summary]" in memlog.text()
     monkeypatch.setenv("DEBUG", "0")
     lord.free(t)
-    assert capsys.readouterr().out == ""
+    assert memlog.text() == ""
 
 
-def test_no_color_removes_every_escape(lord, capsys, monkeypatch):
-    monkeypatch.setenv("DEBUG", "1")
-    monkeypatch.setenv("NO_COLOR", "1")
-    gc_lord = type(lord)(auto_gc_bytes=4)
-    t = torch.empty(4)
-    lord.allocate([t, fake_cuda(1, 0), fake_cuda(2, 1)])
-    lord.free(t)
-    lord.reset()
-    gc_lord.free(fake_cuda(1, 0))
-    out = capsys.readouterr().out
-    for tag in (
-        "[allocate]",
-        "[free]",
-        "[allocate-summary]",
-        "[free-summary]",
-        "[reset]",
-        "[auto_gc]",
-    ):
-        assert tag in out, tag
-    assert "\x1b[" not in out
+def test_application_enabling_debug_sees_records_without_the_variable(lord, caplog):
+    caplog.set_level(logging.DEBUG, logger="memlord")
+    lord.allocate(torch.empty(3))
+    assert any("[allocate]" in r.getMessage() for r in caplog.records)
 
 
-def test_no_log_on_queries(lord, capsys, monkeypatch):
+def test_hook_records_name_the_tensor(lord, memlog, monkeypatch):
+    with lord.hook_into_torch():
+        monkeypatch.setenv("DEBUG", "1")
+        torch.empty(4, 8).half()
+        line = here() - 1
+    out = memlog.text()
+    assert f"[allocate] (hook) cpu +64 B (1 storage) float16[4, 8] at {HERE}:{line}" in out, out
+    assert "cpu allocated 64 B" in out
+
+
+def test_no_log_on_queries(lord, memlog, monkeypatch):
     lord.allocate(torch.empty(3))
     monkeypatch.setenv("DEBUG", "1")
     lord.allocated()
@@ -158,20 +155,97 @@ def test_no_log_on_queries(lord, capsys, monkeypatch):
     lord.stats()
     lord.top_alloc_site()
     repr(lord)
-    assert capsys.readouterr().out == ""
+    assert memlog.text() == ""
+
+
+def test_color_formatter(monkeypatch):
+    record = logging.LogRecord("memlord", logging.DEBUG, __file__, 1, "[free] x", None, None)
+    record.color = "32"
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    assert ColorFormatter().format(record) == "\x1b[32mmemlord: [free] x\x1b[0m"
+    monkeypatch.setenv("NO_COLOR", "1")  # NO_COLOR wins over FORCE_COLOR
+    assert ColorFormatter().format(record) == "memlord: [free] x"
+    monkeypatch.delenv("NO_COLOR")
+    monkeypatch.delenv("FORCE_COLOR")
+    assert ColorFormatter().format(record) == "memlord: [free] x"  # not a terminal
+
+
+SCRIPT = textwrap.dedent(
+    """\
+    import logging, os, sys, torch
+    from memlord import MemLord
+    {setup}
+    lord = MemLord(auto_gc_bytes=4)
+    t = torch.empty(4)
+    lord.allocate(t)
+    lord.free(t)
+    print("done")
+    """
+)
+
+
+def _run(env_extra, setup=""):
+    env = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "NO_COLOR", "FORCE_COLOR")}
+    env.update(env_extra)
+    return subprocess.run(
+        [sys.executable, "-c", SCRIPT.format(setup=setup)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_debug_handler_writes_to_stderr_plain_when_not_a_terminal():
+    r = _run({"DEBUG": "1"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "done\n"
+    assert "memlord: [allocate] cpu +16 B" in r.stderr
+    assert "[free-summary]" in r.stderr
+    assert "\x1b[" not in r.stderr
+
+
+def test_debug_handler_colors_with_force_color_not_with_no_color():
+    r = _run({"DEBUG": "1", "FORCE_COLOR": "1"})
+    assert "\x1b[31mmemlord: [allocate]" in r.stderr, r.stderr
+    assert "\x1b[32mmemlord: [free]" in r.stderr, r.stderr
+    r = _run({"DEBUG": "1", "FORCE_COLOR": "1", "NO_COLOR": "1"})
+    assert "[allocate]" in r.stderr and "\x1b[" not in r.stderr
+
+
+def test_nothing_printed_by_default_even_when_auto_gc_runs():
+    r = _run({})
+    assert r.returncode == 0 and r.stdout == "done\n" and r.stderr == "", r.stderr
+
+
+def test_application_handler_is_used_instead_of_ours():
+    setup = (
+        "logging.basicConfig(stream=sys.stdout, format='APP %(levelname)s %(message)s', "
+        "level=logging.WARNING)"
+    )
+    r = _run({"DEBUG": "1"}, setup)
+    assert r.returncode == 0, r.stderr
+    assert "APP DEBUG [allocate]" in r.stdout
+    assert r.stderr == ""  # no second handler of memlord's own
+
+
+def test_info_enabled_shows_auto_gc_without_debug():
+    setup = "logging.basicConfig(stream=sys.stdout, format='APP %(message)s', level=logging.INFO)"
+    r = _run({}, setup)
+    assert r.returncode == 0, r.stderr
+    # cpu has no cache: the record is about a fake device only when one frees; here none
+    assert "[allocate]" not in r.stdout  # DEBUG records stay off at INFO
 
 
 @pytest.mark.parametrize("method", ["allocate", "free"])
-def test_log_goes_to_sys_stdout_not_stderr(lord, capsys, monkeypatch, method):
+def test_log_goes_to_the_memlord_logger(lord, memlog, monkeypatch, method):
     monkeypatch.setenv("DEBUG", "1")
     getattr(lord, method)(torch.empty(3))
-    captured = capsys.readouterr()
-    assert f"[{method}-summary]" in captured.out
-    assert captured.err == ""
+    assert all(r.name == "memlord" for r in memlog.records())
+    assert f"[{method}-summary]" in memlog.text()
 
 
-def test_long_site_path_not_truncated(lord, capsys, monkeypatch, tmp_path):
-    # PySys_WriteStdout truncates at 1000 bytes; a long user path must still be printed whole.
+def test_long_site_path_not_truncated(lord, memlog, monkeypatch, tmp_path):
     deep = tmp_path / ("d" * 200) / ("e" * 200) / ("f" * 200) / ("g" * 200)
     deep.mkdir(parents=True)
     script = deep / "user_script_with_a_long_name.py"
@@ -179,11 +253,15 @@ def test_long_site_path_not_truncated(lord, capsys, monkeypatch, tmp_path):
     ns = {}
     exec(compile(script.read_text(), str(script), "exec"), ns)
     monkeypatch.setenv("DEBUG", "1")
-    monkeypatch.setenv("NO_COLOR", "1")
     ns["run"](lord, torch.empty(3))
-    out = capsys.readouterr().out
-    assert "[allocate-summary]" in out
-    site = lord.top_alloc_site()[1]
-    assert site == f"{script}:2"
-    if str(tmp_path) in out:  # when log lines name the site, they name it whole
-        assert f"{script}:2" in out
+    out = memlog.text()
+    assert f"{script}:2" in out
+    assert lord.top_alloc_site()[1] == f"{script}:2"
+
+
+def test_auto_gc_record_on_fake_device(memlog):
+    gc_lord = MemLord(auto_gc_bytes=4)
+    gc_lord.free(fake_cuda(1, 0))
+    (record,) = [r for r in memlog.records() if "[auto_gc]" in r.getMessage()]
+    assert record.levelname == "INFO"
+    assert record.getMessage().startswith("[auto_gc] cuda:0 band=bytes")

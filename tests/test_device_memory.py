@@ -226,7 +226,7 @@ def test_cuda_matches_mem_get_info():
 
 
 @pytest.mark.cuda
-def test_band_driven_gc_on_cuda(capsys, monkeypatch):
+def test_band_driven_gc_on_cuda(memlog, monkeypatch):
     monkeypatch.delenv("DEBUG", raising=False)
     monkeypatch.setenv("NO_COLOR", "1")
     torch.empty(1, device="cuda:0")
@@ -243,7 +243,7 @@ def test_band_driven_gc_on_cuda(capsys, monkeypatch):
     assert lord.stats("cuda:0")["cuda:0"]["gc_runs"] == 1
     assert torch.cuda.memory_reserved(0) <= reserved
     assert torch.cuda.current_device() == current
-    out = capsys.readouterr().out
+    out = memlog.text()
     m = re.search(r"\[auto_gc\] cuda:0 band=\[0, 101\) used=([\d.]+)% metric=freed", out)
     assert m is not None, out
     assert 0.0 < float(m.group(1)) <= 100.0

@@ -10,6 +10,7 @@ import torch
 from conftest import cuda_device_count, fake_cuda
 
 from memlord import MemLord
+from memlord._log import ColorFormatter
 
 # --------------------------------------------------------------------------- thresholds
 
@@ -223,15 +224,17 @@ def test_gc_does_not_initialise_cuda():
     assert torch.cuda.is_initialized() == was
 
 
-def test_gc_on_fake_device_logs_in_yellow(monkeypatch, capsys):
+def test_gc_on_fake_device_logs_in_yellow(monkeypatch, memlog):
     lord = MemLord(auto_gc_bytes=4)
     monkeypatch.setenv("DEBUG", "1")
     lord.free(fake_cuda(1, 1))
-    out = capsys.readouterr().out
-    lines = [ln for ln in out.splitlines() if "[auto_gc]" in ln]
-    assert len(lines) == 1
-    assert "\x1b[33m" in lines[0] and lines[0].index("\x1b[33m") < lines[0].index("[auto_gc]")
-    assert "cuda:1" in lines[0]
+    records = [r for r in memlog.records() if "[auto_gc]" in r.getMessage()]
+    assert len(records) == 1
+    assert records[0].levelname == "INFO"
+    monkeypatch.setenv("FORCE_COLOR", "1")  # what DEBUG=1's handler prints on a terminal
+    line = ColorFormatter().format(records[0])
+    assert line.startswith("\x1b[33mmemlord: [auto_gc]") and line.endswith("\x1b[0m")
+    assert "cuda:1" in line
 
 
 # --------------------------------------------------------------------------- real CUDA

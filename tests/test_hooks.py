@@ -27,6 +27,9 @@ from conftest import fake_cuda, here
 from torch import nn
 
 from memlord import MemLord, _core
+from memlord._sites import relative_path
+
+HERE = relative_path(__file__)  # sites are shown relative to the working directory
 
 # Every test runs with tensor metadata read through torch's stable C ABI and through its
 # Python getters (conftest.tensor_abi).
@@ -743,58 +746,59 @@ def test_lords_keep_their_own_auto_gc():
 # --------------------------------------------------------------------------- DEBUG and sites
 
 
-def test_debug_lines_are_labelled_hook(hooked, capsys, monkeypatch):
+def test_debug_lines_are_labelled_hook(hooked, memlog, monkeypatch):
     monkeypatch.setenv("DEBUG", "1")
     monkeypatch.setenv("NO_COLOR", "1")
     torch.empty(256).half()
     line_a = here() - 1
     torch.empty(64).to("meta")
     line_f = here() - 1
-    out = ANSI.sub("", capsys.readouterr().out)
+    out = ANSI.sub("", memlog.text())
     lines = [ln for ln in out.splitlines() if ln.strip()]
     assert len(lines) == 2, out
     assert lines[0].startswith("[allocate] (hook) cpu +512 B"), out
-    assert f"{__file__}:{line_a}" in lines[0]
+    assert f"{HERE}:{line_a}" in lines[0]
     assert lines[1].startswith("[free] (hook) cpu -256 B"), out
-    assert f"{__file__}:{line_f}" in lines[1]
+    assert f"{HERE}:{line_f}" in lines[1]
     assert "summary" not in out
 
 
-def test_debug_fake_cuda_move_logs_both_devices(hooked, capsys, monkeypatch):
+def test_debug_fake_cuda_move_logs_both_devices(hooked, memlog, monkeypatch):
     monkeypatch.setenv("DEBUG", "1")
     monkeypatch.setenv("NO_COLOR", "1")
     fake_cuda(256, 0).to("cpu")
-    out = capsys.readouterr().out
+    out = memlog.text()
     assert "[allocate] (hook) cpu +1 KiB" in out, out
     assert "[free] (hook) cuda:0 -1 KiB" in out, out
 
 
-def test_no_output_without_debug(hooked, capsys):
+def test_no_output_without_debug(hooked, capsys, memlog):
     torch.empty(256).half()
     torch.empty(64).to("meta")
     fake_cuda(64, 0).to("cpu")
     nn.Linear(4, 4).to(torch.float64)
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == ""
+    assert memlog.text() == ""
 
 
 def test_alloc_site_is_the_callers_line(hooked):
     t = torch.empty(256)
     t.half(); line = here()  # fmt: skip # noqa: E702
-    assert hooked.top_alloc_site() == (CPU, f"{__file__}:{line}", 512)
+    assert hooked.top_alloc_site() == (CPU, f"{HERE}:{line}", 512)
 
 
 def test_free_site_is_the_callers_line(hooked):
     f = fake_cuda(256, 0)
     f.to("cpu"); line = here()  # fmt: skip # noqa: E702
-    assert hooked.top_free_site() == (CUDA0, f"{__file__}:{line}", 1024)
-    assert hooked.top_alloc_site() == (CPU, f"{__file__}:{line}", 1024)
+    assert hooked.top_free_site() == (CUDA0, f"{HERE}:{line}", 1024)
+    assert hooked.top_alloc_site() == (CPU, f"{HERE}:{line}", 1024)
 
 
 def test_module_to_site_is_the_callers_line(hooked):
     m = nn.Linear(16, 16, bias=False)
     m.to(torch.float64); line = here()  # fmt: skip # noqa: E702
-    assert hooked.top_alloc_site() == (CPU, f"{__file__}:{line}", 16 * 16 * 8)
+    assert hooked.top_alloc_site() == (CPU, f"{HERE}:{line}", 16 * 16 * 8)
 
 
 def test_no_sites_when_callsite_tracking_is_off():

@@ -1154,7 +1154,7 @@ def test_lord_is_not_kept_alive_by_trackers():
 # --------------------------------------------------------------------------- DEBUG labels
 
 
-def test_debug_labels_factory_and_del(lord, hooks, capsys, monkeypatch):
+def test_debug_labels_factory_and_del(lord, hooks, memlog, monkeypatch):
     hooks(lord)
     monkeypatch.setenv("DEBUG", "1")
     t = torch.empty(10)
@@ -1162,7 +1162,7 @@ def test_debug_labels_factory_and_del(lord, hooks, capsys, monkeypatch):
     del t
     line_del = here() - 1
     monkeypatch.delenv("DEBUG")
-    out = capsys.readouterr().out.splitlines()
+    out = memlog.text().splitlines()
     allocs = [ln for ln in out if "[allocate]" in ln]
     frees = [ln for ln in out if "[free]" in ln]
     assert len(allocs) == 1 and len(frees) == 1, out
@@ -1172,12 +1172,13 @@ def test_debug_labels_factory_and_del(lord, hooks, capsys, monkeypatch):
     assert f"{os.path.basename(__file__)}:{line_del}" in frees[0], frees[0]
 
 
-def test_debug_off_is_silent(lord, hooks, capsys):
+def test_debug_off_is_silent(lord, hooks, capsys, memlog):
     hooks(lord)
     t = torch.empty(10)
     del t
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == ""
+    assert memlog.text() == ""
 
 
 # --------------------------------------------------------------------------- interpreter
@@ -1278,5 +1279,7 @@ def test_exit_with_live_tracked_objects_is_clean(tail, debug):
         EXIT_SCRIPT.format(tail=tail), env_extra={"DEBUG": "1"} if debug else None, x_dev=True
     )
     assert r.returncode == 0, r.stderr
-    assert r.stderr == ""
+    # DEBUG=1 logs to stderr; nothing else may appear there
+    assert all(ln.startswith(("memlord: ", "  ")) for ln in r.stderr.splitlines()), r.stderr
+    assert ("memlord: [allocate]" in r.stderr) == debug
     assert "ok" in r.stdout

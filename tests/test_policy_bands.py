@@ -17,6 +17,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memlord import MemLord
+from memlord._sites import relative_path
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Accessing the data pointer of FakeTensor:UserWarning"
@@ -188,7 +189,7 @@ def test_both_arguments_raise_value_error():
                 MemLord(auto_gc_bytes=bytes_arg, auto_gc_strategy=strategy)
 
 
-def test_set_auto_gc_switches_back_to_bytes_mode(capsys):
+def test_set_auto_gc_switches_back_to_bytes_mode(memlog):
     lord = MemLord(auto_gc_strategy={(0, 101): band("allocated", bytes=1)})
     lord.set_auto_gc(1000)
     assert lord.auto_gc_strategy is None and lord.auto_gc_bytes == 1000
@@ -198,12 +199,12 @@ def test_set_auto_gc_switches_back_to_bytes_mode(capsys):
     assert runs(lord) == 0
     free(lord, 1)
     assert runs(lord) == 1
-    (line,) = gc_lines(capsys.readouterr().out)
+    (line,) = gc_lines(memlog.text())
     assert line["band"] == "bytes" and line["metric"] == "freed"
     assert line["value"] == "1000" and line["threshold"] == "1000" and line["runs"] == "1"
 
 
-def test_empty_strategy_disables_auto_gc(capsys):
+def test_empty_strategy_disables_auto_gc(memlog):
     lord = MemLord(auto_gc_strategy={})
     lord.set_capacity_source(Capacity(used=999_999))
     assert lord.auto_gc_strategy == {}
@@ -211,7 +212,7 @@ def test_empty_strategy_disables_auto_gc(capsys):
     alloc(lord, 10**9)
     free(lord, 10**9)
     assert runs(lord) == 0
-    assert "[auto_gc]" not in capsys.readouterr().out
+    assert "[auto_gc]" not in memlog.text()
     assert "strategy (0 bands)" in repr(lord)
 
 
@@ -251,11 +252,11 @@ EDGE_STRATEGY = {
         (1_000_000_000, "[75, 101)"),  # 100
     ],
 )
-def test_band_selection_at_the_edges(capsys, used, expected):
+def test_band_selection_at_the_edges(memlog, used, expected):
     lord = MemLord(auto_gc_strategy=EDGE_STRATEGY)
     lord.set_capacity_source(Capacity(total=1_000_000_000, used=used))
     alloc(lord, 1000)
-    (line,) = gc_lines(capsys.readouterr().out)
+    (line,) = gc_lines(memlog.text())
     assert line["band"] == expected
     assert line["used"] == f"{used * 100 / 1_000_000_000:.1f}%"
     assert line["threshold"] == {"[0, 50)": "100", "[50, 75)": "200", "[75, 101)": "300"}[expected]
@@ -345,7 +346,7 @@ def test_metric_freed():
     assert runs(lord) == 1
 
 
-def test_metric_max(capsys):
+def test_metric_max(memlog):
     lord = MemLord(auto_gc_strategy={(0, 101): band("max", bytes=1000)})
     lord.set_capacity_source(Capacity())
     alloc(lord, 600)
@@ -355,7 +356,7 @@ def test_metric_max(capsys):
     assert runs(lord) == 1
     alloc(lord, 1000)  # allocated 1000 > freed 0
     assert runs(lord) == 2
-    lines = gc_lines(capsys.readouterr().out)
+    lines = gc_lines(memlog.text())
     assert [(x["metric"], x["value"]) for x in lines] == [("max", "1000"), ("max", "1000")]
 
 
@@ -415,15 +416,16 @@ def test_strategy_survives_reset():
 # ---- the [auto_gc] line --------------------------------------------------------------
 
 
-def test_auto_gc_line_printed_without_debug(capsys, monkeypatch):
+def test_auto_gc_record_is_info(memlog, monkeypatch):
     monkeypatch.delenv("NO_COLOR", raising=False)
     lord = MemLord(auto_gc_strategy={(50, 75): band("freed", bytes=2048, percent=10)})
     lord.set_capacity_source(Capacity(total=1_000_000, used=625_000))
     alloc(lord, 4096, "cuda:1")
     free(lord, 4096, "cuda:1")
-    out = capsys.readouterr().out
+    (record,) = [r for r in memlog.records() if "[auto_gc]" in r.getMessage()]
+    assert record.levelname == "INFO"
+    out = memlog.text()
     assert out.count("[auto_gc]") == 1
-    assert out.startswith("\x1b[33m[auto_gc]") and out.endswith("\x1b[0m\n")
     (line,) = gc_lines(out)
     assert line == {
         "dev": "cuda:1",
@@ -435,22 +437,22 @@ def test_auto_gc_line_printed_without_debug(capsys, monkeypatch):
         "runs": "1",
     }
     free(lord, 4096, "cuda:1")
-    assert gc_lines(capsys.readouterr().out)[0]["runs"] == "2"
+    assert gc_lines(memlog.text())[0]["runs"] == "2"
 
 
-def test_auto_gc_line_no_color(capsys):
+def test_auto_gc_line_no_color(memlog):
     lord = MemLord(auto_gc_strategy={(0, 101): band("allocated", bytes=1)})
     lord.set_capacity_source(Capacity())
     alloc(lord, 10)
-    out = capsys.readouterr().out
+    out = memlog.text()
     assert "\x1b" not in out and out.startswith("[auto_gc] cuda:0 band=[0, 101)")
 
 
-def test_auto_gc_line_bytes_mode_reports_unknown_used(capsys):
+def test_auto_gc_line_bytes_mode_reports_unknown_used(memlog):
     lord = MemLord(auto_gc_bytes=10)
     lord.set_capacity_source(lambda d: None)
     free(lord, 10)
-    (line,) = gc_lines(capsys.readouterr().out)
+    (line,) = gc_lines(memlog.text())
     assert line["band"] == "bytes" and line["used"] == "unknown"
 
 
@@ -469,7 +471,7 @@ def test_callsite_tracking_switch():
     lord.allocate(torch.empty(256))
     dev, where, nbytes = lord.top_alloc_site()
     assert dev == torch.device("cpu") and nbytes == 1024
-    assert where.startswith(__file__) and where.rsplit(":", 1)[1].isdigit()
+    assert where.startswith(relative_path(__file__)) and where.rsplit(":", 1)[1].isdigit()
     assert lord.top_free_site() is None  # the free happened while off
     lord.set_callsite_tracking(False)
     lord.allocate(torch.empty(10_000))

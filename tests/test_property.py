@@ -17,6 +17,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from torch import nn
 
 from memlord import MemLord, format_bytes
+from memlord._sites import relative_path
+
+HERE = relative_path(__file__)  # sites are shown relative to the working directory
 
 CACHED_TYPES = {"cuda", "xpu", "mps", "npu"}
 
@@ -205,7 +208,7 @@ class LordMachine(RuleBasedStateMachine):
             dev, site, nbytes = top
             assert nbytes == max(cands.values())
             assert cands.get(str(dev)) == nbytes
-            assert site == f"{__file__}:{line}"
+            assert site == f"{HERE}:{line}"
 
     @precondition(lambda self: hasattr(self, "lord"))
     @invariant()

@@ -10,6 +10,10 @@ import torch
 from conftest import fake_cuda, here
 from torch import nn
 
+from memlord._sites import relative_path
+
+HERE = relative_path(__file__)  # sites are shown relative to the working directory
+
 CPU = torch.device("cpu")
 
 
@@ -23,7 +27,7 @@ def test_alloc_site_is_this_line(lord):
     t = torch.empty(100)
     line = here() + 1
     lord.allocate(t)
-    assert lord.top_alloc_site() == (CPU, f"{__file__}:{line}", 400)
+    assert lord.top_alloc_site() == (CPU, f"{HERE}:{line}", 400)
     assert lord.top_free_site() is None
 
 
@@ -32,7 +36,7 @@ def test_free_site_is_this_line(lord):
     lord.allocate(t)
     line = here() + 1
     lord.free(t)
-    assert lord.top_free_site() == (CPU, f"{__file__}:{line}", 400)
+    assert lord.top_free_site() == (CPU, f"{HERE}:{line}", 400)
 
 
 def test_site_result_types(lord):
@@ -50,7 +54,7 @@ def test_sites_are_cumulative_and_biggest_wins(lord):
     big_line = here() + 1
     lord.allocate(big)
     # 3 x 40 = 120 from the loop line beats 100 from the single call
-    assert lord.top_alloc_site() == (CPU, f"{__file__}:{loop_line}", 120)
+    assert lord.top_alloc_site() == (CPU, f"{HERE}:{loop_line}", 120)
     big_line2 = here() + 1
     lord.allocate(big)
     assert big_line2 != big_line
@@ -58,14 +62,14 @@ def test_sites_are_cumulative_and_biggest_wins(lord):
     for _ in range(2):
         big_line3 = here() + 1
         lord.allocate(big)
-    assert lord.top_alloc_site() == (CPU, f"{__file__}:{big_line3}", 200)
+    assert lord.top_alloc_site() == (CPU, f"{HERE}:{big_line3}", 200)
 
 
 def test_site_bytes_count_deduplicated_storages(lord):
     base = torch.empty(50)
     line = here() + 1
     lord.allocate([base, base[1:], base[2:]])
-    assert lord.top_alloc_site() == (CPU, f"{__file__}:{line}", 200)
+    assert lord.top_alloc_site() == (CPU, f"{HERE}:{line}", 200)
 
 
 def _helper_allocates(lord, obj):
@@ -75,14 +79,14 @@ def _helper_allocates(lord, obj):
 
 def test_site_is_innermost_user_frame(lord):
     line = _helper_allocates(lord, torch.empty(4))
-    assert lord.top_alloc_site() == (CPU, f"{__file__}:{line}", 16)
+    assert lord.top_alloc_site() == (CPU, f"{HERE}:{line}", 16)
 
 
 def test_torch_frames_are_skipped(lord):
     m = nn.Linear(4, 4)  # no children: apply() calls lord.allocate(m) once, from torch's code
     line = here() + 1
     m.apply(lord.allocate)
-    assert lord.top_alloc_site() == (CPU, f"{__file__}:{line}", 80)
+    assert lord.top_alloc_site() == (CPU, f"{HERE}:{line}", 80)
 
 
 def test_torch_hook_calling_user_lambda_reports_the_lambda(lord):
@@ -90,7 +94,7 @@ def test_torch_hook_calling_user_lambda_reports_the_lambda(lord):
     line = here() + 1
     m.register_forward_hook(lambda mod, inp, out: lord.allocate(out))
     m(torch.ones(1, 2))
-    assert lord.top_alloc_site() == (CPU, f"{__file__}:{line}", 8)
+    assert lord.top_alloc_site() == (CPU, f"{HERE}:{line}", 8)
 
 
 def test_site_per_device_and_device_filter(lord):
@@ -100,11 +104,11 @@ def test_site_per_device_and_device_filter(lord):
     lord.allocate(fake_cuda(50, 1))
     lc = here() + 1
     lord.allocate(torch.empty(10))
-    assert lord.top_alloc_site() == (torch.device("cuda", 0), f"{__file__}:{l0}", 400)
-    assert lord.top_alloc_site("cuda:1") == (torch.device("cuda", 1), f"{__file__}:{l1}", 200)
+    assert lord.top_alloc_site() == (torch.device("cuda", 0), f"{HERE}:{l0}", 400)
+    assert lord.top_alloc_site("cuda:1") == (torch.device("cuda", 1), f"{HERE}:{l1}", 200)
     assert lord.top_alloc_site(torch.device("cuda", 1))[0] == torch.device("cuda:1")
-    assert lord.top_alloc_site("cuda") == (torch.device("cuda", 0), f"{__file__}:{l0}", 400)
-    assert lord.top_alloc_site("cpu") == (CPU, f"{__file__}:{lc}", 40)
+    assert lord.top_alloc_site("cuda") == (torch.device("cuda", 0), f"{HERE}:{l0}", 400)
+    assert lord.top_alloc_site("cpu") == (CPU, f"{HERE}:{lc}", 40)
     assert lord.top_alloc_site("cuda:5") is None
     assert lord.top_free_site("cuda") is None
 
@@ -112,14 +116,14 @@ def test_site_per_device_and_device_filter(lord):
 def test_one_call_on_two_devices_records_a_site_per_device(lord):
     line = here() + 1
     lord.allocate([fake_cuda(10, 0), torch.empty(20)])
-    assert lord.top_alloc_site("cuda:0") == (torch.device("cuda:0"), f"{__file__}:{line}", 40)
-    assert lord.top_alloc_site("cpu") == (CPU, f"{__file__}:{line}", 80)
+    assert lord.top_alloc_site("cuda:0") == (torch.device("cuda:0"), f"{HERE}:{line}", 40)
+    assert lord.top_alloc_site("cpu") == (CPU, f"{HERE}:{line}", 80)
 
 
 def test_free_site_counts_requested_bytes_even_when_clamped(lord):
     line = here() + 1
     lord.free(torch.empty(10))
-    assert lord.top_free_site() == (CPU, f"{__file__}:{line}", 40)
+    assert lord.top_free_site() == (CPU, f"{HERE}:{line}", 40)
 
 
 def test_reset_clears_sites(lord):
@@ -131,7 +135,7 @@ def test_reset_clears_sites(lord):
     assert lord.top_free_site() is None
     line = here() + 1
     lord.allocate(t)
-    assert lord.top_alloc_site() == (CPU, f"{__file__}:{line}", 12)
+    assert lord.top_alloc_site() == (CPU, f"{HERE}:{line}", 12)
 
 
 def test_nothing_counted_records_no_site(lord):
@@ -181,4 +185,5 @@ def test_user_code_in_directories_named_memlord_and_torch(tmp_path):
         cwd=str(tmp_path),
     )
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == [f"{script}:6", f"{helper_dir / 'helper.py'}:2"]
+    # shown relative to the working directory (tmp_path), under which both files lie
+    assert r.stdout.split() == ["memlord/tests/train.py:6", "torch/examples/helper.py:2"]

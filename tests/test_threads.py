@@ -5,6 +5,7 @@ plus a re-entrancy case (a finalizer that calls into the lord while it is walkin
 """
 
 import gc
+import logging
 import sys
 import threading
 import weakref
@@ -173,15 +174,15 @@ def test_reentrant_finalizer_during_allocate():
 
 
 def test_reentrant_call_from_debug_log_writer(monkeypatch):
-    """sys.stdout.write runs Python code in the middle of allocate's logging; a call back into
+    """A logging handler runs Python code in the middle of allocate's logging; a call back into
     the lord from there must neither deadlock nor corrupt the counts."""
     lord = MemLord(auto_gc_bytes=None)
     side = torch.empty(2)  # 8 B
     state = {"inside": False, "reentered": 0, "text": []}
 
-    class Writer:
-        def write(self, s):
-            state["text"].append(s)
+    class Reenter(logging.Handler):
+        def emit(self, record):
+            state["text"].append(record.getMessage())
             if not state["inside"]:
                 state["inside"] = True
                 try:
@@ -190,18 +191,16 @@ def test_reentrant_call_from_debug_log_writer(monkeypatch):
                     state["reentered"] += 1
                 finally:
                     state["inside"] = False
-            return len(s)
-
-        def flush(self):
-            pass
 
     monkeypatch.setenv("DEBUG", "1")
-    real_stdout = sys.stdout
-    monkeypatch.setattr(sys, "stdout", Writer())
+    handler = Reenter()
+    logging.getLogger("memlord").addHandler(handler)
     m = nn.Linear(4, 4)  # 80 B
-    for _ in range(5):
-        lord.allocate(m)
-    monkeypatch.setattr(sys, "stdout", real_stdout)
+    try:
+        for _ in range(5):
+            lord.allocate(m)
+    finally:
+        logging.getLogger("memlord").removeHandler(handler)
     monkeypatch.delenv("DEBUG")
     assert state["reentered"] > 0
     assert "".join(state["text"]).count("[allocate-summary]") == 5 + state["reentered"]

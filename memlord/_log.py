@@ -1,0 +1,232 @@
+"""memlord's output: records of the standard ``logging`` logger ``"memlord"``.
+
+Nothing is printed by default.  The C core builds a record only when the logger would
+emit it (its check costs two dictionary reads per event):
+
+- DEBUG records, one per ledger event (``[allocate]``, ``[free]``, ``[reset]``) and one
+  summary per explicit ``allocate()``/``free()`` call;
+- an INFO record per auto-GC release (``[auto_gc]``).
+
+``DEBUG=1`` in the environment (read while the program runs: setting
+``os.environ["DEBUG"]`` takes effect at the next event) sets the logger to DEBUG and, unless
+the application configured a handler (on ``memlord`` or the root logger), adds a handler on
+stderr.  That handler colors lines on a terminal or with ``FORCE_COLOR``, never with
+``NO_COLOR``.  An application that wants the auto-GC lines without DEBUG enables INFO for
+``memlord``: ``logging.getLogger("memlord").setLevel(logging.INFO)`` with a handler.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+logger = logging.getLogger("memlord")
+
+_RED, _GREEN, _YELLOW, _MAGENTA, _CYAN = "31", "32", "33", "35", "36"
+_OFF = ("", "0", "false", "no", "off")
+
+
+def _env_on(value: object) -> bool:
+    if value is None:
+        return False
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return str(value).strip().lower() not in _OFF
+
+
+def _want_color(stream) -> bool:
+    if os.environ.get("NO_COLOR"):
+        return False
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except Exception:  # a closed or odd stream: plain text
+        return False
+
+
+class ColorFormatter(logging.Formatter):
+    """``memlord: <message>``, colored by the record's ``color`` attribute on a terminal."""
+
+    def __init__(self, stream=None):
+        super().__init__("memlord: %(message)s")
+        self._stream = stream
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        color = getattr(record, "color", None)
+        stream = self._stream if self._stream is not None else sys.stderr
+        if color and _want_color(stream):
+            return "\n".join(f"\x1b[{color}m{line}\x1b[0m" for line in text.split("\n"))
+        return text
+
+
+class _DebugHandler(logging.StreamHandler):
+    """The handler DEBUG=1 adds: stderr as it is at each record (so capture works)."""
+
+    def __init__(self):
+        super().__init__()
+        self.setFormatter(ColorFormatter())
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):  # StreamHandler.__init__ assigns it
+        pass
+
+
+_debug_handler: _DebugHandler | None = None
+_level_before: int | None = None
+
+
+def _app_configured() -> bool:
+    own = [h for h in logger.handlers if h is not _debug_handler]
+    return bool(own) or bool(logging.getLogger().handlers)
+
+
+def _debug_env_changed(value: object) -> None:
+    """Apply DEBUG (value: its value in os.environ, or None).  Called by the core when the
+    value changed or any logging level changed; idempotent."""
+    global _debug_handler, _level_before
+    if _env_on(value):
+        if _level_before is None:
+            _level_before = logger.level
+        if logger.level != logging.DEBUG:
+            logger.setLevel(logging.DEBUG)
+        if _debug_handler is None and not _app_configured():
+            _debug_handler = _DebugHandler()
+            logger.addHandler(_debug_handler)
+    else:
+        if _debug_handler is not None:
+            logger.removeHandler(_debug_handler)
+            _debug_handler = None
+        if _level_before is not None:
+            level, _level_before = _level_before, None
+            if logger.level == logging.DEBUG:
+                logger.setLevel(level)
+
+
+# ---- what the records say ------------------------------------------------------------
+
+_LABEL = {
+    "explicit": "",
+    "convert": " (hook)",
+    "factory": " (factory)",
+    "death": " (del)",
+    "deferred": " (hook, deferred)",
+    "policy": "",
+}
+
+
+def _fmt(n: int) -> str:
+    from ._core import format_bytes
+
+    return format_bytes(n)
+
+
+def _site_text(site: int) -> str:
+    from ._sites import site_text
+
+    return site_text(site)
+
+
+def describe_tensor(t: object) -> str:
+    """``float16[16, 32]``: the dtype and shape of a tensor, or '' for anything else."""
+    try:
+        import torch
+
+        if isinstance(t, torch.Tensor):
+            dtype = str(t.dtype).replace("torch.", "")
+            return f"{dtype}[{', '.join(str(s) for s in t.shape)}]"
+    except Exception:  # a broken subclass: no description
+        pass
+    return ""
+
+
+def _event(lord, records, subject, what) -> None:
+    """DEBUG records of one ledger call: (kind, source, device, bytes, count, site, total)."""
+    desc = describe_tensor(subject) if what is None else ""
+    for kind, source, dev, nbytes, count, site, total in records:
+        if kind == "reset":
+            logger.debug("[reset] counters and hotspots cleared", extra={"color": _MAGENTA})
+            continue
+        free = kind == "free"
+        tag = "[free]" if free else "[allocate]"
+        sign = "-" if free else "+"
+        plural = "" if count == 1 else "s"
+        tensor = f" {desc}" if desc else ""
+        logger.debug(
+            "%s%s %s %s%s (%d storage%s)%s at %s; %s allocated %s",
+            tag,
+            _LABEL.get(source, ""),
+            dev,
+            sign,
+            _fmt(nbytes),
+            count,
+            plural,
+            tensor,
+            _site_text(site),
+            dev,
+            _fmt(total),
+            extra={"color": _GREEN if free else _RED},
+        )
+    if what is not None:
+        _summary(lord, records, what)
+
+
+def _summary(lord, records, what) -> None:
+    nbytes = sum(r[3] for r in records)
+    count = sum(r[4] for r in records)
+    site = records[0][5] if records else 0
+    lines = [
+        f"[{what}-summary] {_fmt(nbytes)} in {count} storage{'' if count == 1 else 's'}"
+        f" at {_site_text(site)}"
+    ]
+    stats = lord.stats()
+    by_type: dict[str, list[tuple[int, int]]] = {}
+    for dev, s in stats.items():
+        lines.append(f"  {dev}: allocated {_fmt(s['allocated'])}, freed {_fmt(s['freed'])}")
+        by_type.setdefault(dev.split(":")[0], []).append((s["allocated"], s["freed"]))
+    for typ, vals in by_type.items():
+        if len(vals) > 1:
+            a = sum(v[0] for v in vals)
+            f = sum(v[1] for v in vals)
+            lines.append(f"  {typ} ({len(vals)} devices): allocated {_fmt(a)}, freed {_fmt(f)}")
+    logger.debug("\n".join(lines), extra={"color": _CYAN})
+
+
+def _auto_gc(dev, band, used_pct, metric, value, threshold, runs, released, nlords) -> None:
+    """The INFO record of one auto-GC release."""
+    used = f"{used_pct:.1f}%" if used_pct >= 0 else "unknown"
+    outcome = (
+        "cache released"
+        if released > 0
+        else "no cache to release (backend not initialised)"
+        if released == 0
+        else "cache release failed"
+    )
+    scope = ""
+    if released > 0 and dev.startswith("cuda"):
+        # torch.cuda.empty_cache() releases the caching allocator of every device
+        scope = " (torch releases every CUDA device's cache)"
+    lords = f" lords={nlords}" if nlords > 1 else ""
+    logger.info(
+        "[auto_gc] %s band=%s used=%s metric=%s value=%d (%s) threshold=%d (%s) runs=%d%s; %s%s",
+        dev,
+        band,
+        used,
+        metric,
+        value,
+        _fmt(value),
+        threshold,
+        _fmt(threshold),
+        runs,
+        lords,
+        outcome,
+        scope,
+        extra={"color": _YELLOW},
+    )

@@ -1,0 +1,128 @@
+"""memlord.MemLord: the Python face of the C ledger.
+
+Python validates the configuration and shapes what people read (hotspots, repr); the
+hot paths (allocate/free, the queries, the hooks and lifetime tracking) are the C core's
+methods, inherited unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import _config, _core
+from ._sites import relative_path, site_location
+
+_NOT_GIVEN: Any = ...
+
+
+class _DefaultAuto(str):
+    """The default of auto_gc_bytes: "auto", told apart from an explicit "auto"."""
+
+    __slots__ = ()
+
+
+_AUTO: Any = _DefaultAuto("auto")
+
+
+class MemLord(_core.Lord):
+    """A per-device ledger of the memory a program allocated and freed.
+
+    ``MemLord(auto_gc_bytes="auto", *, auto_gc_strategy=..., track_callsite=True)``
+
+    - ``auto_gc_bytes``: bytes-mode auto-GC: release a device's cache once it has freed
+      this many bytes since its last auto-GC.  ``"auto"`` (the default) is the smallest
+      visible GPU's total memory / 3, read from the driver at first use; ``None`` or ``0``
+      turns auto-GC off.  A dict given here (positionally, as upstream MemLord takes its
+      strategy) is taken as ``auto_gc_strategy``.
+    - ``auto_gc_strategy``: banded auto-GC (see docs/policy.md); ``None`` installs the
+      default bands, ``{}`` turns auto-GC off.  Leaving it out (``...``) keeps bytes mode.
+      Give one of the two, not both.
+    - ``track_callsite``: record the user's ``file:line`` of each event (hotspots, logs).
+
+    Errors: TypeError/ValueError naming the argument and field; nothing is configured
+    when one is raised.
+    """
+
+    def __init__(
+        self,
+        auto_gc_bytes: int | str | None | dict = _AUTO,
+        *,
+        auto_gc_strategy: dict | None = _NOT_GIVEN,
+        track_callsite: bool = True,
+    ) -> None:
+        bytes_given = auto_gc_bytes is not _AUTO
+        if isinstance(auto_gc_bytes, dict):
+            if auto_gc_strategy is not _NOT_GIVEN:
+                raise ValueError(
+                    "MemLord(): a strategy dict was given positionally and as 'auto_gc_strategy'"
+                )
+            auto_gc_strategy, auto_gc_bytes, bytes_given = auto_gc_bytes, "auto", False
+        if not isinstance(track_callsite, bool):
+            raise TypeError(
+                "MemLord(): argument 'track_callsite' must be a bool, not "
+                + type(track_callsite).__name__
+            )
+        if auto_gc_strategy is not _NOT_GIVEN:
+            if bytes_given:
+                raise ValueError(
+                    "MemLord(): pass either 'auto_gc_bytes' or 'auto_gc_strategy', not both"
+                )
+            bands, normalized = _config.parse_strategy(auto_gc_strategy)
+            self._set_bands(bands)
+            self._strategy = normalized
+        else:
+            self._set_bytes(_config.parse_bytes(auto_gc_bytes))
+            self._strategy = None
+        self.set_callsite_tracking(track_callsite)
+
+    # ---- configuration -------------------------------------------------------------
+
+    def set_auto_gc(self, value: int | str | None) -> None:
+        """Switch to bytes-mode auto-GC with this threshold: ``"auto"``, an int >= 0 (0
+        disables) or None.  A bad value raises and changes nothing."""
+        parsed = _config.parse_bytes(value)
+        self._set_bytes(parsed)
+        self._strategy = None
+
+    def set_auto_gc_strategy(self, strategy: dict | None) -> None:
+        """Switch to banded auto-GC: ``{(lo_pct, hi_pct): {'metric': 'allocated'|'freed'|
+        'max', 'threshold': {'bytes': int, 'percent': float}}}``.  None installs the
+        default bands; ``{}`` disables auto-GC.  A malformed strategy raises
+        TypeError/ValueError and changes nothing."""
+        bands, normalized = _config.parse_strategy(strategy)
+        self._set_bands(bands)
+        self._strategy = normalized
+
+    @property
+    def auto_gc_strategy(self) -> dict | None:
+        """The banded strategy in force (a fresh dict), or None in bytes mode."""
+        if self._gc_mode != "strategy" or self._strategy is None:
+            return None
+        return _config.strategy_dict(_config.parse_strategy(self._strategy)[0])
+
+    # ---- hotspots ----------------------------------------------------------------------
+
+    def _top_site(self, free: bool, device) -> tuple[torch.device, str, int] | None:
+        totals: dict[tuple[int, str, str, int], int] = {}
+        for dev, site, nbytes, key in self._hotspots(free, device):
+            loc = site_location(site)
+            if loc is not None:
+                k = (key, dev, loc[0], loc[1])
+                totals[k] = totals.get(k, 0) + nbytes
+        if not totals:
+            return None
+        (_, dev, filename, line), nbytes = min(totals.items(), key=lambda kv: (-kv[1], kv[0][0]))
+        return torch.device(dev), f"{relative_path(filename)}:{line}", nbytes
+
+    def top_alloc_site(self, device=None) -> tuple[torch.device, str, int] | None:
+        """``(torch.device, "file:line", bytes)`` of the biggest cumulative allocation
+        site (on ``device``: None for all, a type, or one device), or None.  The path is
+        relative to the working directory when under it."""
+        return self._top_site(False, device)
+
+    def top_free_site(self, device=None) -> tuple[torch.device, str, int] | None:
+        """``(torch.device, "file:line", bytes)`` of the biggest cumulative free site, or
+        None."""
+        return self._top_site(True, device)
