@@ -155,8 +155,9 @@ int ml_emit(MemLordObject *lord, ml_event *ev, int n, const ml_emit_ctx *ctx)
          * next safe point (autogc.c). */
         ml_defer_notify(lord, copy, n);
     } else {
+        /* The source runs the safe point once it has recorded into every
+         * lord it serves: a device is then released once per event. */
         notify(lord, copy, n, ctx);
-        ml_safe_point();
     }
     PyErr_Restore(exc_type, exc_value, exc_tb);
     if (copy != local) {

@@ -179,82 +179,114 @@ static void pending_dispose(ml_pending *p)
     ml_site_clear(&p->site);
 }
 
+/* Append entries to the queue; an entry that finds no room is credited
+ * now, never dropped. */
+static void pending_append(ml_pending *items, Py_ssize_t n)
+{
+    if (n == 0) {
+        return;
+    }
+    if (disp.npending + n > disp.cap) {
+        Py_ssize_t cap = disp.cap ? disp.cap : 64;
+        while (cap < disp.npending + n) {
+            cap *= 2;
+        }
+        ml_pending *p = PyMem_Realloc(disp.pending, (size_t)cap * sizeof(ml_pending));
+        if (p != NULL) {
+            disp.pending = p;
+            disp.cap = cap;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (disp.npending < disp.cap) {
+            disp.pending[disp.npending++] = items[i];
+        } else {
+            credit(&items[i], "(hook, deferred)"); /* no memory to wait in: credit early */
+            pending_dispose(&items[i]);
+        }
+    }
+}
+
 /* Credit every completed entry (all of them when wait is set; only those of
- * `only` when it is not NULL).  Completed entries are detached from the
- * queue before any Python code runs, so crediting may re-enter the hooks. */
+ * `only` when it is not NULL; with head_only, stop at the first pending one).
+ * The queue is detached first: waits release the GIL, and crediting runs
+ * Python that may re-enter the hooks and queue more. */
 static void pending_drain(int wait, PyObject *only, int head_only)
 {
     if (disp.npending == 0) {
         return;
     }
-    ml_pending *done = PyMem_Malloc((size_t)disp.npending * sizeof(ml_pending));
-    if (done == NULL) {
-        return; /* try again at the next poll */
+    Py_ssize_t n = disp.npending, cap = disp.cap;
+    char *ready = PyMem_Calloc((size_t)n, 1);
+    ml_pending *done = PyMem_Malloc((size_t)n * sizeof(ml_pending));
+    if (ready == NULL || done == NULL) {
+        PyMem_Free(ready);
+        PyMem_Free(done);
+        return; /* try again at the next poll; nothing is lost */
     }
-    Py_ssize_t ndone = 0, keep = 0;
+    ml_pending *items = disp.pending;
+    disp.pending = NULL;
+    disp.npending = disp.cap = 0;
     int stop = 0;
-    for (Py_ssize_t i = 0; i < disp.npending; i++) {
-        ml_pending *p = &disp.pending[i];
-        int ready = 0;
-        if (!stop && (only == NULL || lords_contain(p->lords, only))) {
-            int q = ml_cuda_event_query(p->event);
-            if (q == 0 && wait) {
-                q = ml_cuda_event_wait(p->event) == 0 ? 1 : -1;
-            }
-            ready = q != 0; /* an error counts as done: never hold a free forever */
-            if (!ready && head_only) {
-                stop = 1;
-            }
-        }
-        if (ready) {
-            done[ndone++] = *p;
-        } else {
-            disp.pending[keep++] = *p;
-        }
-    }
-    disp.npending = keep;
-    for (Py_ssize_t i = 0; i < ndone; i++) {
-        if (only != NULL && PyTuple_GET_SIZE(done[i].lords) > 1) {
-            /* Credit only `only`; the others keep waiting on their own. */
-            PyObject *one = PyTuple_Pack(1, only);
-            if (one != NULL) {
-                PyObject *saved = done[i].lords;
-                done[i].lords = one;
-                credit(&done[i], "(hook, deferred)");
-                done[i].lords = saved;
-                Py_DECREF(one);
-            }
+    for (Py_ssize_t i = 0; i < n && !stop; i++) {
+        if (only != NULL && !lords_contain(items[i].lords, only)) {
             continue;
         }
-        credit(&done[i], "(hook, deferred)");
-        pending_dispose(&done[i]);
+        int q = ml_cuda_event_query(items[i].event);
+        if (q == 0 && wait) {
+            int w;
+            Py_BEGIN_ALLOW_THREADS w = ml_cuda_event_wait(items[i].event);
+            Py_END_ALLOW_THREADS q = w == 0 ? 1 : -1;
+        }
+        ready[i] = q != 0; /* an error counts as done: never hold a free forever */
+        stop = !ready[i] && head_only;
     }
-    /* Entries credited for `only` go back without it. */
-    if (only != NULL) {
-        for (Py_ssize_t i = 0; i < ndone; i++) {
-            if (done[i].lords == NULL || PyTuple_GET_SIZE(done[i].lords) <= 1) {
-                continue;
-            }
-            Py_ssize_t n = PyTuple_GET_SIZE(done[i].lords);
-            PyObject *rest = PyTuple_New(n - 1);
-            if (rest == NULL) {
-                PyErr_Clear();
-                pending_dispose(&done[i]);
-                continue;
-            }
-            for (Py_ssize_t j = 0, k = 0; j < n; j++) {
-                PyObject *l = PyTuple_GET_ITEM(done[i].lords, j);
-                if (l != only) {
-                    PyTuple_SET_ITEM(rest, k++, Py_NewRef(l));
-                }
-            }
-            Py_SETREF(done[i].lords, rest);
-            if (disp.npending < disp.cap) {
-                disp.pending[disp.npending++] = done[i];
-            } else {
-                pending_dispose(&done[i]);
+    /* What other threads queued while the GIL was released goes after the
+     * entries still waiting, which keep their order. */
+    ml_pending *newer = disp.pending;
+    Py_ssize_t nnewer = disp.npending;
+    Py_ssize_t k = 0, ndone = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (ready[i]) {
+            done[ndone++] = items[i];
+        } else {
+            items[k++] = items[i];
+        }
+    }
+    PyMem_Free(ready);
+    disp.pending = items;
+    disp.npending = k;
+    disp.cap = cap;
+    pending_append(newer, nnewer);
+    PyMem_Free(newer);
+    for (Py_ssize_t i = 0; i < ndone; i++) {
+        ml_pending *p = &done[i];
+        if (only == NULL || PyTuple_GET_SIZE(p->lords) <= 1) {
+            credit(p, "(hook, deferred)");
+            pending_dispose(p);
+            continue;
+        }
+        /* Credit only `only`; the others keep waiting on their own. */
+        Py_ssize_t nl = PyTuple_GET_SIZE(p->lords);
+        PyObject *one = PyTuple_Pack(1, only);
+        PyObject *rest = one ? PyTuple_New(nl - 1) : NULL;
+        if (rest == NULL) {
+            PyErr_Clear();
+            Py_XDECREF(one);
+            credit(p, "(hook, deferred)"); /* no memory to split: every lord now */
+            pending_dispose(p);
+            continue;
+        }
+        for (Py_ssize_t j = 0, r = 0; j < nl; j++) {
+            PyObject *l = PyTuple_GET_ITEM(p->lords, j);
+            if (l != only) {
+                PyTuple_SET_ITEM(rest, r++, Py_NewRef(l));
             }
         }
+        Py_SETREF(p->lords, one);
+        credit(p, "(hook, deferred)");
+        Py_SETREF(p->lords, rest);
+        pending_append(p, 1);
     }
     PyMem_Free(done);
 }
@@ -637,6 +669,7 @@ static PyObject *hook_factory(PyObject *callable, PyObject *const *args, size_t 
     }
     ml_site_clear(&site);
     Py_DECREF(lords);
+    ml_safe_point();
     if (rc < 0) {
         Py_DECREF(result);
         return NULL;
@@ -683,6 +716,7 @@ static PyObject *hook_sync(PyObject *callable, PyObject *const *args, size_t nar
     PyObject *result = call_original(self, args, nargsf, kwnames);
     if (result != NULL) {
         pending_drain(0, NULL, 0);
+        ml_safe_point();
     }
     return result;
 }
@@ -1216,6 +1250,7 @@ static PyObject *handle_disable(HandleObject *self, PyObject *Py_UNUSED(ignored)
 static PyObject *handle_poll(HandleObject *Py_UNUSED(self), PyObject *Py_UNUSED(ignored))
 {
     pending_drain(0, NULL, 0);
+    ml_safe_point();
     Py_RETURN_NONE;
 }
 

@@ -105,8 +105,20 @@ static int load_torch(ml_state *st)
     return 0;
 }
 
+/* The interpreter that owns memlord's process-wide state (the patches in
+ * torch, the dispatcher, the safe-point queue): one per process. */
+static PyInterpreterState *owner_interp;
+
 static int core_exec(PyObject *module)
 {
+    PyInterpreterState *interp = PyInterpreterState_Get();
+    if (owner_interp != NULL && owner_interp != interp) {
+        PyErr_SetString(PyExc_ImportError,
+                        "memlord._core cannot be loaded in more than one interpreter per process: "
+                        "it patches torch, which is process-wide");
+        return -1;
+    }
+    owner_interp = interp;
     ml_state *st = ml_state_of_module(module);
     if (_import_array() < 0) {
         return -1;
@@ -239,7 +251,33 @@ static PyObject *core_safe_point(PyObject *Py_UNUSED(module), PyObject *Py_UNUSE
     Py_RETURN_NONE;
 }
 
+/* _set_cache_type(name, has_cache): whether auto-GC treats a device type as
+ * having a cache to release.  A test probe: on a machine without a GPU it
+ * lets the suite drive auto-GC with cpu tensors. */
+static PyObject *core_set_cache_type(PyObject *module, PyObject *args)
+{
+    const char *name;
+    int on;
+    if (!PyArg_ParseTuple(args, "sp:_set_cache_type", &name, &on)) {
+        return NULL;
+    }
+    ml_state *st = ml_state_of_module(module);
+    for (int t = 0; t < ML_MAX_DEV_TYPES; t++) {
+        if (st->type_names[t] != NULL &&
+            PyUnicode_CompareWithASCIIString(st->type_names[t], name) == 0) {
+            int was = st->type_has_cache[t];
+            st->type_has_cache[t] = (unsigned char)on;
+            return PyBool_FromLong(was);
+        }
+    }
+    PyErr_Format(PyExc_ValueError, "_set_cache_type(): unknown device type %s", name);
+    return NULL;
+}
+
 static PyMethodDef core_methods[] = {
+    {"_set_cache_type", (PyCFunction)core_set_cache_type, METH_VARARGS,
+     "Test probe: whether auto-GC treats a device type as having a cache; returns the old "
+     "value."},
     {"_site", (PyCFunction)core_site, METH_O, "(filename, line) of a site id, or None."},
     {"_safe_point", (PyCFunction)core_safe_point, METH_NOARGS,
      "Run deferred notifications and cache releases now."},
@@ -258,49 +296,35 @@ static PyMethodDef core_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static int core_traverse(PyObject *module, visitproc visit, void *arg)
+/* Every object the state holds, in one list, so that traverse and clear
+ * cannot disagree: a field missing here is a leak or a crash waiting. */
+#define ML_STATE_OBJECTS 64
+static size_t state_objects(ml_state *st, PyObject ***out)
 {
-    ml_state *st = ml_state_of_module(module);
-    Py_VISIT(st->lord_type);
-    Py_VISIT(st->hook_type);
-    Py_VISIT(st->handle_type);
-    Py_VISIT(st->tracker_type);
-    Py_VISIT(st->registry_type);
-    Py_VISIT(st->pyhandle_type);
-    Py_VISIT(st->tensor_type);
-    Py_VISIT(st->module_type);
-    Py_VISIT(st->device_type);
-    Py_VISIT(st->release_cache);
-    Py_VISIT(st->last_code);
-    if (ml_log_traverse(st, visit, arg) < 0) {
-        return -1;
-    }
-    return ml_sitetab_traverse(&st->sites, visit, arg);
-}
-
-static int core_clear(PyObject *module)
-{
-    ml_state *st = ml_state_of_module(module);
     PyObject **objs[] = {
-        &st->storage_type,
+        (PyObject **)&st->lord_type,
+        (PyObject **)&st->hook_type,
+        (PyObject **)&st->handle_type,
+        (PyObject **)&st->tracker_type,
+        (PyObject **)&st->registry_type,
+        (PyObject **)&st->pyhandle_type,
+        &st->tensor_type,
+        &st->module_type,
         &st->parameter_type,
+        &st->device_type,
+        &st->storage_type,
         &st->d_untyped_storage,
         &st->d_device,
         &st->d_data_ptr,
         &st->d_nbytes,
         &st->d_storage_device,
-        (PyObject **)&st->lord_type,
-        &st->tensor_type,
-        &st->module_type,
-        &st->device_type,
+        &st->d_tensor_nbytes,
+        &st->d_layout,
         &st->layout_coo,
         &st->layout_csr,
         &st->layout_csc,
         &st->layout_bsr,
         &st->layout_bsc,
-        &st->release_cache,
-        &st->torch_prefix,
-        &st->memlord_prefix,
         &st->s_untyped_storage,
         &st->s_data_ptr,
         &st->s_nbytes,
@@ -321,8 +345,41 @@ static int core_clear(PyObject *module)
         &st->s_write,
         &st->s_flush,
         &st->s_main_py,
+        &st->release_cache,
+        &st->torch_prefix,
+        &st->memlord_prefix,
+        &st->last_code,
     };
-    for (size_t i = 0; i < sizeof(objs) / sizeof(objs[0]); i++) {
+    size_t n = sizeof(objs) / sizeof(objs[0]);
+    for (size_t i = 0; i < n && i < ML_STATE_OBJECTS; i++) {
+        out[i] = objs[i];
+    }
+    return n < ML_STATE_OBJECTS ? n : ML_STATE_OBJECTS;
+}
+
+static int core_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    ml_state *st = ml_state_of_module(module);
+    PyObject **objs[ML_STATE_OBJECTS];
+    size_t n = state_objects(st, objs);
+    for (size_t i = 0; i < n; i++) {
+        Py_VISIT(*objs[i]);
+    }
+    for (int t = 0; t < ML_MAX_DEV_TYPES; t++) {
+        Py_VISIT(st->type_names[t]);
+    }
+    if (ml_log_traverse(st, visit, arg) < 0) {
+        return -1;
+    }
+    return ml_sitetab_traverse(&st->sites, visit, arg);
+}
+
+static int core_clear(PyObject *module)
+{
+    ml_state *st = ml_state_of_module(module);
+    PyObject **objs[ML_STATE_OBJECTS];
+    size_t n = state_objects(st, objs);
+    for (size_t i = 0; i < n; i++) {
         Py_CLEAR(*objs[i]);
     }
     for (int t = 0; t < ML_MAX_DEV_TYPES; t++) {
@@ -330,7 +387,6 @@ static int core_clear(PyObject *module)
     }
     ml_life_free_trackers(st);
     ml_log_clear(st);
-    Py_CLEAR(st->last_code);
     ml_sitetab_clear(&st->sites);
     ml_safe_point_clear();
     return 0;
@@ -343,6 +399,12 @@ static void core_free(void *module)
 
 static PyModuleDef_Slot core_slots[] = {
     {Py_mod_exec, core_exec},
+#if PY_VERSION_HEX >= 0x030C0000
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
+#if PY_VERSION_HEX >= 0x030D0000
+    {Py_mod_gil, Py_MOD_GIL_USED},
+#endif
     {0, NULL},
 };
 
