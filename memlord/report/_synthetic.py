@@ -58,14 +58,20 @@ def synthetic_profile(
     lifetime = np.where(kinds == kind_free, rng.integers(1000, 10_000_000, size=n), -1)
     # a few extra kinds: reserved samples on CUDA devices, auto-GC, one OOM
     extra_t, extra_kind, extra_dev, extra_bytes = [], [], [], []
+    signed = np.where(kinds == kind_alloc, by, -by)
     for d, name in enumerate(devices):
         if name.startswith("cuda"):
+            # the backend's reserved bytes: the peak so far, rounded up to 2 MiB, plus 2 MiB
+            mine = dev == d
+            peak = np.maximum.accumulate(np.cumsum(signed[mine]))
             for k in range(steps):
-                extra_t.append(start_ns + k * 10_000_000)
+                t_k = start_ns + k * 10_000_000
+                i = int(np.searchsorted(t[mine], t_k + 10_000_000)) - 1
+                so_far = int(peak[i]) if i >= 0 else 0
+                extra_t.append(t_k)
                 extra_kind.append(KNOWN_KINDS.index("reserved"))
                 extra_dev.append(d)
-                # the backend's reserved bytes: a little above the expected peak
-                extra_bytes.append(int(sizes.mean() * block * 0.1 * n_blocks * (k + 1) / steps))
+                extra_bytes.append((so_far // (2 << 20) + 2) * (2 << 20))
     for k in range(3):
         extra_t.append(start_ns + (k + 1) * duration_ns // 4)
         extra_kind.append(KNOWN_KINDS.index("gc"))
@@ -164,10 +170,7 @@ def synthetic_profile(
         samples=samples.build(),
         events=events,
         hotspots=[{"device": devices[-1], "kind": "alloc", "site": sites[0], "bytes": 1 << 20}],
-        counters={
-            d: {"gc_runs": 3 if i == len(devices) - 1 else 0}
-            for i, d in enumerate(devices)
-        },
+        counters={d: {"gc_runs": 3 if i == len(devices) - 1 else 0} for i, d in enumerate(devices)},
         pytorch_operations=[
             {
                 "op_name": "aten::mm",
