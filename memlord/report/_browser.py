@@ -16,6 +16,7 @@ from pathlib import Path
 NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 _CONSOLE = re.compile(r":CONSOLE(?::\d+|\(\d+\))\]\s*(.*)")
 _READY = re.compile(r'data-memlord-ready="([0-9.]+)"')
+_DRAW = re.compile(r'data-memlord-draw-ms="([0-9.]+)"')
 
 
 def find_chromium() -> str | None:
@@ -35,7 +36,8 @@ class PageLoad:
     dom: str
     console: list[str]  # every console message and uncaught error, as Chromium logs them
     elapsed_s: float  # the whole browser run: start, load, scripts, dump, exit
-    ready_ms: float | None  # the report's own figure: data parsed and plots drawn
+    ready_ms: float | None  # the report's own figure: navigation start to plots drawn
+    draw_ms: float | None  # of which the report's data parsing and plotting
 
 
 def _base_args(browser: str, profile_dir: str) -> list[str]:
@@ -93,4 +95,11 @@ def load_page(
             if done.returncode != 0:
                 raise RuntimeError(f"chromium screenshot failed: {done.stderr[-2000:]}")
     ready = _READY.search(proc.stdout)
-    return PageLoad(proc.stdout, console, elapsed, float(ready.group(1)) if ready else None)
+    draw = _DRAW.search(proc.stdout)
+    return PageLoad(
+        proc.stdout,
+        console,
+        elapsed,
+        float(ready.group(1)) if ready else None,
+        float(draw.group(1)) if draw else None,
+    )
