@@ -255,7 +255,12 @@ class MemoryTracker:
         if not self._running or self._source is None:
             return None
         totals = self._sample()
-        scan = self._source.scan_tensors(self.top) if tensors else {}
+        scan: dict[str, Any] = {}
+        if tensors:
+            try:
+                scan = self._source.scan_tensors(self.top)
+            except Exception:  # noqa: BLE001 - a snapshot never raises into the caller
+                log.exception("memlord profiler: scanning live tensors failed")
         now_ns = time.monotonic_ns()
         breakdown = {}
         for dev in sorted(set(totals) | set(scan), key=lambda d: (d != "cpu", d)):

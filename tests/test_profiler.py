@@ -134,6 +134,19 @@ def test_background_snapshots_never_break_tuple_building(tmp_path):
     del keep
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_snapshot_with_a_tensor_that_has_no_sizes(tmp_path):
+    """A live nested tensor (whose .shape raises) made the checkpoint's scan fail."""
+    nested = torch.nested.nested_tensor([torch.zeros(3), torch.zeros(5)])
+    tracker = initialize_memory_tracker(output_dir=tmp_path, interval=None)
+    snap = memory_checkpoint("nested")
+    stop_memory_tracker()
+    tensors = snap["device_breakdown"]["cpu"]["tensors"]
+    assert any(t["shape"] is None for t in tensors)
+    assert tracker.profile().snapshots[0] is snap
+    del nested
+
+
 def test_track_pytorch_ops(tmp_path):
     initialize_memory_tracker(output_dir=tmp_path, interval=None)
     tracker = get_memory_tracker()

@@ -66,6 +66,16 @@ def _live_tensors() -> list[torch.Tensor]:
             gc.enable()
 
 
+def _tensor_meta(t: torch.Tensor) -> dict[str, Any]:
+    """shape, dtype and requires_grad; a tensor without sizes (nested, some subclasses)
+    has shape None."""
+    try:
+        shape: list[int] | None = list(t.shape)
+    except RuntimeError:
+        shape = None
+    return {"shape": shape, "dtype": str(t.dtype), "requires_grad": bool(t.requires_grad)}
+
+
 class LedgerSource:
     """Memory numbers for the profiler, from a MemLord and its hooks."""
 
@@ -172,6 +182,7 @@ class LedgerSource:
                 device = str(obj.device)
                 nbytes = int(storage.nbytes())
                 key = (device, int(storage.data_ptr()), nbytes)
+                meta = _tensor_meta(obj)
             except Exception:  # noqa: BLE001 - a subclass or fake tensor may refuse
                 continue
             entry = devices.setdefault(device, {"count": 0, "total_bytes": 0, "tensors": []})
@@ -184,10 +195,8 @@ class LedgerSource:
                 {
                     "size_mb": round(nbytes / (1024 * 1024), 4),
                     "nbytes": nbytes,
-                    "shape": list(obj.shape),
-                    "dtype": str(obj.dtype),
+                    **meta,
                     "device": device,
-                    "requires_grad": bool(obj.requires_grad),
                     "operation": None,
                 }
             )
