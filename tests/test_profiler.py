@@ -138,7 +138,7 @@ def test_background_snapshots_never_break_tuple_building(tmp_path):
 def test_snapshot_with_a_tensor_that_has_no_sizes(tmp_path):
     """A live nested tensor (whose .shape raises) made the checkpoint's scan fail."""
     nested = torch.nested.nested_tensor([torch.zeros(3), torch.zeros(5)])
-    tracker = initialize_memory_tracker(output_dir=tmp_path, interval=None)
+    tracker = initialize_memory_tracker(output_dir=tmp_path, interval=None, top=100_000)
     snap = memory_checkpoint("nested")
     stop_memory_tracker()
     tensors = snap["device_breakdown"]["cpu"]["tensors"]
