@@ -127,6 +127,9 @@ def demo(layers: int) -> int:
             print(f"{name + ':':<22} {where}  on {device}  ({format_bytes(nbytes)})")
     del model
     gc.collect()
+    print()
+    print("Reports of your own script (JSON, Perfetto trace, HTML; HTML needs memlord[report]):")
+    print("  python -m memlord run --html report.html --json profile.json your_script.py")
     return 0
 
 
@@ -157,10 +160,15 @@ def info() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    if args_in and args_in[0] in ("run", "report", "gantt"):
+        from .cli import main as cli_main
+
+        return cli_main(args_in)
     parser = argparse.ArgumentParser(prog="python -m memlord", description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=4, help="blocks in the demo model (>= 2)")
     parser.add_argument("--info", action="store_true", help="print environment info and exit")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_in)
     if args.info:
         return info()
     if args.layers < 2:

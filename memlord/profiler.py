@@ -1,0 +1,547 @@
+"""The memory profiler: periodic snapshots, checkpoints, operation tracking and PyTorch
+operator statistics, saved as ``memory_profile_YYYYMMDD_HHMMSS.json``.
+
+    from memlord.profiler import (
+        initialize_memory_tracker, memory_checkpoint, stop_memory_tracker, get_memory_tracker,
+    )
+
+    initialize_memory_tracker(output_dir="./profiles", enabled=True, interval=5.0)
+    tracker = get_memory_tracker()
+    with tracker.track_operation("model_forward"):
+        out = model(x)
+    memory_checkpoint("after_forward")
+    stop_memory_tracker()          # also written at exit and on SIGTERM / SIGINT
+
+docs/reports.md describes the file; :mod:`memlord.report` turns it into a trace, a
+pickle for torch's memory_viz, or an HTML report.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime as _dt
+import logging
+import math
+import os
+import platform
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import __version__
+from .report import Profile, SampleBuilder, Span, export
+from .report._source import LedgerSource
+from .report._util import MiB, mb
+
+__all__ = [
+    "MemoryTracker",
+    "get_memory_tracker",
+    "initialize_memory_tracker",
+    "memory_checkpoint",
+    "stop_memory_tracker",
+]
+
+log = logging.getLogger("memlord")
+
+_SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), signal.SIGINT) if s is not None)
+
+
+def _check_interval(interval: object) -> float | None:
+    if interval is None:
+        return None
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)):
+        raise TypeError(f"interval must be a number of seconds or None, got {interval!r}")
+    if not math.isfinite(interval) or interval <= 0:
+        raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
+    return float(interval)
+
+
+def _check_name(name: object, what: str = "name") -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"{what} must be a str, got {type(name).__name__}")
+    return name
+
+
+class MemoryTracker:
+    """Collects snapshots, operations and operator statistics into a profile.
+
+    ``enabled=False`` makes every method a cheap no-op: no thread, no hooks, no file.
+    ``interval`` (seconds, or None for none) is the period of the background snapshots.
+    ``exports`` are extra report paths (``.html``, ``.trace.json``, ``.pickle``) written
+    with the JSON; ``json_path`` replaces the default ``memory_profile_<time>.json`` in
+    ``output_dir`` (``False``: no JSON).  ``source`` is where the numbers come from
+    (default: a fresh lord with lifetime tracking on)."""
+
+    def __init__(
+        self,
+        output_dir: str | os.PathLike[str] = ".",
+        enabled: bool = True,
+        interval: float | None = 5.0,
+        *,
+        top: int = 10,
+        exports: Sequence[str | os.PathLike[str]] = (),
+        json_path: str | os.PathLike[str] | bool | None = None,
+        source: LedgerSource | None = None,
+        torch_hooks: bool = False,
+        install_handlers: bool = True,
+        title: str | None = None,
+    ) -> None:
+        if not isinstance(output_dir, (str, os.PathLike)):
+            raise TypeError(f"output_dir must be a str or os.PathLike, got {output_dir!r}")
+        if not isinstance(enabled, bool):
+            raise TypeError(f"enabled must be a bool, got {enabled!r}")
+        self.interval = _check_interval(interval)
+        if isinstance(top, bool) or not isinstance(top, int) or top < 0:
+            raise ValueError(f"top must be an int >= 0, got {top!r}")
+        self.output_dir = Path(output_dir)
+        self.enabled = enabled
+        self.top = top
+        self.exports = [Path(p) for p in exports]
+        self._json_path = json_path
+        self._source = source
+        self._torch_hooks = torch_hooks
+        self._install_handlers = install_handlers
+        self.title = title
+        self._lock = threading.RLock()
+        self._local = threading.local()
+        self._snapshots: list[dict[str, Any]] = []
+        self._operations: list[Span] = []
+        self._open: dict[int, Span] = {}
+        self._next_token = 0
+        self._samples = SampleBuilder()
+        self._pytorch_ops: dict[tuple[str, str], dict[str, Any]] = {}
+        self._threads: dict[str, str] = {}
+        self._thread: threading.Thread | None = None
+        self._stop_event = threading.Event()
+        self._prev_handlers: dict[int, Any] = {}
+        self._atexit_registered = False
+        self._written_path: Path | None = None
+        self._running = False
+        self.start_ns = time.monotonic_ns()
+        self.start_unix = time.time()
+
+    # ---- life cycle ---------------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    @property
+    def source(self) -> LedgerSource | None:
+        return self._source
+
+    def start(self) -> MemoryTracker:
+        """Turn the hooks on, start the snapshot thread (when ``interval`` is set) and
+        install the exit and signal handlers.  Does nothing when disabled."""
+        if not self.enabled or self._running:
+            return self
+        if self._source is None:
+            self._source = LedgerSource(torch_hooks=self._torch_hooks)
+        self._source.start()
+        self.start_ns = time.monotonic_ns()
+        self.start_unix = time.time()
+        self._running = True
+        self._sample()
+        if self.interval is not None:
+            self._stop_event.clear()
+            self._thread = threading.Thread(
+                target=self._periodic, name="memlord-profiler", daemon=True
+            )
+            self._thread.start()
+        atexit.register(self._at_exit)
+        self._atexit_registered = True
+        if self._install_handlers and threading.current_thread() is threading.main_thread():
+            for sig in _SIGNALS:
+                try:
+                    self._prev_handlers[sig] = signal.getsignal(sig)
+                    signal.signal(sig, self._on_signal)
+                except (ValueError, OSError) as exc:  # pragma: no cover - embedded interpreters
+                    log.debug("memlord profiler: cannot handle signal %s: %s", sig, exc)
+        return self
+
+    def _stop_thread(self) -> None:
+        self._stop_event.set()
+        thread = self._thread
+        self._thread = None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def stop(self) -> list[Path]:
+        """Stop the thread, write the reports, restore the handlers, turn the hooks
+        off.  Returns the paths written (none when disabled or already stopped)."""
+        if not self.enabled or not self._running:
+            return []
+        self._stop_thread()
+        self.take_snapshot("stop")
+        written = self.write()
+        self._running = False
+        self._restore_handlers()
+        if self._atexit_registered:
+            atexit.unregister(self._at_exit)
+            self._atexit_registered = False
+        if self._source is not None:
+            self._source.stop()
+        return written
+
+    def _restore_handlers(self) -> None:
+        for sig, prev in self._prev_handlers.items():
+            try:
+                if signal.getsignal(sig) == self._on_signal:
+                    signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
+            except (ValueError, OSError):  # pragma: no cover - not the main thread
+                pass
+        self._prev_handlers.clear()
+
+    def _at_exit(self) -> None:
+        if self._running:
+            self._stop_thread()
+            self.take_snapshot("exit")
+            self.write()
+
+    def _on_signal(self, signum: int, frame: Any) -> Any:
+        try:
+            self._stop_thread()
+            self.write()
+        except Exception:  # noqa: BLE001 - a signal handler must reach the chained one
+            log.exception("memlord profiler: writing the profile on signal %s failed", signum)
+        prev = self._prev_handlers.get(signum, signal.SIG_DFL)
+        if callable(prev):
+            return prev(signum, frame)
+        if prev == signal.SIG_IGN:
+            return None
+        # the default behaviour: restore it and deliver the signal again
+        self._restore_handlers()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return None
+
+    def _periodic(self) -> None:
+        assert self.interval is not None
+        while not self._stop_event.wait(self.interval):
+            try:
+                # totals only: scanning objects from this thread is not safe
+                self.take_snapshot(None, tensors=False)
+            except Exception:  # noqa: BLE001 - the thread must outlive a failed snapshot
+                log.exception("memlord profiler: periodic snapshot failed")
+
+    # ---- recording ---------------------------------------------------------------------
+
+    def _sample(self) -> dict[str, dict[str, Any]]:
+        src = self._source
+        if src is None:
+            return {}
+        totals = src.totals()
+        now = time.monotonic_ns()
+        with self._lock:
+            for dev, t in totals.items():
+                self._samples.add(now, dev, t["allocated"], t["pending"], t["reserved"])
+        return totals
+
+    def take_snapshot(
+        self, checkpoint_name: str | None = None, *, tensors: bool = True
+    ) -> dict[str, Any] | None:
+        """A snapshot now: totals from the ledger and, with ``tensors``, the largest live
+        tensors per device (a scan of Python's objects on this thread).  None when the
+        tracker is not running."""
+        if checkpoint_name is not None:
+            _check_name(checkpoint_name, "checkpoint_name")
+        if not self._running or self._source is None:
+            return None
+        totals = self._sample()
+        scan: dict[str, Any] = {}
+        if tensors:
+            try:
+                scan = self._source.scan_tensors(self.top)
+            except Exception:  # noqa: BLE001 - a snapshot never raises into the caller
+                log.exception("memlord profiler: scanning live tensors failed")
+        now_ns = time.monotonic_ns()
+        breakdown = {}
+        for dev in sorted(set(totals) | set(scan), key=lambda d: (d != "cpu", d)):
+            t = totals.get(dev, {})
+            s = scan.get(dev, {"count": 0, "total_bytes": 0, "tensors": []})
+            allocated = t.get("allocated", 0)
+            breakdown[dev] = {
+                "total_mb": mb(allocated),
+                "total_bytes": allocated,
+                "count": s["count"] if tensors else t.get("live", 0),
+                "tensors": s["tensors"],
+                "live_storages": t.get("live", 0),
+                "pending_bytes": t.get("pending", 0),
+                "reserved_bytes": t.get("reserved"),
+                "visible_bytes": s["total_bytes"],
+            }
+        total = sum(b["total_bytes"] for b in breakdown.values())
+        snap = {
+            "timestamp": _dt.datetime.now().isoformat(timespec="microseconds"),
+            "checkpoint_name": checkpoint_name,
+            "t_ns": now_ns,
+            "total_mb": mb(total),
+            "total_bytes": total,
+            "tensor_count": sum(b["count"] for b in breakdown.values()),
+            "device_breakdown": breakdown,
+        }
+        with self._lock:
+            self._snapshots.append(snap)
+        return snap
+
+    def _stack(self) -> list[int]:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+    def begin(self, name: str, kind: str = "operation") -> int:
+        """Open a span (the low-level half of :meth:`track_operation`); returns a token
+        for :meth:`end`, or -1 when the tracker is not running."""
+        name = _check_name(name)
+        if not self._running:
+            return -1
+        totals = self._sample()
+        thread = threading.current_thread()
+        stack = self._stack()
+        span = Span(
+            name=name,
+            start_ns=time.monotonic_ns(),
+            end_ns=0,
+            thread=thread.ident or 0,
+            depth=len(stack),
+            kind=kind,
+            pre_total=sum(t["allocated"] for t in totals.values()),
+            tensor_delta=-sum(t["live"] for t in totals.values()),
+            delta={d: -t["allocated"] for d, t in totals.items()},
+            finished=False,
+        )
+        with self._lock:
+            token = self._next_token
+            self._next_token += 1
+            self._open[token] = span
+            self._threads[str(span.thread)] = thread.name
+        stack.append(token)
+        return token
+
+    def end(self, token: int) -> None:
+        """Close the span ``begin`` opened (and any span opened inside it and left open
+        on this thread, e.g. by a module whose forward raised)."""
+        if token < 0:
+            return
+        stack = self._stack()
+        if token not in stack:
+            return
+        totals = self._sample() if self._running else {}
+        end_ns = time.monotonic_ns()
+        while stack:
+            top = stack.pop()
+            with self._lock:
+                span = self._open.pop(top, None)
+                if span is not None:
+                    self._finish(span, totals, end_ns)
+            if top == token:
+                break
+
+    def _finish(
+        self, span: Span, totals: dict[str, dict[str, Any]], end_ns: int, record: bool = True
+    ) -> None:
+        span.end_ns = end_ns
+        span.post_total = sum(t["allocated"] for t in totals.values())
+        span.tensor_delta += sum(t["live"] for t in totals.values())
+        for dev, t in totals.items():
+            span.delta[dev] = span.delta.get(dev, 0) + t["allocated"]
+        span.finished = True
+        if record:
+            self._operations.append(span)
+
+    @contextlib.contextmanager
+    def track_operation(self, name: str) -> Iterator[None]:
+        """Record the memory delta of the block as one call of operation ``name``
+        (nestable; counted per name in ``operation_summary``)."""
+        token = self.begin(_check_name(name))
+        try:
+            yield
+        finally:
+            self.end(token)
+
+    @contextlib.contextmanager
+    def track_pytorch_ops(self) -> Iterator[None]:
+        """Record per-operator statistics (count, CPU and CUDA time, memory, input
+        shapes) with ``torch.profiler`` for the block.  Opt-in: it costs what
+        torch.profiler costs.  Another active torch profiler makes it a no-op."""
+        if not self._running:
+            yield
+            return
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        prof = torch.profiler.profile(
+            activities=activities, record_shapes=True, profile_memory=True
+        )
+        try:
+            prof.__enter__()
+        except RuntimeError as exc:
+            log.warning("memlord profiler: torch.profiler is busy (%s); ops not recorded", exc)
+            yield
+            return
+        try:
+            yield
+        finally:
+            prof.__exit__(None, None, None)
+            try:
+                self._add_pytorch_ops(prof)
+            except Exception:  # noqa: BLE001 - statistics must not break the caller
+                log.exception("memlord profiler: reading torch.profiler's results failed")
+
+    def _add_pytorch_ops(self, prof: Any) -> None:
+        for evt in prof.key_averages(group_by_input_shape=True):
+            shapes = [list(s) for s in (evt.input_shapes or [])]
+            key = (evt.key, repr(shapes))
+            cuda_time = getattr(evt, "device_time_total", getattr(evt, "cuda_time_total", 0))
+            cuda_mem = getattr(evt, "device_memory_usage", getattr(evt, "cuda_memory_usage", 0))
+            with self._lock:
+                row = self._pytorch_ops.setdefault(
+                    key,
+                    {
+                        "op_name": evt.key,
+                        "count": 0,
+                        "cpu_time_us": 0.0,
+                        "cuda_time_us": 0.0,
+                        "cpu_memory_mb": 0.0,
+                        "cuda_memory_mb": 0.0,
+                        "input_shapes": shapes,
+                    },
+                )
+                row["count"] += int(evt.count)
+                row["cpu_time_us"] += float(evt.cpu_time_total)
+                row["cuda_time_us"] += float(cuda_time or 0)
+                row["cpu_memory_mb"] += float(evt.cpu_memory_usage or 0) / MiB
+                row["cuda_memory_mb"] += float(cuda_mem or 0) / MiB
+
+    # ---- output ------------------------------------------------------------------------
+
+    def profile(self) -> Profile:
+        """Everything recorded so far as a :class:`memlord.report.Profile` (spans still
+        open are included, ending now, marked unfinished)."""
+        src = self._source
+        totals = src.totals() if src is not None and self._running else {}
+        now = time.monotonic_ns()
+        with self._lock:
+            operations = list(self._operations)
+            for span in self._open.values():
+                copy = Span(**{**span.__dict__, "delta": dict(span.delta)})
+                self._finish(copy, totals, now, record=False)
+                copy.finished = False
+                operations.append(copy)
+            operations.sort(key=lambda s: (s.start_ns, -s.end_ns))
+            snapshots = list(self._snapshots)
+            samples = self._samples.build()
+            pytorch_ops = sorted(self._pytorch_ops.values(), key=lambda r: -r["cpu_time_us"])
+            threads = dict(self._threads)
+        metadata = {
+            "generated_at": _dt.datetime.now().isoformat(timespec="seconds"),
+            "operation_tracking_enabled": True,
+            "title": self.title or "memlord memory profile",
+            "start_ns": self.start_ns,
+            "start_unix": self.start_unix,
+            "interval_s": self.interval,
+            "pid": os.getpid(),
+            "argv": list(sys.argv),
+            "python_version": platform.python_version(),
+            "torch_version": torch.__version__,
+            "memlord_version": __version__,
+            "threads": threads,
+            "top_tensors_from": "gc scan",
+        }
+        return Profile(
+            metadata=metadata,
+            snapshots=snapshots,
+            operations=operations,
+            samples=samples,
+            hotspots=src.hotspots() if src is not None else [],
+            counters=src.counters() if src is not None else {},
+            pytorch_operations=pytorch_ops,
+        )
+
+    def json_path(self) -> Path | None:
+        """Where the JSON goes: fixed at the first write (one file per session)."""
+        if self._json_path is False:
+            return None
+        if self._json_path not in (None, True):
+            return Path(self._json_path)  # type: ignore[arg-type]
+        if self._written_path is None:
+            stamp = _dt.datetime.now().strftime("%Y%m%d_%H%M%S")
+            self._written_path = self.output_dir / f"memory_profile_{stamp}.json"
+        return self._written_path
+
+    def write(self) -> list[Path]:
+        """Write the JSON and the extra exports now; returns the paths written.  A path
+        that cannot be written is logged, never raised."""
+        if not self.enabled:
+            return []
+        doc = self.profile()
+        paths = [p for p in [self.json_path(), *self.exports] if p is not None]
+        written = []
+        for path in paths:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                export(doc, path)
+                written.append(path)
+            except Exception:  # noqa: BLE001 - exit and signal paths must not raise
+                log.exception("memlord profiler: writing %s failed", path)
+        return written
+
+
+# ---- the module-level API (the memory profiler's) ------------------------------------------
+
+_tracker: MemoryTracker | None = None
+_tracker_lock = threading.Lock()
+
+
+def initialize_memory_tracker(
+    output_dir: str | os.PathLike[str] = ".",
+    enabled: bool = True,
+    interval: float | None = 5.0,
+    **options: Any,
+) -> MemoryTracker:
+    """Start the process-wide tracker (stopping, and writing, a previous one).  With
+    ``enabled=False`` it records nothing and writes nothing.  ``options`` are
+    :class:`MemoryTracker`'s keyword arguments."""
+    global _tracker
+    tracker = MemoryTracker(output_dir, enabled, interval, **options)
+    with _tracker_lock:
+        previous, _tracker = _tracker, tracker
+    if previous is not None:
+        previous.stop()
+    return tracker.start()
+
+
+def get_memory_tracker() -> MemoryTracker:
+    """The process-wide tracker; a disabled one (every method a no-op) before
+    :func:`initialize_memory_tracker`."""
+    global _tracker
+    with _tracker_lock:
+        if _tracker is None:
+            _tracker = MemoryTracker(enabled=False)
+        return _tracker
+
+
+def memory_checkpoint(name: str) -> dict[str, Any] | None:
+    """A named snapshot now (None when no tracker is running)."""
+    return get_memory_tracker().take_snapshot(_check_name(name))
+
+
+def stop_memory_tracker() -> Path | None:
+    """Stop the process-wide tracker and write its profile; returns the JSON path
+    (None when nothing was written)."""
+    global _tracker
+    with _tracker_lock:
+        tracker, _tracker = _tracker, None
+    if tracker is None:
+        return None
+    written = tracker.stop()
+    json_path = tracker.json_path() if written else None
+    return json_path if json_path in written else (written[0] if written else None)

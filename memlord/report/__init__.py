@@ -1,0 +1,114 @@
+"""Reports from a memlord profile: JSON, Chrome/Perfetto trace, torch memory snapshot
+pickle, and a self-contained HTML report.
+
+    from memlord.report import export, load
+    export(doc, "profile.json")        # the document (read back with load())
+    export(doc, "profile.trace.json")  # Perfetto / chrome://tracing
+    export(doc, "profile.pickle")      # torch.cuda._memory_viz, pytorch.org/memory_viz
+    export(doc, "report.html")         # needs: pip install memlord[report]
+
+docs/reports.md describes the document and every format.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ._json import dumps, from_dict, load, to_dict, write_json
+from ._model import (
+    EVENT_COLUMNS,
+    KNOWN_KINDS,
+    SAMPLE_COLUMNS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    Events,
+    Profile,
+    SampleBuilder,
+    Samples,
+    Span,
+    concat_events,
+)
+from ._pickle import to_snapshot, write_pickle
+from ._series import Series, decimate_indices, lanes, memory_series
+from ._trace import write_trace
+from ._util import Progress, ProgressBar, no_progress
+
+__all__ = [
+    "EVENT_COLUMNS",
+    "KNOWN_KINDS",
+    "SAMPLE_COLUMNS",
+    "SCHEMA",
+    "SCHEMA_VERSION",
+    "Events",
+    "Profile",
+    "Progress",
+    "ProgressBar",
+    "SampleBuilder",
+    "Samples",
+    "Series",
+    "Span",
+    "concat_events",
+    "decimate_indices",
+    "dumps",
+    "export",
+    "format_of",
+    "from_dict",
+    "lanes",
+    "load",
+    "memory_series",
+    "no_progress",
+    "to_dict",
+    "to_snapshot",
+    "write_html",
+    "write_json",
+    "write_pickle",
+    "write_trace",
+]
+
+FORMATS = {
+    ".trace.json": "trace",
+    ".json": "json",
+    ".pickle": "pickle",
+    ".pkl": "pickle",
+    ".html": "html",
+    ".htm": "html",
+}
+
+
+def format_of(path: str | os.PathLike[str]) -> str:
+    """The format a file name asks for: "json", "trace", "pickle" or "html"."""
+    name = os.fspath(path).lower()
+    for suffix, fmt in FORMATS.items():
+        if name.endswith(suffix):
+            return fmt
+    raise ValueError(
+        f"path {os.fspath(path)!r}: unknown report format; use a name ending in "
+        + ", ".join(FORMATS)
+    )
+
+
+def write_html(
+    doc: Profile, path: str | os.PathLike[str], progress: Progress = no_progress
+) -> None:
+    """The HTML report (needs plotly: pip install memlord[report])."""
+    from ._html import write_html as _write
+
+    _write(doc, path, progress)
+
+
+def export(doc: Profile, path: str | os.PathLike[str], *, progress: Progress = no_progress) -> str:
+    """Write ``doc`` to ``path`` in the format its name asks for (``.json``,
+    ``.trace.json``, ``.pickle``/``.pkl``, ``.html``/``.htm``) and return the format."""
+    if not isinstance(doc, Profile):
+        raise TypeError(f"doc must be a memlord.report.Profile, got {type(doc).__name__}")
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    fmt = format_of(path)
+    writer = {
+        "json": write_json,
+        "trace": write_trace,
+        "pickle": write_pickle,
+        "html": write_html,
+    }[fmt]
+    writer(doc, path, progress)
+    return fmt

@@ -1,0 +1,105 @@
+"""Open a report in headless Chromium (standard library only): the DOM after the page's
+scripts ran, the console messages, and optionally a screenshot.  Used by the browser
+test and the report benchmark; ``tools/ensure_chromium.sh`` installs the browser."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+_CONSOLE = re.compile(r":CONSOLE(?::\d+|\(\d+\))\]\s*(.*)")
+_READY = re.compile(r'data-memlord-ready="([0-9.]+)"')
+_DRAW = re.compile(r'data-memlord-draw-ms="([0-9.]+)"')
+
+
+def find_chromium() -> str | None:
+    """The browser's path: $MEMLORD_CHROMIUM, else the first of NAMES on PATH."""
+    env = os.environ.get("MEMLORD_CHROMIUM")
+    if env and os.access(env, os.X_OK):
+        return env
+    for name in NAMES:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+@dataclasses.dataclass
+class PageLoad:
+    dom: str
+    console: list[str]  # every console message and uncaught error, as Chromium logs them
+    elapsed_s: float  # the whole browser run: start, load, scripts, dump, exit
+    ready_ms: float | None  # the report's own figure: navigation start to plots drawn
+    draw_ms: float | None  # of which the report's data parsing and plotting
+
+
+def _base_args(browser: str, profile_dir: str) -> list[str]:
+    return [
+        browser,
+        "--headless",
+        "--no-sandbox",  # root in containers
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-extensions",
+        "--disable-background-networking",
+        "--host-resolver-rules=MAP * ~NOTFOUND",  # any network request fails, loudly
+        f"--user-data-dir={profile_dir}",
+        "--enable-logging=stderr",
+        "--v=0",
+    ]
+
+
+def load_page(
+    path: str | os.PathLike[str],
+    *,
+    browser: str | None = None,
+    screenshot: str | os.PathLike[str] | None = None,
+    window: tuple[int, int] = (1400, 1400),
+    budget_ms: int = 10_000,
+    timeout_s: float = 120.0,
+) -> PageLoad:
+    """Load ``path`` in headless Chromium and return its DOM and console; with
+    ``screenshot``, also write a PNG of the window (a second browser run)."""
+    browser = browser or find_chromium()
+    if browser is None:
+        raise FileNotFoundError("no Chromium found (tools/ensure_chromium.sh installs it)")
+    url = Path(path).resolve().as_uri()
+    with tempfile.TemporaryDirectory(prefix="memlord-chromium-") as profile:
+        args = _base_args(browser, profile) + [
+            f"--virtual-time-budget={budget_ms}",
+            "--dump-dom",
+            url,
+        ]
+        t0 = time.perf_counter()
+        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
+        elapsed = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise RuntimeError(f"chromium exited with {proc.returncode}: {proc.stderr[-2000:]}")
+        console = [m.group(1) for m in map(_CONSOLE.search, proc.stderr.splitlines()) if m]
+        if screenshot is not None:
+            shot = _base_args(browser, profile) + [
+                f"--virtual-time-budget={budget_ms}",
+                "--hide-scrollbars",
+                f"--window-size={window[0]},{window[1]}",
+                f"--screenshot={os.fspath(screenshot)}",
+                url,
+            ]
+            done = subprocess.run(shot, capture_output=True, text=True, timeout=timeout_s)
+            if done.returncode != 0:
+                raise RuntimeError(f"chromium screenshot failed: {done.stderr[-2000:]}")
+    ready = _READY.search(proc.stdout)
+    draw = _DRAW.search(proc.stdout)
+    return PageLoad(
+        proc.stdout,
+        console,
+        elapsed,
+        float(ready.group(1)) if ready else None,
+        float(draw.group(1)) if draw else None,
+    )

@@ -1,0 +1,540 @@
+"""The self-contained HTML report (needs the optional extra: pip install memlord[report]).
+
+One file, everything inline (plotly.js included), nothing fetched when it is opened:
+
+* a summary header: devices, peaks, totals, GC runs, events, operations;
+* a per-device memory timeline (allocated, running peak, pending, reserved where known),
+  zoom with the mouse wheel or a drag, pan with the modebar; long histories are decimated
+  to at most ``buckets`` time buckets per device keeping every bucket's minimum and
+  maximum, so no peak is lost;
+* a Gantt of operations and regions in compact lanes (overlapping spans never share a
+  lane), colored by name, with tooltips (name, duration, memory delta, start, end); its
+  time axis follows the timeline's zoom;
+* the largest live tensors of the last snapshot, the hotspots and the PyTorch operators.
+
+Every string that comes from the profile is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ._model import Profile, Span
+from ._series import Series, decimate_indices, lanes, memory_series
+from ._util import MiB, Progress, no_progress
+
+EXTRA_HINT = "pip install memlord[report]"
+DEFAULT_BUCKETS = 2000
+MAX_BARS = 10000
+MAX_NAMED_COLORS = 12
+PALETTE = [
+    "#4c78a8",
+    "#f58518",
+    "#54a24b",
+    "#e45756",
+    "#72b7b2",
+    "#eeca3b",
+    "#b279a2",
+    "#ff9da6",
+    "#9d755d",
+    "#bab0ac",
+    "#1f77b4",
+    "#d62728",
+]
+OTHER_COLOR = "#9aa0a6"
+
+
+def _plotly() -> Any:
+    try:
+        import plotly  # noqa: F401
+        import plotly.graph_objects as go
+        import plotly.offline
+    except ImportError as exc:
+        raise ImportError(f"the HTML report needs plotly, an optional extra: {EXTRA_HINT}") from exc
+    return go, plotly.offline
+
+
+def _esc(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _fmt_bytes(n: float) -> str:
+    sign = "-" if n < 0 else ""
+    n = abs(float(n))
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.2f} {unit}"
+        n /= 1024
+    return f"{sign}{n:.2f} TiB"  # pragma: no cover
+
+
+def _json_for_script(obj: str) -> str:
+    """JSON text made safe inside a <script> element (no '<', '>', '&', U+2028/9)."""
+    return (
+        obj.replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+    )
+
+
+# ---- figures ---------------------------------------------------------------------------
+
+
+def timeline_traces(series: dict[str, Series], t0: int, buckets: int) -> list[dict[str, Any]]:
+    """Plotly trace dicts for the timeline: per device allocated, peak, pending (when any
+    is pending) and reserved (when known)."""
+    traces = []
+    for i, (dev, s) in enumerate(series.items()):
+        color = PALETTE[i % len(PALETTE)]
+        values = [s.allocated, s.pending] + ([s.reserved] if s.reserved is not None else [])
+        peak_full = s.peak
+        idx = decimate_indices(s.t_ns, values, buckets)
+        d = s.take(idx)
+        x = (d.t_ns - t0) / 1e9
+        dev_e = _esc(dev)
+
+        def line(name: str, y: np.ndarray, x: np.ndarray = x, **style: Any) -> dict[str, Any]:
+            return {
+                "type": "scatter",
+                "mode": "lines",
+                "name": name,
+                "x": x,
+                "y": y / MiB,
+                "line": {"shape": "hv", **style},
+                "hovertemplate": f"{name}<br>%{{x:.6f}} s<br>%{{y:.3f}} MiB<extra></extra>",
+            }
+
+        traces.append(line(f"allocated {dev_e}", d.allocated, color=color, width=1.5))
+        traces.append(line(f"peak {dev_e}", peak_full[idx], color=color, dash="dot", width=1))
+        if (s.pending != 0).any():
+            traces.append(line(f"pending {dev_e}", d.pending, color=color, dash="dash", width=1))
+        if d.reserved is not None:
+            traces.append(
+                line(f"reserved {dev_e}", np.maximum(d.reserved, 0), color=color, width=1)
+                | {"opacity": 0.5}
+            )
+    return traces
+
+
+def instant_traces(doc: Profile, series: dict[str, Series], t0: int) -> list[dict[str, Any]]:
+    """Markers for auto-GC runs and OOMs, drawn at the device's allocated bytes then."""
+    ev = doc.events
+    traces = []
+    for kind, label, symbol, color in (
+        ("gc", "auto-GC", "triangle-down", "#6b7280"),
+        ("oom", "OOM", "x", "#dc2626"),
+    ):
+        if kind not in ev.kinds:
+            continue
+        mask = ev["kind"] == ev.kinds.index(kind)
+        if not mask.any():
+            continue
+        t = ev["t_ns"][mask]
+        devs = [ev.devices[i] for i in ev["device"][mask].tolist()]
+        y = []
+        for ti, dev in zip(t.tolist(), devs, strict=True):
+            s = series.get(dev)
+            if s is None or not len(s):
+                y.append(0.0)
+                continue
+            i = int(np.searchsorted(s.t_ns, ti, side="right")) - 1
+            y.append(float(s.allocated[max(i, 0)]) / MiB)
+        traces.append(
+            {
+                "type": "scatter",
+                "mode": "markers",
+                "name": label,
+                "x": (t - t0) / 1e9,
+                "y": np.asarray(y),
+                "customdata": [_esc(d) for d in devs],
+                "marker": {"symbol": symbol, "size": 10, "color": color},
+                "hovertemplate": f"{label} on %{{customdata}}<br>%{{x:.6f}} s<extra></extra>",
+            }
+        )
+    return traces
+
+
+def gantt_traces(spans: list[Span], t0: int) -> tuple[list[dict[str, Any]], int, int]:
+    """Plotly bar traces for the Gantt (one per color group) and the number of lanes and
+    of bars drawn (at most MAX_BARS, the longest spans)."""
+    if len(spans) > MAX_BARS:
+        spans = sorted(spans, key=lambda s: s.duration_ns, reverse=True)[:MAX_BARS]
+    lane_of = lanes(spans)
+    n_lanes = max(lane_of, default=-1) + 1
+    totals: dict[str, int] = {}
+    for s in spans:
+        totals[s.name] = totals.get(s.name, 0) + s.duration_ns
+    named = sorted(totals, key=lambda n: -totals[n])[:MAX_NAMED_COLORS]
+    group_of = {name: i for i, name in enumerate(named)}
+    groups: dict[int, list[int]] = {}
+    for i, s in enumerate(spans):
+        groups.setdefault(group_of.get(s.name, -1), []).append(i)
+    traces = []
+    for g in sorted(groups, key=lambda g: (g < 0, g)):
+        members = groups[g]
+        base = np.array([(spans[i].start_ns - t0) / 1e9 for i in members])
+        width = np.array([max(spans[i].duration_ns, 0) / 1e9 for i in members])
+        custom = [
+            [
+                _esc(spans[i].name),
+                f"{spans[i].duration_ns / 1e6:.3f} ms",
+                _fmt_bytes(spans[i].memory_delta),
+                f"{(spans[i].start_ns - t0) / 1e9:.6f} s",
+                f"{(spans[i].end_ns - t0) / 1e9:.6f} s",
+                _esc(spans[i].kind),
+            ]
+            for i in members
+        ]
+        traces.append(
+            {
+                "type": "bar",
+                "orientation": "h",
+                "name": _esc(named[g]) if g >= 0 else "other",
+                "base": base,
+                "x": width,
+                "y": np.array([lane_of[i] for i in members]),
+                "customdata": custom,
+                "marker": {
+                    "color": PALETTE[g % len(PALETTE)] if g >= 0 else OTHER_COLOR,
+                    "line": {"width": 0},
+                },
+                "hovertemplate": (
+                    "<b>%{customdata[0]}</b> (%{customdata[5]})<br>"
+                    "duration %{customdata[1]}<br>memory delta %{customdata[2]}<br>"
+                    "start %{customdata[3]}<br>end %{customdata[4]}<extra></extra>"
+                ),
+            }
+        )
+    return traces, n_lanes, len(spans)
+
+
+# ---- the page --------------------------------------------------------------------------
+
+_CSS = """
+body{font:14px/1.4 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;
+color:#202124;background:#fafafa}
+header{padding:16px 24px;background:#1f2937;color:#f9fafb}
+header h1{margin:0 0 6px;font-size:20px}
+header .meta{color:#cbd5e1;font-size:13px}
+main{padding:8px 24px 32px}
+section{background:#fff;border:1px solid #e5e7eb;border-radius:6px;margin:14px 0;padding:10px 14px}
+section h2{font-size:16px;margin:4px 0 8px}
+table{border-collapse:collapse;font-size:13px}
+th,td{padding:3px 10px;border-bottom:1px solid #eee;text-align:left;vertical-align:top}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+.note{color:#5f6368;font-size:12px}
+.plot{width:100%}
+code{font-size:12px}
+"""
+
+_JS = """
+(function(){
+  var t0 = performance.now();
+  var data = JSON.parse(document.getElementById('memlord-data').textContent);
+  var config = {scrollZoom: true, displaylogo: false, responsive: true};
+  var done = [];
+  var tl = document.getElementById('timeline'), gt = document.getElementById('gantt');
+  function plot(div, fig) {
+    if (div && fig.data.length) done.push(Plotly.newPlot(div, fig.data, fig.layout, config));
+  }
+  plot(tl, data.timeline);
+  plot(gt, data.gantt);
+  var syncing = false;
+  function link(src, dst) {
+    src.on('plotly_relayout', function(ev) {
+      if (syncing || !dst.data) return;
+      var upd = {};
+      if (ev['xaxis.range[0]'] !== undefined) {
+        upd['xaxis.range'] = [ev['xaxis.range[0]'], ev['xaxis.range[1]']];
+      } else if (ev['xaxis.range']) { upd['xaxis.range'] = ev['xaxis.range']; }
+      else if (ev['xaxis.autorange']) { upd['xaxis.autorange'] = true; }
+      else return;
+      syncing = true;
+      var clear = function() { syncing = false; };
+      Plotly.relayout(dst, upd).then(clear, clear);
+    });
+  }
+  Promise.all(done).then(function(){
+    if (tl.on && gt.on && tl.data && gt.data) { link(tl, gt); link(gt, tl); }
+    // milliseconds since navigation started, and the charts' own parse-and-draw time
+    document.body.setAttribute('data-memlord-ready', performance.now().toFixed(1));
+    document.body.setAttribute('data-memlord-draw-ms', (performance.now() - t0).toFixed(1));
+  });
+})();
+"""
+
+
+def _table(headers: list[str], rows: list[list[str]], numeric: set[int]) -> str:
+    head = "".join(
+        f'<th class="num">{_esc(h)}</th>' if i in numeric else f"<th>{_esc(h)}</th>"
+        for i, h in enumerate(headers)
+    )
+    body = "".join(
+        "<tr>"
+        + "".join(
+            f'<td class="num">{_esc(c)}</td>' if i in numeric else f"<td>{_esc(c)}</td>"
+            for i, c in enumerate(row)
+        )
+        + "</tr>"
+        for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _summary(doc: Profile, series: dict[str, Series]) -> tuple[str, list[list[str]]]:
+    rows = []
+    ev = doc.events
+    gc_events: dict[str, int] = {}
+    if "gc" in ev.kinds:
+        gc_devs = ev["device"][ev["kind"] == ev.kinds.index("gc")]
+        for i, count in enumerate(np.bincount(gc_devs, minlength=len(ev.devices)).tolist()):
+            gc_events[ev.devices[i]] = count
+    for dev in doc.devices():
+        c = doc.counters.get(dev, {})
+        s = series.get(dev)
+        peak = c.get("peak_allocated", int(s.allocated.max()) if s is not None and len(s) else 0)
+        final = c.get("allocated", int(s.allocated[-1]) if s is not None and len(s) else 0)
+        reserved = c.get("reserved")
+        if reserved is None and s is not None and s.reserved is not None and len(s):
+            reserved = int(s.reserved[-1])
+        rows.append(
+            [
+                dev,
+                _fmt_bytes(peak),
+                _fmt_bytes(final),
+                "" if reserved is None or reserved < 0 else _fmt_bytes(reserved),
+                _fmt_bytes(c["allocated_total"]) if "allocated_total" in c else "",
+                _fmt_bytes(c["freed_total"]) if "freed_total" in c else "",
+                str(c.get("allocs", "")),
+                str(c.get("frees", "")),
+                str(c.get("gc_runs", gc_events.get(dev, ""))),
+            ]
+        )
+    t0 = doc.t0_ns()
+    ends = [s.end_ns for s in doc.spans()]
+    if len(doc.events):
+        ends.append(int(doc.events["t_ns"].max()))
+    if len(doc.samples):
+        ends.append(int(doc.samples["t_ns"].max()))
+    duration = (max(ends) - t0) / 1e9 if ends else 0.0
+    md = doc.metadata
+    parts = [
+        f"generated {_esc(md.get('generated_at', ''))}",
+        f"duration {duration:.3f} s",
+        f"{len(doc.events):,} events",
+        f"{len(doc.operations):,} operations",
+        f"{len(doc.regions):,} regions",
+        f"{len(doc.snapshots):,} snapshots",
+    ]
+    for key in ("torch_version", "memlord_version", "command"):
+        if md.get(key):
+            parts.append(f"{_esc(key.replace('_', ' '))} {_esc(md[key])}")
+    return " · ".join(parts), rows
+
+
+def _top_tensors(doc: Profile) -> list[list[str]]:
+    for snap in reversed(doc.snapshots):
+        breakdown = snap.get("device_breakdown") or {}
+        rows = []
+        for dev, info in breakdown.items():
+            for t in info.get("tensors", []):
+                rows.append(
+                    [
+                        dev,
+                        f"{float(t.get('size_mb', 0.0)):.3f}",
+                        str(t.get("shape", "")),
+                        str(t.get("dtype", "")),
+                        str(t.get("requires_grad", "")),
+                        str(t.get("operation") or ""),
+                        str(snap.get("checkpoint_name") or ""),
+                    ]
+                )
+        if rows:
+            rows.sort(key=lambda r: -float(r[1]))
+            return rows
+    return []
+
+
+def render_html(
+    doc: Profile,
+    *,
+    buckets: int = DEFAULT_BUCKETS,
+    progress: Progress = no_progress,
+) -> str:
+    """The report as one HTML string."""
+    if not isinstance(buckets, int) or isinstance(buckets, bool) or buckets < 1:
+        raise ValueError(f"buckets must be a positive int, got {buckets!r}")
+    go, offline = _plotly()
+    progress(0.05, "html series")
+    series = memory_series(doc)
+    t0 = doc.t0_ns()
+    progress(0.3, "html timeline")
+    tl_traces = timeline_traces(series, t0, buckets) + instant_traces(doc, series, t0)
+    progress(0.5, "html gantt")
+    spans = doc.spans()
+    gt_traces, n_lanes, n_bars = gantt_traces(spans, t0)
+    tl_fig = go.Figure(
+        data=tl_traces,
+        layout={
+            "height": 380,
+            "margin": {"l": 60, "r": 20, "t": 30, "b": 40},
+            "xaxis": {"title": {"text": "seconds since start"}},
+            "yaxis": {"title": {"text": "MiB"}, "rangemode": "tozero"},
+            "legend": {"orientation": "h", "y": 1.12},
+            "hovermode": "closest",
+            "template": "plotly_white",
+        },
+    )
+    gt_fig = go.Figure(
+        data=gt_traces,
+        layout={
+            "height": max(200, 60 + 22 * n_lanes),
+            "margin": {"l": 60, "r": 20, "t": 30, "b": 40},
+            "barmode": "overlay",
+            "bargap": 0.15,
+            "xaxis": {"title": {"text": "seconds since start"}},
+            "yaxis": {"title": {"text": "lane"}, "autorange": "reversed", "dtick": 1},
+            "legend": {"orientation": "h", "y": 1.15},
+            "template": "plotly_white",
+        },
+    )
+    progress(0.65, "html json")
+    payload = '{"timeline":' + tl_fig.to_json() + ',"gantt":' + gt_fig.to_json() + "}"
+    header, rows = _summary(doc, series)
+    title = doc.metadata.get("title") or "memlord memory report"
+    sections = []
+    sections.append(
+        "<section><h2>Devices</h2>"
+        + _table(
+            [
+                "device",
+                "peak",
+                "allocated at end",
+                "reserved",
+                "allocated total",
+                "freed total",
+                "allocs",
+                "frees",
+                "GC runs",
+            ],
+            rows,
+            {1, 2, 3, 4, 5, 6, 7, 8},
+        )
+        + "</section>"
+    )
+    decimated = any(len(s) > 2 * buckets for s in series.values())
+    note = (
+        f"Decimated to {buckets} time buckets per device; every bucket keeps its minimum "
+        "and maximum, so peaks are exact. "
+        if decimated
+        else ""
+    )
+    sections.append(
+        '<section><h2>Memory timeline</h2><div id="timeline" class="plot"></div>'
+        f'<p class="note">{note}Wheel or drag to zoom, double-click to reset; the Gantt '
+        "follows the zoom.</p></section>"
+        if tl_traces
+        else "<section><h2>Memory timeline</h2><p>No memory samples or events.</p></section>"
+    )
+    shown = f"{n_bars:,} of {len(spans):,} (the longest)" if n_bars < len(spans) else f"{n_bars:,}"
+    sections.append(
+        '<section><h2>Operations and regions</h2><div id="gantt" class="plot"></div>'
+        f'<p class="note">{shown} spans in {n_lanes} lanes; overlapping spans never '
+        "share a lane.</p></section>"
+        if gt_traces
+        else "<section><h2>Operations and regions</h2><p>None recorded.</p></section>"
+    )
+    top = _top_tensors(doc)
+    if top:
+        sections.append(
+            "<section><h2>Largest live tensors (last snapshot)</h2>"
+            + _table(
+                ["device", "MiB", "shape", "dtype", "requires_grad", "operation", "snapshot"],
+                top,
+                {1},
+            )
+            + "</section>"
+        )
+    if doc.hotspots:
+        sections.append(
+            "<section><h2>Hotspots</h2>"
+            + _table(
+                ["device", "kind", "site", "bytes"],
+                [
+                    [
+                        str(h.get("device", "")),
+                        str(h.get("kind", "")),
+                        str(h.get("site", "")),
+                        _fmt_bytes(int(h.get("bytes", 0))),
+                    ]
+                    for h in doc.hotspots
+                ],
+                {3},
+            )
+            + "</section>"
+        )
+    if doc.pytorch_operations:
+        ops = sorted(doc.pytorch_operations, key=lambda o: -float(o.get("cpu_time_us", 0)))[:50]
+        sections.append(
+            "<section><h2>PyTorch operators</h2>"
+            + _table(
+                ["operator", "count", "CPU µs", "CUDA µs", "CPU MiB", "CUDA MiB", "input shapes"],
+                [
+                    [
+                        str(o.get("op_name", "")),
+                        str(o.get("count", "")),
+                        f"{float(o.get('cpu_time_us', 0)):.0f}",
+                        f"{float(o.get('cuda_time_us', 0)):.0f}",
+                        f"{float(o.get('cpu_memory_mb', 0)):.3f}",
+                        f"{float(o.get('cuda_memory_mb', 0)):.3f}",
+                        str(o.get("input_shapes", "")),
+                    ]
+                    for o in ops
+                ],
+                {1, 2, 3, 4, 5},
+            )
+            + "</section>"
+        )
+    progress(0.85, "html page")
+    page = "".join(
+        [
+            '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
+            '<meta name="viewport" content="width=device-width, initial-scale=1">',
+            f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>",
+            f'<header><h1>{_esc(title)}</h1><div class="meta">{header}</div></header><main>',
+            "".join(sections),
+            "</main>\n<script>",
+            offline.get_plotlyjs().replace("</script", "<\\/script"),
+            '</script>\n<script type="application/json" id="memlord-data">',
+            _json_for_script(payload),
+            "</script>\n<script>",
+            _JS,
+            "</script></body></html>\n",
+        ]
+    )
+    progress(1.0, "html")
+    return page
+
+
+def write_html(
+    doc: Profile,
+    path: str | os.PathLike[str],
+    progress: Progress = no_progress,
+    *,
+    buckets: int = DEFAULT_BUCKETS,
+) -> None:
+    text = render_html(doc, buckets=buckets, progress=progress)
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+__all__ = ["render_html", "write_html", "EXTRA_HINT"]

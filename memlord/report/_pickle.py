@@ -1,0 +1,181 @@
+"""torch's memory snapshot layout (``torch.cuda.memory._snapshot()``), pickled.
+
+``torch.cuda._memory_viz`` (``segsum``, ``trace``, ``memory``, ``segments``,
+``trace_plot``, ``segment_plot``) and https://pytorch.org/memory_viz read the result.
+
+memlord has no allocator segments, so each device gets one synthetic segment: one
+``active_allocated`` block per allocation still live at the end of the event record
+(with its allocation site as the frame), then one ``inactive`` block up to the device's
+peak.  ``device_traces`` comes from the events: ``alloc``, ``free`` (as
+``free_requested`` + ``free_completed``), ``free_requested``, ``free_completed`` and
+``oom``.  Device indices: ``cuda:N`` is index N (as in torch); other devices (cpu, ...)
+follow the highest cuda index, in order; ``memlord_devices`` lists the name of each
+index.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+from ._model import Profile
+from ._series import memory_series
+from ._util import Progress, no_progress
+
+SEGMENT_BASE = 0x7F0000000000
+SEGMENT_STRIDE = 1 << 40
+
+
+def device_indices(devices: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    top = -1
+    for d in devices:
+        if d.startswith("cuda:") and d[5:].isdigit():
+            out[d] = int(d[5:])
+            top = max(top, out[d])
+    for d in devices:
+        if d not in out:
+            top += 1
+            out[d] = top
+    return out
+
+
+def _frames(site: str | None) -> list[dict[str, Any]]:
+    if not site:
+        return []
+    filename, _, line = site.rpartition(":")
+    if not filename or not line.isdigit():
+        return [{"filename": site, "line": 0, "name": "?"}]
+    return [{"filename": filename, "line": int(line), "name": "?"}]
+
+
+def to_snapshot(doc: Profile, progress: Progress = no_progress) -> dict[str, Any]:
+    """The document as a torch memory snapshot dictionary."""
+    devices = doc.devices()
+    index = device_indices(devices)
+    n_traces = max(index.values(), default=-1) + 1
+    traces: list[list[dict[str, Any]]] = [[] for _ in range(n_traces)]
+    ev = doc.events
+    start_ns = doc.metadata.get("start_ns", doc.t0_ns())
+    start_unix = float(doc.metadata.get("start_unix", 0.0))
+    live: dict[str, dict[int, tuple[int, str | None]]] = {d: {} for d in devices}
+    if len(ev):
+        kinds = ev.kinds
+        kind_col = ev["kind"].tolist()
+        dev_col = ev["device"].tolist()
+        addr_col = ev["address"].tolist()
+        size_col = ev["bytes"].tolist()
+        site_col = ev["site"].tolist()
+        t_col = ((ev["t_ns"] - start_ns) // 1000 + int(start_unix * 1e6)).tolist()
+        n = len(kind_col)
+        for i in range(n):
+            kind = kinds[kind_col[i]]
+            dev = ev.devices[dev_col[i]]
+            trace = traces[index[dev]]
+            addr, size = addr_col[i], size_col[i]
+            site = ev.sites[site_col[i]] if site_col[i] >= 0 else None
+            base = {"addr": addr, "size": size, "stream": 0, "time_us": t_col[i]}
+            if kind == "alloc":
+                trace.append({"action": "alloc", **base, "frames": _frames(site)})
+                if addr:
+                    live[dev][addr] = (size, site)
+            elif kind == "free":
+                trace.append({"action": "free_requested", **base, "frames": _frames(site)})
+                trace.append({"action": "free_completed", **base, "frames": []})
+                live[dev].pop(addr, None)
+            elif kind in ("free_requested", "free_completed"):
+                trace.append({"action": kind, **base, "frames": _frames(site)})
+                if kind == "free_completed":
+                    live[dev].pop(addr, None)
+            elif kind == "oom":
+                trace.append({"action": "oom", **base, "device_free": 0, "frames": _frames(site)})
+            if i % 65536 == 0:
+                progress(0.8 * i / n, "pickle traces")
+    series = memory_series(doc)
+    segments = []
+    for dev in devices:
+        s = series.get(dev)
+        final = int(s.allocated[-1]) if s is not None and len(s) else 0
+        peak = int(s.allocated.max()) if s is not None and len(s) else 0
+        counters = doc.counters.get(dev, {})
+        final = int(counters.get("allocated", final))
+        peak = max(peak, int(counters.get("peak_allocated", peak)), final)
+        address = SEGMENT_BASE + index[dev] * SEGMENT_STRIDE
+        blocks = []
+        offset = 0
+        if live[dev] and sum(sz for sz, _ in live[dev].values()) == final:
+            for _addr, (size, site) in sorted(live[dev].items()):
+                blocks.append(
+                    {
+                        "address": address + offset,
+                        "size": size,
+                        "requested_size": size,
+                        "state": "active_allocated",
+                        "frames": _frames(site),
+                    }
+                )
+                offset += size
+        elif final:
+            blocks.append(
+                {
+                    "address": address,
+                    "size": final,
+                    "requested_size": final,
+                    "state": "active_allocated",
+                    "frames": [],
+                }
+            )
+            offset = final
+        if peak > offset:
+            blocks.append(
+                {
+                    "address": address + offset,
+                    "size": peak - offset,
+                    "requested_size": 0,
+                    "state": "inactive",
+                    "frames": [],
+                }
+            )
+        segments.append(
+            {
+                "device": index[dev],
+                "address": address,
+                "total_size": peak,
+                "allocated_size": final,
+                "active_size": final,
+                "requested_size": final,
+                "stream": 0,
+                "segment_type": "large",
+                "segment_pool_id": (0, 0),
+                "is_expandable": False,
+                "frames": [],
+                "blocks": blocks,
+                "memlord_device": dev,
+            }
+        )
+    progress(1.0, "pickle")
+    return {
+        "segments": segments,
+        "device_traces": traces,
+        "allocator_settings": {
+            "backend": "memlord (synthetic segments: one per device)",
+            "expandable_segments": False,
+        },
+        "memlord_devices": [d for d, _ in sorted(index.items(), key=lambda kv: kv[1])],
+    }
+
+
+def write_pickle(
+    doc: Profile, path: str | os.PathLike[str], progress: Progress = no_progress
+) -> None:
+    snap = to_snapshot(doc, progress)
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        pickle.dump(snap, f, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(tmp, path)
+
+
+__all__ = ["to_snapshot", "write_pickle", "device_indices"]

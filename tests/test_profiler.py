@@ -1,0 +1,287 @@
+"""memlord.profiler: the memory profiler's API on real tensors, its one snapshot thread,
+and the JSON written at stop, at exit and on SIGTERM / SIGINT (real subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import torch
+
+import memlord.profiler as profiler
+from memlord.profiler import (
+    MemoryTracker,
+    get_memory_tracker,
+    initialize_memory_tracker,
+    memory_checkpoint,
+    stop_memory_tracker,
+)
+from memlord.report import load
+
+NAME = re.compile(r"memory_profile_\d{8}_\d{6}\.json")
+
+
+def _profiler_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "memlord-profiler"]
+
+
+@pytest.fixture(autouse=True)
+def _no_global_tracker():
+    stop_memory_tracker()
+    yield
+    stop_memory_tracker()
+
+
+def test_disabled_tracker_does_nothing(tmp_path):
+    tracker = get_memory_tracker()
+    assert not tracker.enabled and not tracker.running
+    with tracker.track_operation("x"):
+        torch.zeros(10)
+    assert memory_checkpoint("nothing") is None
+    tracker = initialize_memory_tracker(output_dir=tmp_path, enabled=False, interval=0.01)
+    with tracker.track_operation("x"):
+        torch.zeros(10)
+    with tracker.track_pytorch_ops():
+        torch.zeros(10) + 1
+    assert _profiler_threads() == []
+    assert stop_memory_tracker() is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_operations_nested_with_exact_deltas(tmp_path):
+    initialize_memory_tracker(output_dir=tmp_path, interval=None)
+    tracker = get_memory_tracker()
+    keep = []
+    with tracker.track_operation("outer"):
+        keep.append(torch.zeros(1000))  # 4000 bytes
+        with tracker.track_operation("inner"):
+            keep.append(torch.zeros(250, dtype=torch.float64))  # 2000 bytes
+            scratch = torch.zeros(500)  # 2000 bytes, freed inside outer
+        del scratch
+    for _ in range(2):
+        with tracker.track_operation("inner"):
+            pass
+    path = stop_memory_tracker()
+    assert path is not None and NAME.fullmatch(path.name) and path.parent == tmp_path
+    data = json.loads(path.read_text())
+    outer, inner = data["operation_allocations"]["outer"], data["operation_allocations"]["inner"]
+    assert len(outer) == 1 and len(inner) == 3
+    ops = {(s["name"], s["depth"]): s for s in data["memlord"]["operations"]}
+    o, i = ops[("outer", 0)], ops[("inner", 1)]
+    assert o["delta"] == {"cpu": 6000} and o["tensor_delta"] == 2
+    assert o["post_total"] - o["pre_total"] == 6000
+    assert i["delta"] == {"cpu": 4000} and i["tensor_delta"] == 2
+    assert i["pre_total"] == o["pre_total"] + 4000
+    assert o["start_ns"] <= i["start_ns"] <= i["end_ns"] <= o["end_ns"]
+    summary = data["operation_summary"]
+    assert summary["outer"]["invocation_count"] == 1 and summary["inner"]["invocation_count"] == 3
+    assert summary["inner"]["max_memory_delta_mb"] == round(4000 / 2**20, 4)
+    # the stop snapshot sees the two kept tensors among the largest
+    last = data["snapshots"][-1]
+    assert last["checkpoint_name"] == "stop"
+    shapes = [t["shape"] for t in last["device_breakdown"]["cpu"]["tensors"]]
+    assert [1000] in shapes and [250] in shapes
+    assert load(path).operation_summary() == summary
+    del keep
+
+
+def test_one_snapshot_thread_only_while_running(tmp_path):
+    tracker = initialize_memory_tracker(output_dir=tmp_path, interval=0.01)
+    assert len(_profiler_threads()) == 1
+    x = torch.zeros(4096)
+    deadline = time.monotonic() + 5
+    while len(tracker.profile().snapshots) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    memory_checkpoint("after_alloc")
+    stop_memory_tracker()
+    assert _profiler_threads() == []
+    doc = tracker.profile()
+    periodic = [s for s in doc.snapshots if s["checkpoint_name"] is None]
+    assert len(periodic) >= 3
+    # periodic snapshots carry totals only; checkpoints also the largest tensors
+    assert all(s["device_breakdown"].get("cpu", {}).get("tensors", []) == [] for s in periodic)
+    (cp,) = [s for s in doc.snapshots if s["checkpoint_name"] == "after_alloc"]
+    assert cp["device_breakdown"]["cpu"]["total_bytes"] >= 4096 * 4
+    assert cp["device_breakdown"]["cpu"]["tensors"][0]["nbytes"] >= 4096 * 4
+    n = len(doc.snapshots)
+    time.sleep(0.05)
+    assert len(tracker.profile().snapshots) == n
+    del x
+
+
+def test_background_snapshots_never_break_tuple_building(tmp_path):
+    """A scan of gc.get_objects() from the snapshot thread made tuple(generator) on the
+    main thread fail with SystemError (the scan's list referred to the tuple being
+    resized).  Periodic snapshots must not scan."""
+    keep = [torch.zeros(4) for _ in range(500)]
+
+    def gen(n):
+        yield from range(n)
+
+    tracker = initialize_memory_tracker(output_dir=tmp_path, interval=0.001, json_path=False)
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        assert tuple(gen(200))[-1] == 199
+    stop_memory_tracker()
+    assert len(tracker.profile().snapshots) > 10
+    del keep
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_snapshot_with_a_tensor_that_has_no_sizes(tmp_path):
+    """A live nested tensor (whose .shape raises) made the checkpoint's scan fail."""
+    nested = torch.nested.nested_tensor([torch.zeros(3), torch.zeros(5)])
+    tracker = initialize_memory_tracker(output_dir=tmp_path, interval=None, top=100_000)
+    snap = memory_checkpoint("nested")
+    stop_memory_tracker()
+    tensors = snap["device_breakdown"]["cpu"]["tensors"]
+    assert any(t["shape"] is None for t in tensors)
+    assert tracker.profile().snapshots[0] is snap
+    del nested
+
+
+def test_track_pytorch_ops(tmp_path):
+    initialize_memory_tracker(output_dir=tmp_path, interval=None)
+    tracker = get_memory_tracker()
+    model = torch.nn.Linear(16, 8)
+    with tracker.track_pytorch_ops():
+        for _ in range(3):
+            model(torch.randn(4, 16))
+    path = stop_memory_tracker()
+    ops = json.loads(path.read_text())["pytorch_operations"]
+    linear = [o for o in ops if o["op_name"] == "aten::linear"]
+    assert linear and linear[0]["count"] == 3
+    assert linear[0]["input_shapes"] == [[4, 16], [8, 16], [8]]
+    assert linear[0]["cpu_time_us"] > 0
+    assert set(linear[0]) == {
+        "op_name",
+        "count",
+        "cpu_time_us",
+        "cuda_time_us",
+        "cpu_memory_mb",
+        "cuda_memory_mb",
+        "input_shapes",
+    }
+
+
+def test_bad_arguments_raise_and_change_nothing(tmp_path):
+    initialize_memory_tracker(output_dir=tmp_path, interval=None)
+    before = get_memory_tracker()
+    with pytest.raises(ValueError, match="interval"):
+        initialize_memory_tracker(output_dir=tmp_path, interval=0)
+    with pytest.raises(TypeError, match="interval"):
+        initialize_memory_tracker(output_dir=tmp_path, interval="5")
+    with pytest.raises(TypeError, match="enabled"):
+        initialize_memory_tracker(output_dir=tmp_path, enabled="yes")
+    with pytest.raises(TypeError, match="output_dir"):
+        initialize_memory_tracker(output_dir=3)
+    with pytest.raises(TypeError, match="name"):
+        memory_checkpoint(3)
+    with pytest.raises(TypeError, match="name"):
+        with before.track_operation(None):
+            pass
+    assert get_memory_tracker() is before and before.running
+    assert before.profile().operations == []
+
+
+def test_initialize_twice_writes_the_first(tmp_path):
+    first = initialize_memory_tracker(output_dir=tmp_path / "a", interval=None)
+    initialize_memory_tracker(output_dir=tmp_path / "b", interval=None)
+    assert not first.running
+    assert len(list((tmp_path / "a").iterdir())) == 1
+    stop_memory_tracker()
+    assert len(list((tmp_path / "b").iterdir())) == 1
+
+
+def test_extra_exports_and_explicit_json(tmp_path):
+    tracker = MemoryTracker(
+        tmp_path,
+        interval=None,
+        json_path=tmp_path / "p.json",
+        exports=[tmp_path / "p.trace.json", tmp_path / "p.pickle"],
+        install_handlers=False,
+    ).start()
+    with tracker.track_operation("op"):
+        torch.ones(100)
+    written = tracker.stop()
+    assert [p.name for p in written] == ["p.json", "p.trace.json", "p.pickle"]
+    assert tracker.stop() == []  # stopped once
+
+
+# ---- exit and signals, in real processes ----------------------------------------------------
+
+SCRIPT = """
+import os, signal, sys, time, torch
+from memlord.profiler import initialize_memory_tracker, get_memory_tracker
+mode, out = sys.argv[1], sys.argv[2]
+if mode == "chain":
+    def previous(signum, frame):
+        open(os.path.join(out, "previous_handler_ran"), "w").close()
+        sys.exit(7)
+    signal.signal(signal.SIGTERM, previous)
+initialize_memory_tracker(output_dir=out, interval=0.05)
+with get_memory_tracker().track_operation("setup"):
+    keep = torch.zeros(1 << 16)
+if mode == "exit":
+    sys.exit(0)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def _run(tmp_path, mode, sig=None):
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(SCRIPT))
+    proc = subprocess.Popen(
+        [sys.executable, str(script), mode, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    if sig is not None:
+        assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+        proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    (path,) = [p for p in tmp_path.iterdir() if NAME.fullmatch(p.name)]
+    doc = load(path)
+    assert [s.name for s in doc.operations] == ["setup"]
+    assert doc.operations[0].delta == {"cpu": 4 << 16}
+    return proc.returncode, err, doc
+
+
+def test_written_at_interpreter_exit(tmp_path):
+    code, err, doc = _run(tmp_path, "exit")
+    assert code == 0, err
+    assert doc.snapshots[-1]["checkpoint_name"] == "exit"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_written_on_sigterm_then_default_behaviour(tmp_path):
+    code, err, _ = _run(tmp_path, "default", signal.SIGTERM)
+    assert code == -signal.SIGTERM, err
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_written_on_sigint_then_keyboard_interrupt(tmp_path):
+    code, err, _ = _run(tmp_path, "default", signal.SIGINT)
+    assert "KeyboardInterrupt" in err
+    assert code != 0
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_sigterm_chains_the_previous_handler(tmp_path):
+    code, err, _ = _run(tmp_path, "chain", signal.SIGTERM)
+    assert code == 7, err
+    assert (tmp_path / "previous_handler_ran").exists()
+
+
+def test_module_state_is_restored():
+    assert profiler._tracker is None or not profiler._tracker.running
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

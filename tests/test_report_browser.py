@@ -1,0 +1,67 @@
+"""The HTML report in a real browser: Debian's chromium, headless.
+
+The page must load with no console message at all (errors, warnings, failed network
+requests: the browser runs with every host unresolvable), draw the expected number of
+timeline series and Gantt bars, create no element from user strings, and a screenshot
+is written (to $MEMLORD_SCREENSHOT_DIR when set, to look at).
+
+CI installs the browser with tools/ensure_chromium.sh and sets MEMLORD_REQUIRE_BROWSER=1,
+which turns a missing browser into a failure instead of a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from memlord.report import export
+from memlord.report._browser import find_chromium, load_page
+from memlord.report._synthetic import synthetic_profile
+
+pytest.importorskip("plotly", reason="the HTML report needs the report extra (plotly)")
+
+EVIL = "</script><img src=x onerror=alert(1)>"
+
+
+@pytest.fixture(scope="module")
+def browser() -> str:
+    path = find_chromium()
+    if path is None:
+        if os.environ.get("MEMLORD_REQUIRE_BROWSER"):
+            pytest.fail("MEMLORD_REQUIRE_BROWSER is set but no chromium is installed")
+        pytest.skip("no chromium on this machine: run tools/ensure_chromium.sh to install it")
+    return path
+
+
+def _count(pattern: str, text: str) -> int:
+    return len(re.findall(pattern, text))
+
+
+def test_report_loads_and_draws_in_chromium(browser, tmp_path):
+    steps = 4
+    doc = synthetic_profile(50_000, steps=steps, names=(EVIL, "backward", "optimizer"))
+    doc.metadata["title"] = EVIL
+    page = tmp_path / "report.html"
+    export(doc, page)
+    shot_dir = Path(os.environ.get("MEMLORD_SCREENSHOT_DIR") or tmp_path)
+    shot = shot_dir / "memlord_report.png"
+    loaded = load_page(page, browser=browser, screenshot=shot)
+
+    assert loaded.console == [], f"console messages: {loaded.console}"
+    assert loaded.ready_ms is not None, "the report's script did not finish"
+    dom = loaded.dom
+    timeline, _, rest = dom.partition('id="gantt"')
+    # timeline: allocated + peak per device, reserved on cuda:0, auto-GC and OOM markers
+    assert _count(r'class="trace scatter', timeline) == 2 + 3 + 2
+    # Gantt: one bar per span, one bar trace per name (step, 3 names, data_loader)
+    assert _count(r'<g class="point"', rest) == len(doc.operations) == steps * 5
+    assert _count(r'class="trace bars"', rest) == 5
+    # user strings are text, never markup
+    assert "<img" not in dom
+    assert "&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;" in dom
+    # nothing outside the file is referenced
+    assert not re.search(r'<(script|link|img|iframe)[^>]+(src|href)="(https?:)?//', dom)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
