@@ -11,6 +11,13 @@ pytest's default ``prepend`` import mode puts ``tests/`` on ``sys.path``.
 * ``here()`` is the caller's current line, for call-site assertions.
 * ``STRESS_SCALE`` (env ``MEMLORD_STRESS_SCALE``, default 1) scales the iteration counts of the
   long stress tests; 1 runs the counts the issues name.
+* GC torture (env ``MEMLORD_GC_TORTURE=1``, what ``tox -e torture`` sets): every test runs with
+  ``gc.set_threshold(1)``, so any allocation may run the cyclic GC, and with cyclic garbage
+  whose finalizers call back into memlord (reset, set_auto_gc, set_auto_gc_strategy,
+  allocate, free, queries) on a second lord.  A test's own lord and the hooks' subscribers
+  are left alone, so its assertions hold; what is tested is that nothing crashes, leaks or
+  corrupts while memlord's C code is interrupted anywhere an allocation can happen.  (The
+  same lord re-entered from a finalizer or a thread is what test_core2.py's repro tests do.)
 """
 
 from __future__ import annotations
@@ -85,6 +92,68 @@ def pytest_collection_modifyitems(config, items):
 
 
 # --------------------------------------------------------------------------- fixtures
+
+
+GC_TORTURE = os.environ.get("MEMLORD_GC_TORTURE", "") not in ("", "0")
+
+
+class _Meddler:
+    """Cyclic garbage whose finalizer calls into memlord on the torture lord."""
+
+    ops = 0
+
+    def __init__(self, lord, i):
+        self.me = self
+        self.lord = lord
+        self.i = i
+
+    def __del__(self):
+        lord, i = self.lord, self.i
+        _Meddler.ops += 1
+        try:
+            k = i % 7
+            if k == 0:
+                lord.reset()
+            elif k == 1:
+                lord.set_auto_gc(None if i % 2 else 1)
+            elif k == 2:
+                lord.set_auto_gc_strategy(
+                    {(0, 101): {"metric": "freed", "threshold": {"bytes": 1}}}
+                )
+            elif k == 3:
+                lord.allocate(torch.empty(4))
+            elif k == 4:
+                lord.free(torch.empty(3))
+            elif k == 5:
+                lord.allocated(), lord.stats(), lord.auto_gc_strategy, lord.top_alloc_site()
+            else:
+                _Meddler(lord, i + 1)  # more garbage, made during a collection
+        except Exception:  # a finalizer must not raise; memlord's own errors are the test
+            import traceback
+
+            traceback.print_exc()
+            raise
+
+
+@pytest.fixture(autouse=True)
+def _gc_torture():
+    if not GC_TORTURE:
+        yield
+        return
+    import gc
+
+    from memlord import MemLord
+
+    victim = MemLord(auto_gc_bytes=1)
+    for i in range(64):
+        _Meddler(victim, i)
+    old = gc.get_threshold()
+    gc.set_threshold(1, 1, 1)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*old)
+        gc.collect()
 
 
 @pytest.fixture(autouse=True)
