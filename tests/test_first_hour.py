@@ -356,3 +356,85 @@ def test_debug_log_colors_follow_force_color_and_no_color(tmp_path):
     )
     assert plain.stderr and "\x1b[" not in plain.stderr
     assert forced.stdout == plain.stdout == ""
+
+
+# ------------------------------------- docs/coming-from-memlord.md: memlord's side, checked
+
+
+def band(metric="max", **threshold):
+    return {"metric": metric, "threshold": threshold or {"percent": 10.0}}
+
+
+@pytest.mark.parametrize(
+    "strategy, error",
+    [
+        ({(0, 60): band(), (50, 101): band()}, ValueError),  # overlapping
+        ({(0, 102): band()}, ValueError),
+        ({(50, 50): band()}, ValueError),
+        ({(-5, 10): band()}, ValueError),
+        ({(True, 50): band()}, TypeError),
+        ({(0, float("nan")): band()}, ValueError),
+        ({(0, 50): {**band(), "note": 1}}, ValueError),  # extra key in a band
+        ({(0, 50): band(percent=10.0, min=3)}, ValueError),  # extra key in a threshold
+        ({(0, 50): band(percent=100.5)}, ValueError),
+        ({(0, 50): band(percent=-1.0)}, ValueError),
+        ({(0, 50): band(bytes=2e9)}, TypeError),
+        ({(0, 50): band(bytes=True)}, TypeError),
+        ({(0, 50): band(bytes=-1)}, ValueError),
+        ({(0, 50): band(bytes=2**63)}, ValueError),
+        ({"0-50": band()}, TypeError),  # a key that is not a tuple
+        ({(0, 50): band(metric=1)}, TypeError),
+        ({(i / 20, (i + 1) / 20): band() for i in range(1025)}, ValueError),
+    ],
+)
+def test_strategies_memlord_rejects_unlike_upstream(strategy, error):
+    lord = MemLord(auto_gc_bytes=12345)
+    with pytest.raises(error, match="argument 'strategy'"):
+        MemLord(auto_gc_strategy=strategy)
+    with pytest.raises(error, match="argument 'strategy'"):
+        lord.set_auto_gc_strategy(strategy)
+    assert lord.auto_gc_bytes == 12345 and lord.auto_gc_strategy is None  # unchanged
+
+
+def test_a_mapping_that_is_not_a_dict_is_rejected():
+    import types
+
+    with pytest.raises(TypeError, match="got mappingproxy"):
+        MemLord(auto_gc_strategy=types.MappingProxyType({(0, 50): band()}))
+
+
+def test_a_zero_threshold_fires_as_soon_as_the_metric_is_above_zero():
+    lord = MemLord(auto_gc_strategy={(0, 101): band("freed", bytes=0)})
+    lord.set_capacity_source(lambda dev: (1000, 100))
+    t = fake_cuda(10, 0)
+    lord.allocate(t)
+    assert lord.gc_runs == 0  # "freed" is still 0
+    lord.free(t)
+    assert lord.gc_runs == 1
+
+
+def test_constructor_defaults_that_differ_from_upstream():
+    assert MemLord().auto_gc_strategy is None  # bytes mode, "auto"
+    assert "auto" in repr(MemLord())
+    off = MemLord(None)
+    assert off.auto_gc_strategy is None and off.auto_gc_bytes is None  # auto-GC off
+    assert MemLord(auto_gc_strategy=None).auto_gc_strategy == {
+        (0, 50): {"metric": "max", "threshold": {"percent": 60.0}},
+        (50, 75): {"metric": "max", "threshold": {"percent": 50.0}},
+        (75, 101): {"metric": "max", "threshold": {"percent": 40.0}},
+    }
+    assert MemLord().track_callsite is True
+    with pytest.raises(TypeError, match="track_callsite"):
+        MemLord(track_callsite=1)
+
+
+def test_a_gc_run_keeps_live_bytes_and_other_devices():
+    """Upstream zeroes allocated and freed of every device of the type; memlord only the
+    since-GC counters of the device that ran."""
+    lord = MemLord(auto_gc_bytes=100)
+    a, b, c = fake_cuda(100, 0), fake_cuda(100, 1), fake_cuda(25, 0)
+    lord.allocate([a, b, c])
+    lord.free(a)
+    assert lord.gc_runs == 1
+    assert lord.allocated("cuda:0")[0] == 100 and lord.freed("cuda:0")[0] == 0
+    assert lord.allocated("cuda:1")[0] == 400
