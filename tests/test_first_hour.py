@@ -52,6 +52,15 @@ def run(args, *, cwd, env_extra=None, drop=("DEBUG", "NO_COLOR", "FORCE_COLOR"))
     )
 
 
+# An editable install of memlord (`pip install -e .`) adds a finder after the path-based
+# one that would serve its own built _core to any memlord package: drop it, so the copy
+# in the working directory is seen as a user without that install sees it.
+UNBUILT = (
+    "import sys; sys.meta_path[:] = "
+    "[f for f in sys.meta_path if not getattr(f, '__module__', '').startswith('__editable__')]\n"
+)
+
+
 def copy_package_without_core(dest: Path) -> Path:
     """memlord's Python files, without any compiled _core, in dest/memlord."""
     pkg = dest / "memlord"
@@ -78,7 +87,7 @@ def test_import_from_an_unbuilt_checkout_says_exactly_what_to_run(tmp_path):
     """Before the fix: 'cannot import name _core ... (most likely due to a circular
     import)', which says nothing of a build."""
     make_checkout(tmp_path)
-    r = run(["-c", "import memlord"], cwd=tmp_path)
+    r = run(["-c", UNBUILT + "import memlord"], cwd=tmp_path)
     assert r.returncode != 0
     last = r.stderr.strip().splitlines()
     assert any(line.startswith("ImportError: memlord's C extension is not built") for line in last)
@@ -88,7 +97,8 @@ def test_import_from_an_unbuilt_checkout_says_exactly_what_to_run(tmp_path):
 
 def test_python_m_memlord_from_an_unbuilt_checkout_says_what_to_run(tmp_path):
     make_checkout(tmp_path)
-    r = run(["-m", "memlord"], cwd=tmp_path)
+    main = "import runpy; runpy.run_module('memlord', run_name='__main__')"  # python -m memlord
+    r = run(["-c", UNBUILT + main], cwd=tmp_path)
     assert r.returncode != 0
     assert "-m pip install -e ." in r.stderr
     assert "circular import" not in r.stderr
@@ -96,7 +106,7 @@ def test_python_m_memlord_from_an_unbuilt_checkout_says_what_to_run(tmp_path):
 
 def test_installed_package_without_core_says_reinstall(tmp_path):
     copy_package_without_core(tmp_path)  # no pyproject.toml/setup.py: not a checkout
-    r = run(["-c", "import memlord"], cwd=tmp_path)
+    r = run(["-c", UNBUILT + "import memlord"], cwd=tmp_path)
     assert r.returncode != 0
     assert f"{sys.executable} -m pip install --force-reinstall --no-deps memlord" in r.stderr
 
@@ -104,7 +114,7 @@ def test_installed_package_without_core_says_reinstall(tmp_path):
 def test_a_core_built_for_another_python_is_named(tmp_path):
     pkg = make_checkout(tmp_path)
     (pkg / "_core.cpython-39-x86_64-linux-gnu.so").write_bytes(b"")
-    r = run(["-c", "import memlord"], cwd=tmp_path)
+    r = run(["-c", UNBUILT + "import memlord"], cwd=tmp_path)
     assert r.returncode != 0
     assert "only _core.cpython-39-x86_64-linux-gnu.so, built for another Python" in r.stderr
 
@@ -116,7 +126,7 @@ def test_a_core_that_fails_to_load_keeps_its_own_error(tmp_path):
 
     pkg = make_checkout(tmp_path)
     (pkg / ("_core" + importlib.machinery.EXTENSION_SUFFIXES[0])).write_bytes(b"not an ELF")
-    r = run(["-c", "import memlord"], cwd=tmp_path)
+    r = run(["-c", UNBUILT + "import memlord"], cwd=tmp_path)
     assert r.returncode != 0
     assert "ImportError" in r.stderr
     assert "not built" not in r.stderr
@@ -182,20 +192,24 @@ def test_default_strategy_has_the_shape_of_the_exported_types():
 
 
 MYPY_CONFIG = """\
-[mypy]
-strict = True
-incremental = False
 # memlord's stubs are what is checked; torch's and numpy's own types are not
 [mypy-torch.*]
 follow_imports = skip
 [mypy-numpy.*]
 follow_imports = skip
+[mypy]
+strict = True
+incremental = False
 """
 
 
 def mypy(tmp_path: Path, code: str) -> subprocess.CompletedProcess[str]:
+    """mypy on a snippet, against the stubs of the memlord under test. They are copied to
+    a folder on mypy's path: an editable install's import hook is invisible to mypy."""
     pytest.importorskip("mypy", reason="mypy is in tox's deps and the 'test' extra")
-    (tmp_path / "mypy.ini").write_text(MYPY_CONFIG)
+    assert (PACKAGE / "py.typed").exists() and (PACKAGE / "__init__.pyi").exists()
+    copy_package_without_core(tmp_path / "typed")
+    (tmp_path / "mypy.ini").write_text(MYPY_CONFIG + f"mypy_path = {tmp_path / 'typed'}\n")
     (tmp_path / "snippet.py").write_text(textwrap.dedent(code))
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # mypy loads no memlord C
     env.pop("PYTHONMALLOC", None)
