@@ -16,11 +16,40 @@ import os as _os
 import numpy as _numpy  # noqa: F401  (the C core uses the NumPy C API)
 import torch as _torch
 
-from . import _backend, _core, _log
+try:
+    from . import _core
+except ImportError:
+    from ._nocore import missing_core_error
+
+    _missing = missing_core_error()  # None: a _core is there but failed to load
+    if _missing is None:
+        raise
+    raise _missing from None  # no built extension here: say exactly what to run
+from . import _backend, _log
 from ._core import PythonHooks, TorchHooks, format_bytes
+from ._types import (
+    AutoGCBand,
+    AutoGCMetric,
+    AutoGCStrategy,
+    AutoGCThreshold,
+    CapacitySource,
+    DeviceStats,
+)
 from .lord import MemLord
 
-__all__ = ["MemLord", "PythonHooks", "TorchHooks", "format_bytes", "__version__"]
+__all__ = [
+    "AutoGCBand",
+    "AutoGCMetric",
+    "AutoGCStrategy",
+    "AutoGCThreshold",
+    "CapacitySource",
+    "DeviceStats",
+    "MemLord",
+    "PythonHooks",
+    "TorchHooks",
+    "format_bytes",
+    "__version__",
+]
 __version__ = "0.1.0"
 
 _core._configure(

@@ -4,15 +4,35 @@
 # Names that start with an underscore exist only here, for type checkers:
 # import them under `if typing.TYPE_CHECKING:`.
 
-from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Literal, TypedDict, TypeVar, final, overload
+from typing import Any, Literal, TypeVar, final, overload
 
 import numpy
 import torch
 from typing_extensions import Self
 
-__all__ = ["MemLord", "PythonHooks", "TorchHooks", "format_bytes", "__version__"]
+from ._types import (
+    AutoGCBand,
+    AutoGCMetric,
+    AutoGCStrategy,
+    AutoGCThreshold,
+    CapacitySource,
+    DeviceStats,
+)
+
+__all__ = [
+    "AutoGCBand",
+    "AutoGCMetric",
+    "AutoGCStrategy",
+    "AutoGCThreshold",
+    "CapacitySource",
+    "DeviceStats",
+    "MemLord",
+    "PythonHooks",
+    "TorchHooks",
+    "format_bytes",
+    "__version__",
+]
 
 __version__: str
 
@@ -33,30 +53,13 @@ _Bytes = tuple[int, str]
 # (device, "file:line", cumulative_bytes)
 _Site = tuple[torch.device, str, int]
 
-class _DeviceStats(TypedDict):
-    allocated: int  # live bytes (never below 0)
-    freed: int  # bytes freed since this device's last auto-GC
-    allocated_total: int  # every byte ever allocated (since reset())
-    freed_total: int  # every byte ever freed (since reset())
-    peak_allocated: int  # highest `allocated` seen (since reset())
-    allocs: int  # storages counted as allocated
-    frees: int  # storages counted as freed
-    gc_runs: int  # auto-GC runs of this device
-
-class _Threshold(TypedDict, total=False):
-    bytes: int  # >= 0
-    percent: float  # 0..100, of the device's total capacity
-
-class _Band(TypedDict):
-    metric: Literal["allocated", "freed", "max"]
-    threshold: _Threshold  # "bytes" and/or "percent"; with both the smaller wins
-
-# {(lo_pct, hi_pct): band}; each band covers the half-open range [lo_pct, hi_pct)
-# of the device's used percentage, 0 <= lo_pct < hi_pct <= 101.
-_AutoGCStrategy = dict[tuple[float, float], _Band]
-
-# source(device_str) -> (total_bytes, used_bytes), or None for "unknown"
-_CapacitySource = Callable[[str], tuple[int, int] | None]
+# The names users annotate with live in memlord/_types.py and are exported above; the
+# underscore names are kept for code that imported them under TYPE_CHECKING.
+_DeviceStats = DeviceStats
+_Threshold = AutoGCThreshold
+_Band = AutoGCBand
+_AutoGCStrategy = AutoGCStrategy
+_CapacitySource = CapacitySource
 
 # (total_bytes, used_bytes, used_percent), or three Nones when it cannot be read
 _DeviceMemory = tuple[int, int, float] | tuple[None, None, None]

@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m memlord", description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=4, help="blocks in the demo model (>= 2)")
     parser.add_argument("--info", action="store_true", help="print environment info and exit")
+    parser.add_argument("--version", action="version", version=f"memlord {__version__}")
     args = parser.parse_args(args_in)
     if args.info:
         return info()

@@ -67,6 +67,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU (skipped without one)")
     config.addinivalue_line("markers", "cuda2: needs two CUDA GPUs (skipped with fewer)")
     config.addinivalue_line("markers", "slow: long stress tests")
+    config.addinivalue_line(
+        "markers", "network: needs PyPI (installs into a fresh virtual environment)"
+    )
     # torch warns every time something reads a FakeTensor storage's data pointer; memlord
     # has to read it to build its dedup key, so the warning is expected here.
     config.addinivalue_line("filterwarnings", f"ignore:{FAKE_PTR_WARNING}:UserWarning")
