@@ -3,8 +3,9 @@
 Nothing is printed by default.  The C core builds a record only when the logger would
 emit it (its check costs two dictionary reads per event):
 
-- DEBUG records, one per ledger event (``[allocate]``, ``[free]``, ``[reset]``) and one
-  summary per explicit ``allocate()``/``free()`` call;
+- DEBUG records, one line per ledger event (``[allocate]``, ``[free]``, ``[reset]``), and
+  one summary line for an explicit ``allocate()``/``free()`` call that touched several
+  devices;
 - an INFO record per auto-GC release (``[auto_gc]``).
 
 ``DEBUG=1`` in the environment (read while the program runs: setting
@@ -149,7 +150,7 @@ def describe_tensor(t: object) -> str:
 
 def _event(lord, records, subject, what) -> None:
     """DEBUG records of one ledger call: (kind, source, device, bytes, count, site, total)."""
-    desc = describe_tensor(subject) if what is None else ""
+    desc = describe_tensor(subject)
     for kind, source, dev, nbytes, count, site, total in records:
         if kind == "reset":
             logger.debug("[reset] counters and hotspots cleared", extra={"color": _MAGENTA})
@@ -174,29 +175,29 @@ def _event(lord, records, subject, what) -> None:
             _fmt(total),
             extra={"color": _GREEN if free else _RED},
         )
-    if what is not None:
-        _summary(lord, records, what)
+    devices = {r[2] for r in records if r[0] in ("alloc", "free")}
+    if what is not None and len(devices) > 1:
+        _summary(records, what)
 
 
-def _summary(lord, records, what) -> None:
+def _summary(records, what) -> None:
+    """One line for an explicit call that touched several devices: its total, then each
+    device's new total."""
     nbytes = sum(r[3] for r in records)
     count = sum(r[4] for r in records)
     site = records[0][5] if records else 0
-    lines = [
-        f"[{what}-summary] {_fmt(nbytes)} in {count} storage{'' if count == 1 else 's'}"
-        f" at {_site_text(site)}"
-    ]
-    stats = lord.stats()
-    by_type: dict[str, list[tuple[int, int]]] = {}
-    for dev, s in stats.items():
-        lines.append(f"  {dev}: allocated {_fmt(s['allocated'])}, freed {_fmt(s['freed'])}")
-        by_type.setdefault(dev.split(":")[0], []).append((s["allocated"], s["freed"]))
-    for typ, vals in by_type.items():
-        if len(vals) > 1:
-            a = sum(v[0] for v in vals)
-            f = sum(v[1] for v in vals)
-            lines.append(f"  {typ} ({len(vals)} devices): allocated {_fmt(a)}, freed {_fmt(f)}")
-    logger.debug("\n".join(lines), extra={"color": _CYAN})
+    totals = ", ".join(f"{r[2]} allocated {_fmt(r[6])}" for r in records)
+    logger.debug(
+        "[%s-summary] %s in %d storage%s on %d devices at %s; %s",
+        what,
+        _fmt(nbytes),
+        count,
+        "" if count == 1 else "s",
+        len(records),
+        _site_text(site),
+        totals,
+        extra={"color": _CYAN},
+    )
 
 
 def _auto_gc(dev, band, used_pct, metric, value, threshold, runs, released, nlords) -> None:

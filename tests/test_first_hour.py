@@ -298,7 +298,6 @@ STRATEGY = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="lead: Python face")
 def test_a_dict_as_first_positional_argument_is_the_strategy():
     """Upstream MemLord's first positional argument is the strategy."""
     lord = MemLord(STRATEGY)
@@ -306,7 +305,6 @@ def test_a_dict_as_first_positional_argument_is_the_strategy():
     assert lord.auto_gc_bytes is None
 
 
-@pytest.mark.xfail(strict=True, reason="lead: Python face")
 def test_ellipsis_strategy_is_the_default_help_shows():
     """help(MemLord) shows auto_gc_strategy=...; passing it is the same as not passing it."""
     default = inspect.signature(MemLord).parameters["auto_gc_strategy"].default
@@ -316,7 +314,6 @@ def test_ellipsis_strategy_is_the_default_help_shows():
     assert repr(lord) == repr(MemLord())
 
 
-@pytest.mark.xfail(strict=True, reason="lead: Python face")
 def test_auto_gc_line_is_an_info_record_not_printed(caplog, capsys):
     caplog.set_level(logging.INFO, logger="memlord")
     lord = MemLord(auto_gc_bytes=1000)
@@ -340,7 +337,6 @@ lord.allocate(t)
 """
 
 
-@pytest.mark.xfail(strict=True, reason="lead: Python face")
 def test_debug_log_is_one_readable_line_per_event(tmp_path):
     """DEBUG=1: one line on stderr for one allocate, with the script's path relative to
     the working directory, the tensor (shape, dtype), the bytes and the device's total;
@@ -358,7 +354,6 @@ def test_debug_log_is_one_readable_line_per_event(tmp_path):
     assert "\x1b[" not in line
 
 
-@pytest.mark.xfail(strict=True, reason="lead: Python face")
 def test_debug_log_colors_follow_force_color_and_no_color(tmp_path):
     (tmp_path / "train.py").write_text(DEBUG_SCRIPT)
     forced = run(["-P", "train.py"], cwd=tmp_path, env_extra={"DEBUG": "1", "FORCE_COLOR": "1"})

@@ -169,5 +169,5 @@ def test_demo_runs_clean_under_x_dev(tmp_path):
 def test_demo_with_debug_and_no_color(tmp_path):
     r = run_python(["-m", "memlord"], env_extra={"DEBUG": "1", "NO_COLOR": "1"}, cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr
-    assert "[allocate-summary]" in r.stderr  # the log goes to stderr
+    assert "memlord: [allocate]" in r.stderr  # the log goes to stderr
     assert "\x1b[" not in r.stderr and "\x1b[" not in r.stdout
