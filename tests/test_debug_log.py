@@ -62,7 +62,10 @@ def test_allocate_record_is_one_line(lord, memlog, monkeypatch):
     records = memlog.records()
     assert all(r.levelname == "DEBUG" for r in records)
     out = memlog.text()
-    assert out == f"[allocate] cpu +40 B (1 storage) at {HERE}:{line}; cpu allocated 40 B\n"
+    assert (
+        out
+        == f"[allocate] cpu +40 B (1 storage) float32[10] at {HERE}:{line}; cpu allocated 40 B\n"
+    )
 
 
 def test_free_record(lord, memlog, monkeypatch):
