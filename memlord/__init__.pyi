@@ -1,5 +1,5 @@
-# Type stubs for memlord (the runtime is the C extension memlord._core,
-# re-exported by memlord/__init__.py).  docs/api.md is the reference.
+# Type stubs for memlord (the runtime is memlord.lord.MemLord over the C extension
+# memlord._core, re-exported by memlord/__init__.py).  docs/api.md is the reference.
 #
 # Names that start with an underscore exist only here, for type checkers:
 # import them under `if typing.TYPE_CHECKING:`.
@@ -75,21 +75,30 @@ class MemLord:
     """A per-device ledger of the memory a program allocated and freed."""
 
     # Passing auto_gc_strategy (None included) selects the banded strategy; passing it
-    # together with auto_gc_bytes raises ValueError, so no overload takes both.
+    # together with auto_gc_bytes raises ValueError, so no overload takes both.  A dict as
+    # the first positional argument is the strategy (as upstream MemLord takes it).
     @overload
-    def __new__(
-        cls,
+    def __init__(
+        self,
         auto_gc_bytes: int | Literal["auto"] | None = "auto",
         *,
         track_callsite: bool = True,
-    ) -> Self: ...
+    ) -> None: ...
     @overload
-    def __new__(
-        cls,
+    def __init__(
+        self,
         *,
         auto_gc_strategy: _AutoGCStrategy | None,
         track_callsite: bool = True,
-    ) -> Self: ...
+    ) -> None: ...
+    @overload
+    def __init__(
+        self,
+        auto_gc_bytes: _AutoGCStrategy,
+        /,
+        *,
+        track_callsite: bool = True,
+    ) -> None: ...
 
     # explicit accounting
     @overload
