@@ -3,8 +3,8 @@ defaults, modes, the [auto_gc] line, and the call-site switch.
 
 "cuda:N" tensors are conftest.fake_cuda tensors (CPU memory reporting a cuda device), so
 these tests run without a GPU: memlord counts them on their device, and the cache release
-is skipped because torch.cuda was never initialised.  Used percentages come from a capacity source set with
-lord.set_capacity_source, so band selection is deterministic.
+is skipped because torch.cuda was never initialised.  Used percentages come from a
+capacity source set with lord.set_capacity_source, so band selection is deterministic.
 """
 
 from __future__ import annotations
