@@ -12,6 +12,7 @@
 #include "lifetime.h"
 #include "log.h"
 #include "ml_cuda.h"
+#include "tensorabi.h"
 #include "walk.h"
 
 #include <string.h>
@@ -372,6 +373,71 @@ static int storages_of(ml_state *st, PyObject *t, ml_walk *w)
     return 0;
 }
 
+static void track_items(PyObject *lords, const ml_life_item *items, Py_ssize_t n,
+                        const ml_site *site, const char *label, int deep_only);
+static void track_for(PyObject *lords, const ml_walk *w, const ml_site *site, const char *label,
+                      int deep_only);
+
+/* A new tensor seen by a tracked source (a factory, nn.Parameter): count and
+ * track its storages for every lord of lords with lifetime tracking on.  A
+ * plain tensor's storage is read in C, without a walk.  -1 only when memory
+ * runs out. */
+static int track_new_tensor(ml_state *st, PyObject *lords, PyObject *t, const char *label)
+{
+    ml_life_item item;
+    uintptr_t ptr;
+    if (ml_abi_storage(st, t, &item.dev, &ptr, &item.bytes)) {
+        if (item.bytes <= 0) {
+            return 0;
+        }
+        item.key = ml_tensor_untyped_storage(st, t);
+        if (item.key == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_MemoryError)) {
+                return -1;
+            }
+            PyErr_Clear();
+            return 0;
+        }
+        ml_site site = {NULL, 0};
+        if (any_tracks_callsite(lords)) {
+            ml_site_capture(st, &site);
+        }
+        track_items(lords, &item, 1, &site, label, 0);
+        ml_site_clear(&site);
+        Py_DECREF(item.key);
+        return 0;
+    }
+    ml_walk w;
+    ml_walk_init(&w);
+    int rc = storages_of(st, t, &w);
+    if (rc == 0 && w.n > 0) {
+        ml_site site = {NULL, 0};
+        if (any_tracks_callsite(lords)) {
+            ml_site_capture(st, &site);
+        }
+        track_for(lords, &w, &site, label, 0);
+        ml_site_clear(&site);
+    }
+    ml_walk_clear(&w);
+    return rc;
+}
+
+static void track_items(PyObject *lords, const ml_life_item *items, Py_ssize_t n,
+                        const ml_site *site, const char *label, int deep_only)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
+        MemLordObject *lord = (MemLordObject *)PyTuple_GET_ITEM(lords, i);
+        if (deep_only ? !ml_life_deep(lord) : !ml_life_active(lord)) {
+            continue;
+        }
+        ml_site none = {NULL, 0};
+        if (ml_life_count(lord, items, n, 0, lord->track_callsite ? site : &none, label, NULL) <
+            0) {
+            PyErr_WriteUnraisable((PyObject *)lord);
+        }
+    }
+}
+
 /* Count and track the storages of a walk for every lord of lords that
  * tracks conversions (only): what a lord tracks already adds nothing. */
 static void track_for(PyObject *lords, const ml_walk *w, const ml_site *site, const char *label,
@@ -615,18 +681,7 @@ static PyObject *hook_factory(PyObject *callable, PyObject *const *args, size_t 
         return result;
     }
     PyObject *lords = Py_NewRef(disp.py_lords); /* a snapshot: subscribers may change */
-    ml_walk w;
-    ml_walk_init(&w);
-    int rc = storages_of(st, result, &w);
-    if (rc == 0 && w.n > 0) {
-        ml_site site = {NULL, 0};
-        if (any_tracks_callsite(lords)) {
-            ml_site_capture(st, &site);
-        }
-        track_for(lords, &w, &site, "(factory)", 0);
-        ml_site_clear(&site);
-    }
-    ml_walk_clear(&w);
+    int rc = track_new_tensor(st, lords, result, "(factory)");
     Py_DECREF(lords);
     if (rc < 0) {
         Py_DECREF(result);
@@ -652,18 +707,7 @@ static PyObject *hook_param(PyObject *callable, PyObject *const *args, size_t na
         return result;
     }
     PyObject *lords = Py_NewRef(disp.py_lords);
-    ml_walk w;
-    ml_walk_init(&w);
-    int rc = storages_of(st, result, &w);
-    if (rc == 0 && w.n > 0) {
-        ml_site site = {NULL, 0};
-        if (any_tracks_callsite(lords)) {
-            ml_site_capture(st, &site);
-        }
-        track_for(lords, &w, &site, "(param)", 0);
-        ml_site_clear(&site);
-    }
-    ml_walk_clear(&w);
+    int rc = track_new_tensor(st, lords, result, "(param)");
     Py_DECREF(lords);
     if (rc < 0) {
         Py_DECREF(result);

@@ -275,6 +275,11 @@ static inline PyObject *get_fast(ml_fast *f, PyObject *obj, PyObject *name, PyOb
     return PyObject_GetAttr(obj, name);
 }
 
+PyObject *ml_tensor_untyped_storage(ml_state *st, PyObject *t)
+{
+    return call_fast(&st->f_untyped_storage, t, st->s_untyped_storage, st->d_untyped_storage);
+}
+
 int ml_tensor_device(ml_state *st, PyObject *t, ml_dev *dev)
 {
     if (ml_abi_device(st, t, dev)) {

@@ -48,6 +48,8 @@ int ml_walk_object(ml_state *st, ml_walk *w, PyObject *obj, const char *what);
  * for a tensor without a readable storage (mkldnn).  *dev receives its
  * device.  Never reads data; never overflows. */
 int ml_tensor_storage_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes);
+/* t.untyped_storage() through torch's own method (a new reference). */
+PyObject *ml_tensor_untyped_storage(ml_state *st, PyObject *t);
 /* The device of a tensor. */
 int ml_tensor_device(ml_state *st, PyObject *t, ml_dev *dev);
 /* *out = int(o), stealing o (NULL: an error is already set); -1 on error. */
