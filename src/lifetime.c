@@ -499,7 +499,7 @@ done:
 int ml_life_count_walk(MemLordObject *lord, const ml_walk *w, int flags, const ml_site *site,
                        const char *label, const char *what)
 {
-    ml_life_item inline_items[ML_LIFE_INLINE];
+    ml_life_item inline_items[ML_LIFE_INLINE] = {{NULL, 0, 0}};
     ml_life_item *items = inline_items;
     if (w->n > ML_LIFE_INLINE) {
         items = PyMem_Malloc((size_t)w->n * sizeof(ml_life_item));
