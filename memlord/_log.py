@@ -120,6 +120,7 @@ _LABEL = {
     "death": " (del)",
     "deferred": " (hook, deferred)",
     "policy": "",
+    "param": " (param)",
 }
 
 

@@ -36,6 +36,7 @@ enum ml_ev_source {
     ML_SRC_DEATH = 3,    /* lifetime tracking: the last reference died */
     ML_SRC_DEFERRED = 4, /* a non_blocking copy's CUDA event completed */
     ML_SRC_POLICY = 5,   /* auto-GC bookkeeping, reset */
+    ML_SRC_PARAM = 6,    /* nn.Parameter(data) holding a storage nothing counted yet */
     ML_SRC_NSOURCES
 };
 

@@ -6,12 +6,13 @@
  * deferred frees belong to the process, not to a module instance.  All of
  * it is touched only with the GIL held.
  *
- * A conversion is sized from tensor metadata only (numel * element size);
- * the hook never touches data or storages. */
+ * A conversion is sized in storage bytes (the storage a tensor views, 0 for
+ * meta and fake storages); the hook never touches data. */
 #include "hooks.h"
 #include "autogc.h"
 #include "lifetime.h"
 #include "ml_cuda.h"
+#include "tensorabi.h"
 #include "walk.h"
 
 #include <string.h>
@@ -27,6 +28,7 @@ enum hook_kind {
     HK_FACTORY = 4,      /* hook_into_python: torch.empty, ...: strided unless layout= */
     HK_PARAM = 5,        /* hook_into_python: nn.Parameter.__new__ moves registrations */
     HK_FACTORY_LIKE = 6, /* *_like and Tensor.clone: the layout follows the input */
+    HK_MODULE_APPLY = 7, /* Module._apply: lifetime tracking of what a conversion leaves */
 };
 
 /* Patch groups: the torch hooks and the python (lifetime) hooks come and go
@@ -119,6 +121,8 @@ typedef struct {
      * conversion inside it shares that site, found once. */
     int module_site_set;
     ml_site module_site;
+    /* Depth of Module._apply calls on this thread: the outermost walks. */
+    int apply_depth;
 } ml_hook_tls;
 
 static _Thread_local ml_hook_tls hook_tls;
@@ -414,76 +418,165 @@ static int is_non_blocking(PyObject *const *args, Py_ssize_t nargs, PyObject *kw
     return tl->module_non_blocking > 0 || call_non_blocking(args, nargs, kwnames);
 }
 
-/* Lifetime tracking of conversion results (hook_into_python with
- * enable_deep_autowrap).  Outside Module.to the result is registered and a
- * moved source loses its registration (its free was just counted).  Inside
- * Module.to the parameter object keeps living with the new data
- * (param.data = result), so its registration is resized to the result and,
- * for a same-device cast, the old data's free is credited now. */
-static int autowrap(ml_state *st, PyObject *lords, PyObject *src, PyObject *dst, ml_dev ddev,
-                    int64_t dbytes, int moved)
+/* The storages of t with their keys, for lifetime tracking.  A tensor
+ * whose storage cannot be read counts as nothing: accounting never raises
+ * into the caller (running out of memory aside). */
+static int storages_of(ml_state *st, PyObject *t, ml_walk *w)
 {
-    ml_hook_tls *tl = &hook_tls;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
-        MemLordObject *lord = (MemLordObject *)PyTuple_GET_ITEM(lords, i);
-        if (lord->py_handle == NULL || !lord->deep_autowrap) {
-            if (moved && lord->registry != NULL) {
-                ml_life_cancel(lord, src); /* never credit a counted move twice */
-            }
-            continue;
+    w->collect_keys = 1;
+    w->opaque_ok = 1;
+    if (ml_walk_tensor(st, w, t) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_MemoryError)) {
+            return -1;
         }
-        if (tl->module_depth > 0) {
-            ml_dev sdev;
-            int64_t sbytes = 0;
-            if (!moved && ml_tensor_meta_bytes(st, src, &sdev, &sbytes) < 0) {
-                return -1;
-            }
-            /* nothing left to credit on a 0-byte destination (meta): cancel */
-            int tracked =
-                dbytes > 0 ? ml_life_resize(lord, src, ddev, dbytes) : ml_life_cancel(lord, src);
-            if (tracked < 0) {
-                return -1;
-            }
-            if (tracked > 0 && !moved && sbytes > 0) {
-                ml_delta d = {sdev, sbytes, 1};
-                ml_site none = {NULL, 0};
-                const ml_site *where =
-                    tl->module_site_set && lord->track_callsite ? &tl->module_site : &none;
-                if (ml_lord_record(lord, ML_REC_FREE, &d, 1, where, "(hook)", NULL) < 0) {
-                    return -1;
-                }
-            }
-            continue;
-        }
-        if (dbytes > 0) {
-            ml_delta d = {ddev, dbytes, 1};
-            if (ml_life_register(lord, dst, &d, 1) < 0) {
-                return -1;
-            }
-        }
-        if (moved) {
-            ml_life_cancel(lord, src);
-        }
+        PyErr_Clear();
+        ml_walk_clear(w);
+        w->collect_keys = 1;
+        w->opaque_ok = 1;
     }
     return 0;
 }
 
+static void track_items(PyObject *lords, const ml_life_item *items, Py_ssize_t n,
+                        const ml_site *site, const char *label, int deep_only);
+static void track_for(PyObject *lords, const ml_walk *w, const ml_site *site, const char *label,
+                      int deep_only);
+
+/* A new tensor seen by a tracked source (a factory, nn.Parameter): count and
+ * track its storages for every lord of lords with lifetime tracking on.  A
+ * plain tensor's storage is read in C, without a walk.  -1 only when memory
+ * runs out. */
+static int track_new_tensor(ml_state *st, PyObject *lords, PyObject *t, const char *label)
+{
+    ml_life_item item;
+    uintptr_t ptr;
+    if (ml_abi_storage(st, t, &item.dev, &ptr, &item.bytes)) {
+        if (item.bytes <= 0) {
+            return 0;
+        }
+        item.key = ml_tensor_untyped_storage(st, t);
+        if (item.key == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_MemoryError)) {
+                return -1;
+            }
+            PyErr_Clear();
+            return 0;
+        }
+        ml_site site = {NULL, 0};
+        if (any_tracks_callsite(lords)) {
+            ml_site_capture(st, &site);
+        }
+        track_items(lords, &item, 1, &site, label, 0);
+        ml_site_clear(&site);
+        Py_DECREF(item.key);
+        return 0;
+    }
+    ml_walk w;
+    ml_walk_init(&w);
+    int rc = storages_of(st, t, &w);
+    if (rc == 0 && w.n > 0) {
+        ml_site site = {NULL, 0};
+        if (any_tracks_callsite(lords)) {
+            ml_site_capture(st, &site);
+        }
+        track_for(lords, &w, &site, label, 0);
+        ml_site_clear(&site);
+    }
+    ml_walk_clear(&w);
+    return rc;
+}
+
+static void track_items(PyObject *lords, const ml_life_item *items, Py_ssize_t n,
+                        const ml_site *site, const char *label, int deep_only)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
+        MemLordObject *lord = (MemLordObject *)PyTuple_GET_ITEM(lords, i);
+        if (deep_only ? !ml_life_deep(lord) : !ml_life_active(lord)) {
+            continue;
+        }
+        ml_site none = {NULL, 0};
+        if (ml_life_count(lord, items, n, 0, lord->track_callsite ? site : &none, label, NULL) <
+            0) {
+            PyErr_WriteUnraisable((PyObject *)lord);
+        }
+    }
+}
+
+/* Count and track the storages of a walk for every lord of lords that
+ * tracks conversions (only): what a lord tracks already adds nothing. */
+static void track_for(PyObject *lords, const ml_walk *w, const ml_site *site, const char *label,
+                      int deep_only)
+{
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
+        MemLordObject *lord = (MemLordObject *)PyTuple_GET_ITEM(lords, i);
+        if (deep_only ? !ml_life_deep(lord) : !ml_life_active(lord)) {
+            continue;
+        }
+        ml_site none = {NULL, 0};
+        if (ml_life_count_walk(lord, w, 0, lord->track_callsite ? site : &none, label, NULL) < 0) {
+            PyErr_WriteUnraisable((PyObject *)lord);
+        }
+    }
+}
+
+/* lords less those that track conversions: a new tuple. */
+static PyObject *plain_lords(PyObject *lords, Py_ssize_t nplain)
+{
+    PyObject *out = PyTuple_New(nplain);
+    if (out == NULL) {
+        return NULL;
+    }
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords) && k < nplain; i++) {
+        MemLordObject *lord = (MemLordObject *)PyTuple_GET_ITEM(lords, i);
+        if (!ml_life_deep(lord)) {
+            PyTuple_SET_ITEM(out, k++, Py_NewRef(lord));
+        }
+    }
+    return out;
+}
+
+/* Lords that track conversions (hook_into_python with enable_deep_autowrap)
+ * count the result's storages unless they track them already; a moved
+ * source is credited when its storage dies.  The others keep the plain
+ * rule: the result is counted, a moved source is credited at the move (or
+ * when the copy's CUDA event completes), and stops being tracked. */
 static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyObject *dst, int kind,
                               int non_blocking)
 {
     ml_hook_tls *tl = &hook_tls;
-    ml_dev sdev, ddev;
+    Py_ssize_t ndeep = 0, nplain = 0;
+    int untrack = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
+        const MemLordObject *lord = (const MemLordObject *)PyTuple_GET_ITEM(lords, i);
+        if (ml_life_deep(lord)) {
+            ndeep++;
+        } else {
+            nplain++;
+            untrack |= lord->registry != NULL;
+        }
+    }
+    ml_dev sdev = 0, ddev = 0;
     int64_t sbytes = 0, dbytes = 0;
-    if (ml_tensor_meta_bytes(st, dst, &ddev, &dbytes) < 0) {
+    ml_walk dw;
+    ml_walk_init(&dw);
+    if (ndeep > 0 && storages_of(st, dst, &dw) < 0) {
+        return -1;
+    }
+    if (nplain > 0 ? ml_tensor_storage_bytes(st, dst, &ddev, &dbytes) < 0
+                   : ml_tensor_device(st, dst, &ddev) < 0) {
+        ml_walk_clear(&dw);
         return -1;
     }
     int moved = 0;
     if (kind == HK_MOVE) {
         if (ml_tensor_device(st, src, &sdev) < 0) {
+            ml_walk_clear(&dw);
             return -1;
         }
         moved = sdev != ddev;
-        if (moved && ml_tensor_meta_bytes(st, src, &sdev, &sbytes) < 0) {
+        if (moved && nplain > 0 && ml_tensor_storage_bytes(st, src, &sdev, &sbytes) < 0) {
+            ml_walk_clear(&dw);
             return -1;
         }
     }
@@ -494,36 +587,60 @@ static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyOb
     } else if (any_tracks_callsite(lords)) {
         ml_site_capture(st, &site);
     }
+    if (ndeep > 0) {
+        track_for(lords, &dw, &site, "(hook)", 1);
+    }
+    ml_walk_clear(&dw);
     int queued = 0;
-    if (dbytes > 0) {
-        record_all(lords, 0, ddev, dbytes, &site, dst);
-    }
-    if (moved && sbytes > 0) {
-        ml_cuda_event *ev = NULL;
-        if (non_blocking && ML_DEV_TYPE(sdev) == ML_TYPE_CUDA) {
-            if (disp.npending > 0) {
-                pending_drain(0, NULL, 1); /* recycle completed events before taking one */
-            }
-            if (disp.npending >= ML_PENDING_HARD_CAP) {
-                pending_drain(1, NULL, 1); /* bound the queue and the event pool */
-            }
-            ev = record_event(sdev);
+    if (nplain > 0) {
+        PyObject *plain = ndeep == 0 ? Py_NewRef(lords) : plain_lords(lords, nplain);
+        if (plain == NULL) {
+            ml_site_clear(&site);
+            return -1;
         }
-        if (ev != NULL) {
-            if (pending_push(ev, sdev, sbytes, lords, &site) < 0) {
-                ml_cuda_event_release(ev);
-                PyErr_Clear();
-                record_all(lords, ML_REC_FREE, sdev, sbytes, &site, src);
+        if (dbytes > 0) {
+            record_all(plain, 0, ddev, dbytes, &site, dst);
+        }
+        if (moved && sbytes > 0) {
+            ml_cuda_event *ev = NULL;
+            if (non_blocking && ML_DEV_TYPE(sdev) == ML_TYPE_CUDA) {
+                if (disp.npending > 0) {
+                    pending_drain(0, NULL, 1); /* recycle completed events before taking one */
+                }
+                if (disp.npending >= ML_PENDING_HARD_CAP) {
+                    pending_drain(1, NULL, 1); /* bound the queue and the event pool */
+                }
+                ev = record_event(sdev);
+            }
+            if (ev != NULL) {
+                if (pending_push(ev, sdev, sbytes, plain, &site) < 0) {
+                    ml_cuda_event_release(ev);
+                    PyErr_Clear();
+                    record_all(plain, ML_REC_FREE, sdev, sbytes, &site, src);
+                } else {
+                    queued = 1;
+                }
             } else {
-                queued = 1;
+                record_all(plain, ML_REC_FREE, sdev, sbytes, &site, src);
             }
-        } else {
-            record_all(lords, ML_REC_FREE, sdev, sbytes, &site, src);
         }
-    }
-    if (autowrap(st, lords, src, dst, ddev, dbytes, moved) < 0) {
-        ml_site_clear(&site);
-        return -1;
+        if (moved && untrack) {
+            /* credited at the move: the source's death credits nothing more */
+            ml_walk sw;
+            ml_walk_init(&sw);
+            if (storages_of(st, src, &sw) == 0) {
+                for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(plain); i++) {
+                    MemLordObject *lord = (MemLordObject *)PyTuple_GET_ITEM(plain, i);
+                    for (Py_ssize_t j = 0; j < sw.n; j++) {
+                        ml_life_untrack(lord, sw.keys[j]);
+                    }
+                }
+            } else {
+                PyErr_Clear();
+            }
+            ml_walk_clear(&sw);
+        }
+        Py_DECREF(plain);
     }
     ml_site_clear(&site);
     if (!queued && disp.npending > 0) {
@@ -636,38 +753,12 @@ static PyObject *hook_factory(PyObject *callable, PyObject *const *args, size_t 
     if (!PyObject_TypeCheck(result, (PyTypeObject *)st->tensor_type)) {
         return result;
     }
-    ml_dev dev;
-    int64_t bytes;
-    /* torch's factories make strided tensors unless asked for a layout */
-    int strided = self->kind == HK_FACTORY && kwarg(args, nargs, kwnames, "layout") == NULL;
-    if ((strided ? ml_tensor_meta_bytes_strided(st, result, &dev, &bytes)
-                 : ml_tensor_meta_bytes(st, result, &dev, &bytes)) < 0) {
-        Py_DECREF(result);
-        return NULL;
-    }
-    if (bytes <= 0) {
-        return result;
-    }
-    PyObject *lords = live_lords(disp.py_lord_refs);
+    PyObject *lords = live_lords(disp.py_lord_refs); /* a snapshot: subscribers may change */
     if (lords == NULL) {
         Py_DECREF(result);
         return NULL;
     }
-    ml_site site = {NULL, 0};
-    if (any_tracks_callsite(lords)) {
-        ml_site_capture(st, &site);
-    }
-    ml_delta d = {dev, bytes, 1};
-    int rc = 0;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords) && rc == 0; i++) {
-        MemLordObject *lord = (MemLordObject *)PyTuple_GET_ITEM(lords, i);
-        ml_emit_ctx ctx = {result, NULL};
-        rc = ml_record(lord, ML_EV_ALLOC, ML_SRC_FACTORY, &d, 1, &site, &ctx);
-        if (rc == 0 && lord->py_handle != NULL) {
-            rc = ml_life_register(lord, result, &d, 1);
-        }
-    }
-    ml_site_clear(&site);
+    int rc = track_new_tensor(st, lords, result, "(factory)");
     Py_DECREF(lords);
     ml_safe_point();
     if (rc < 0) {
@@ -677,19 +768,20 @@ static PyObject *hook_factory(PyObject *callable, PyObject *const *args, size_t 
     return result;
 }
 
-/* nn.Parameter(data): the parameter now holds data's memory, so data's
- * registrations move to it (data's own object usually dies right away). */
+/* nn.Parameter(data): a parameter is memory the model holds.  Its storage
+ * is data's, so a storage already tracked adds nothing (a re-wrapped
+ * parameter, weight_norm's weight_v); one not seen yet (weight_norm's
+ * weight_g, computed by torch) is counted and tracked from here. */
 static PyObject *hook_param(PyObject *callable, PyObject *const *args, size_t nargsf,
                             PyObject *kwnames)
 {
     const HookObject *self = (const HookObject *)callable;
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *result = call_original(self, args, nargsf, kwnames);
-    if (result == NULL || disp.py_lord_refs == NULL) {
+    if (result == NULL || disp.py_lord_refs == NULL || disp.module == NULL) {
         return result;
     }
-    PyObject *data = nargs >= 2 ? args[1] : kwarg(args, nargs, kwnames, "data");
-    if (data == NULL || data == Py_None || data == result) {
+    ml_state *st = ml_state_of_module(disp.module);
+    if (!PyObject_TypeCheck(result, (PyTypeObject *)st->tensor_type)) {
         return result;
     }
     PyObject *lords = live_lords(disp.py_lord_refs);
@@ -697,15 +789,73 @@ static PyObject *hook_param(PyObject *callable, PyObject *const *args, size_t na
         Py_DECREF(result);
         return NULL;
     }
-    int rc = 0;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords) && rc >= 0; i++) {
-        rc = ml_life_transfer((MemLordObject *)PyTuple_GET_ITEM(lords, i), data, result);
-    }
+    int rc = track_new_tensor(st, lords, result, "(param)");
     Py_DECREF(lords);
     if (rc < 0) {
         Py_DECREF(result);
         return NULL;
     }
+    return result;
+}
+
+/* Module._apply (to, half, float, double, bfloat16, cuda, cpu, type,
+ * to_empty, and _apply itself): for lords that track conversions, every
+ * storage the module holds afterwards that they do not track yet is counted
+ * and tracked, whatever fn did (Tensor.type, empty_like with the factory
+ * wrappers off, arithmetic).  Only the outermost call walks: _apply
+ * recurses into children through this hook. */
+static PyObject *hook_module_apply(PyObject *callable, PyObject *const *args, size_t nargsf,
+                                   PyObject *kwnames)
+{
+    ml_hook_tls *tl = &hook_tls;
+    const HookObject *self = (const HookObject *)callable;
+    tl->apply_depth++;
+    PyObject *result = call_original(self, args, nargsf, kwnames);
+    tl->apply_depth--;
+    if (result == NULL || tl->apply_depth > 0 || PyVectorcall_NARGS(nargsf) < 1 ||
+        disp.lord_refs == NULL || disp.module == NULL) {
+        return result;
+    }
+    PyObject *lords = live_lords(disp.lord_refs);
+    if (lords == NULL) {
+        PyErr_WriteUnraisable(callable);
+        return result;
+    }
+    int any = 0;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
+        any |= ml_life_deep((MemLordObject *)PyTuple_GET_ITEM(lords, i));
+    }
+    ml_state *st = ml_state_of_module(disp.module);
+    if (!any || !PyObject_TypeCheck(args[0], (PyTypeObject *)st->module_type)) {
+        Py_DECREF(lords);
+        return result;
+    }
+    ml_walk w;
+    ml_walk_init(&w);
+    w.collect_keys = 1;
+    w.opaque_ok = 1;
+    int rc = ml_walk_object(st, &w, args[0], "_apply");
+    if (rc < 0) {
+        if (PyErr_ExceptionMatches(PyExc_MemoryError)) {
+            ml_walk_clear(&w);
+            Py_DECREF(lords);
+            Py_DECREF(result);
+            return NULL;
+        }
+        PyErr_Clear(); /* accounting never raises into the caller */
+    } else if (w.n > 0) {
+        ml_site site = {NULL, 0};
+        if (tl->module_site_set) {
+            site.code = Py_XNewRef(tl->module_site.code);
+            site.line = tl->module_site.line;
+        } else if (any_tracks_callsite(lords)) {
+            ml_site_capture(st, &site);
+        }
+        track_for(lords, &w, &site, "(hook)", 1);
+        ml_site_clear(&site);
+    }
+    ml_walk_clear(&w);
+    Py_DECREF(lords);
     return result;
 }
 
@@ -736,6 +886,8 @@ static vectorcallfunc hook_entry(int kind)
         return hook_factory;
     case HK_PARAM:
         return hook_param;
+    case HK_MODULE_APPLY:
+        return hook_module_apply;
     default:
         return hook_sync;
     }
@@ -977,7 +1129,8 @@ static int install_torch(PyObject *module)
             goto fail;
         }
     }
-    if (patch_one(st, st->module_type, "to", HK_MODULE_TO) < 0) {
+    if (patch_one(st, st->module_type, "to", HK_MODULE_TO) < 0 ||
+        patch_one(st, st->module_type, "_apply", HK_MODULE_APPLY) < 0) {
         goto fail;
     }
     if (torch_has_cuda()) {
@@ -1029,7 +1182,7 @@ static int install_py(PyObject *module)
     };
     static const char *const likes[] = {
         "empty_like", "zeros_like", "ones_like",    "full_like",
-        "rand_like",  "randn_like", "randint_like",
+        "rand_like",  "randn_like", "randint_like", "clone",
     };
     ml_state *st = ml_state_of_module(module);
     installing_group = G_PY;
@@ -1361,12 +1514,10 @@ PyType_Spec ml_handle_spec = {
 
 PyObject *ml_hooks_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(unused))
 {
-    return Py_BuildValue("{s:O,s:O,s:n,s:n,s:n,s:n,s:n,s:O}", "installed",
-                         group_installed(G_TORCH) ? Py_True : Py_False, "python_installed",
-                         group_installed(G_PY) ? Py_True : Py_False, "subscribers",
-                         live_count(disp.lord_refs), "python_subscribers",
-                         live_count(disp.py_lord_refs), "pending", disp.npending, "events_created",
-                         (Py_ssize_t)ml_cuda_events_created(), "events_pooled",
-                         (Py_ssize_t)ml_cuda_events_pooled(), "direct_trackers",
-                         ml_life_direct() ? Py_True : Py_False);
+    return Py_BuildValue(
+        "{s:O,s:O,s:n,s:n,s:n,s:n,s:n}", "installed", group_installed(G_TORCH) ? Py_True : Py_False,
+        "python_installed", group_installed(G_PY) ? Py_True : Py_False, "subscribers",
+        live_count(disp.lord_refs), "python_subscribers", live_count(disp.py_lord_refs), "pending",
+        disp.npending, "events_created", (Py_ssize_t)ml_cuda_events_created(), "events_pooled",
+        (Py_ssize_t)ml_cuda_events_pooled());
 }

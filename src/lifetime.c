@@ -1,99 +1,86 @@
-/* Lifetime tracking through C weak-reference callbacks.
+/* Lifetime tracking follows storages.
  *
- * A tracker is a subclass of weakref.ref that carries the size snapshot of
- * the object it watches.  Its callback is the lord's registry, one small
- * callable shared by all of the lord's trackers, which holds only a
- * borrowed pointer to the lord (cleared when the lord goes): no tracker
- * holds a strong reference to the lord or to the object, so nothing forms a
- * cycle.  A tracker owns one reference to itself until its object dies (the
- * callback credits the free and drops it) or it is cancelled (free(obj), a
- * counted move, a transfer), so no Python container per tracked object is
- * needed: about 100 bytes per live tracked object in all. */
+ * torch keeps the Python object of an untyped storage (torch.UntypedStorage)
+ * alive for as long as the storage itself lives, whatever tensor objects
+ * view it (torch.distributed._tools.mem_tracker relies on this too).  A
+ * weak reference to that object therefore fires exactly when the storage
+ * dies: not when a tensor object goes while a view, a detach(), a .data or
+ * a re-wrapped Parameter still holds the memory, and never twice.  Tensor
+ * objects carry no weak reference from memlord, so torch.utils.swap_tensors
+ * accepts them.
+ *
+ * A tracker is a weakref.ref subclass on a storage object (or on the numpy
+ * array that owns an array's memory) carrying the storage's device and
+ * bytes.  Its callback is the lord's registry, one object per lord that
+ * owns a hash table from the storage object's address to its tracker: a
+ * storage is tracked at most once per lord, and allocate(), free() and the
+ * hooks find its tracker without walking any weak-reference list.  The
+ * registry reaches its lord through a pointer that the lord clears (detach)
+ * before it goes; a callback takes a strong reference to the lord before
+ * it does anything that can allocate.
+ *
+ * Everything that touches the table runs no Python: lookups, inserts and
+ * removals happen between calls that may allocate (and so run the cyclic
+ * GC, finalizers, other threads), never across them. */
 #include "lifetime.h"
 #include "hooks.h"
 
-#include <structmember.h>
 #include <string.h>
-
-#define ML_TR_OWNED 1u
-
-typedef struct {
-    PyWeakReference base;
-    ml_dev dev;
-    uint32_t flags;
-    int64_t bytes;
-    ml_delta *more; /* further devices of a module spanning several, or NULL */
-    int nmore;
-} TrackerObject;
-
-typedef struct {
-    PyObject_HEAD
-    vectorcallfunc vectorcall;
-    MemLordObject *lord;        /* borrowed; NULL once the lord is gone or detached */
-    PyTypeObject *tracker_type; /* strong: what its callbacks accept */
-    Py_ssize_t live;            /* trackers still owned */
-} RegistryObject;
-
-typedef struct {
-    PyObject_HEAD
-    MemLordObject *lord; /* strong */
-    int enabled;
-    int factories;
-    int deep;
-} PyHandleObject;
-
-static int finalizing(void)
-{
-#if PY_VERSION_HEX >= 0x030D0000
-    return Py_IsFinalizing();
-#else
-    return _Py_IsFinalizing();
-#endif
-}
+#include <structmember.h>
 
 /* ---- the tracker type --------------------------------------------------- */
 
-/* Trackers come and go with every tracked tensor, so the memory of dead
- * ones is kept in a small per-module free list (as CPython does for tuples):
- * a new tracker then costs no allocation and no GC bookkeeping.  Sanitizer
- * builds keep no list, so that a use after free is still caught. */
-static void tracker_free(void *op)
+#define ML_TR_BYTES_BITS 48
+#define ML_TR_BYTES_MASK ((UINT64_C(1) << ML_TR_BYTES_BITS) - 1)
+
+typedef struct {
+    PyWeakReference base;
+    uintptr_t key;   /* address of the storage object: the table key */
+    uint64_t packed; /* device (high 16 bits), bytes (low 48 bits) */
+} TrackerObject;
+
+static inline ml_dev tracker_dev(const TrackerObject *tr)
 {
-#ifndef ML_NO_FREELIST
-    ml_state *st = PyType_GetModuleState(Py_TYPE((PyObject *)op));
-    if (st != NULL && !st->tracker_free_closed && st->ntracker_free < ML_TRACKER_FREELIST) {
-        st->tracker_free[st->ntracker_free++] = op; /* untracked by weakref's dealloc */
-        return;
+    return (ml_dev)(tr->packed >> ML_TR_BYTES_BITS);
+}
+
+static inline int64_t tracker_bytes(const TrackerObject *tr)
+{
+    return (int64_t)(tr->packed & ML_TR_BYTES_MASK);
+}
+
+/* 1 when a storage of this size on this device fits a tracker.  48 bits
+ * are 256 TiB, more than any device holds; ML_DEV fits 16 bits. */
+static inline int trackable_size(ml_dev dev, int64_t bytes)
+{
+    return bytes > 0 && (uint64_t)bytes <= ML_TR_BYTES_MASK && dev <= 0xFFFFu;
+}
+
+/* The object a weak reference points to, for comparison only (no reference
+ * is kept), or NULL once it is dead. */
+static PyObject *referent(PyObject *ref)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *obj = NULL;
+    if (PyWeakref_GetRef(ref, &obj) != 1) {
+        PyErr_Clear();
+        return NULL;
     }
+    Py_DECREF(obj); /* alive: someone else holds it */
+    return obj;
+#else
+    PyObject *obj = PyWeakref_GetObject(ref);
+    if (obj == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return obj == Py_None ? NULL : obj;
 #endif
-    PyObject_GC_Del(op);
-}
-
-static TrackerObject *tracker_alloc(ml_state *st, PyTypeObject *tp)
-{
-    if (st->ntracker_free == 0) {
-        return (TrackerObject *)tp->tp_alloc(tp, 0);
-    }
-    PyObject *op = st->tracker_free[--st->ntracker_free];
-    memset((char *)op + sizeof(PyObject), 0, sizeof(TrackerObject) - sizeof(PyObject));
-    PyObject_Init(op, tp); /* a new reference to tp, as tp_alloc takes */
-    PyObject_GC_Track(op);
-    return (TrackerObject *)op;
-}
-
-void ml_life_free_trackers(ml_state *st)
-{
-    st->tracker_free_closed = 1; /* trackers that die later are freed at once */
-    while (st->ntracker_free > 0) {
-        PyObject_GC_Del(st->tracker_free[--st->ntracker_free]);
-    }
 }
 
 static void tracker_dealloc(PyObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
-    PyMem_Free(((TrackerObject *)self)->more);
-    ((TrackerObject *)self)->more = NULL;
     _PyWeakref_RefType.tp_dealloc(self);
     Py_DECREF(tp);
 }
@@ -106,10 +93,9 @@ static int tracker_traverse(PyObject *self, visitproc visit, void *arg)
 
 static PyType_Slot tracker_slots[] = {
     {Py_tp_dealloc, tracker_dealloc},
-    {Py_tp_free, tracker_free},
     {Py_tp_traverse, tracker_traverse},
-    {Py_tp_doc, "A weak reference that credits its object's bytes to a MemLord when the "
-                "object dies."},
+    {Py_tp_doc, "A weak reference to a storage that credits the storage's bytes to a MemLord "
+                "when the storage dies."},
     {0, NULL},
 };
 
@@ -120,69 +106,186 @@ PyType_Spec ml_tracker_spec = {
     .slots = tracker_slots,
 };
 
-/* ---- the registry: the callback of every tracker of one lord ------------ */
+/* ---- the registry: callback and table of one lord's trackers ----------- */
 
-static int tracker_deltas(TrackerObject *tr, ml_delta *buf, int cap, ml_delta **out)
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    MemLordObject *lord;        /* borrowed; NULL once the lord detached it */
+    PyTypeObject *tracker_type; /* strong: what its callbacks accept */
+    /* Open addressing, linear probing: each slot NULL or a tracker the
+     * table owns a reference to.  nslots is 0 or a power of two. */
+    TrackerObject **slots;
+    Py_ssize_t nslots;
+    Py_ssize_t n;
+} RegistryObject;
+
+static inline size_t home_slot(uintptr_t key, Py_ssize_t nslots)
 {
-    int n = 1 + tr->nmore;
-    ml_delta *d = n <= cap ? buf : PyMem_Malloc((size_t)n * sizeof(ml_delta));
-    if (d == NULL) {
-        PyErr_NoMemory();
+    uint64_t h = (uint64_t)(key >> 4) * UINT64_C(0x9E3779B97F4A7C15);
+    return (size_t)(h ^ (h >> 29)) & (size_t)(nslots - 1);
+}
+
+/* The live tracker of key, or NULL.  Runs no Python. */
+static TrackerObject *table_find(const RegistryObject *reg, uintptr_t key)
+{
+    if (reg->nslots == 0) {
+        return NULL;
+    }
+    size_t mask = (size_t)(reg->nslots - 1);
+    for (size_t i = home_slot(key, reg->nslots);; i = (i + 1) & mask) {
+        TrackerObject *tr = reg->slots[i];
+        if (tr == NULL) {
+            return NULL;
+        }
+        /* a dead entry waits for its callback: not a match for anyone */
+        if (tr->key == key && referent((PyObject *)tr) == (PyObject *)key) {
+            return tr;
+        }
+    }
+}
+
+static int table_grow(RegistryObject *reg)
+{
+    Py_ssize_t nslots = reg->nslots ? reg->nslots * 2 : 64;
+    TrackerObject **slots = PyMem_Calloc((size_t)nslots, sizeof(TrackerObject *));
+    if (slots == NULL) {
         return -1;
     }
-    d[0] = (ml_delta){tr->dev, tr->bytes, 1};
-    for (int i = 0; i < tr->nmore; i++) {
-        d[i + 1] = tr->more[i];
+    size_t mask = (size_t)(nslots - 1);
+    for (Py_ssize_t i = 0; i < reg->nslots; i++) {
+        TrackerObject *tr = reg->slots[i];
+        if (tr != NULL) {
+            size_t j = home_slot(tr->key, nslots);
+            while (slots[j] != NULL) {
+                j = (j + 1) & mask;
+            }
+            slots[j] = tr;
+        }
     }
-    *out = d;
-    return n;
+    PyMem_Free(reg->slots);
+    reg->slots = slots;
+    reg->nslots = nslots;
+    return 0;
 }
 
-static void release(RegistryObject *reg, TrackerObject *tr)
+/* Insert tr (the table takes over the caller's reference); -1 without an
+ * exception set when memory runs out.  Runs no Python. */
+static int table_insert(RegistryObject *reg, TrackerObject *tr)
 {
-    tr->flags &= ~ML_TR_OWNED;
-    reg->live--;
-    Py_DECREF(tr);
+    if ((reg->n + 1) * 4 > reg->nslots * 3 && table_grow(reg) < 0) {
+        return -1;
+    }
+    size_t mask = (size_t)(reg->nslots - 1);
+    size_t i = home_slot(tr->key, reg->nslots);
+    while (reg->slots[i] != NULL) {
+        i = (i + 1) & mask;
+    }
+    reg->slots[i] = tr;
+    reg->n++;
+    return 0;
 }
 
+/* Take tr out of the table; returns 1 (the caller now owns the table's
+ * reference) or 0 when tr is not in it.  Runs no Python. */
+static int table_remove(RegistryObject *reg, const TrackerObject *tr)
+{
+    if (reg->nslots == 0) {
+        return 0;
+    }
+    size_t mask = (size_t)(reg->nslots - 1);
+    size_t i = home_slot(tr->key, reg->nslots);
+    while (reg->slots[i] != tr) {
+        if (reg->slots[i] == NULL) {
+            return 0;
+        }
+        i = (i + 1) & mask;
+    }
+    /* backward-shift deletion keeps every probe chain unbroken */
+    size_t j = i;
+    for (;;) {
+        j = (j + 1) & mask;
+        TrackerObject *next = reg->slots[j];
+        if (next == NULL) {
+            break;
+        }
+        size_t k = home_slot(next->key, reg->nslots);
+        int movable = i <= j ? (k <= i || k > j) : (k <= i && k > j);
+        if (movable) {
+            reg->slots[i] = next;
+            i = j;
+        }
+    }
+    reg->slots[i] = NULL;
+    reg->n--;
+    return 1;
+}
+
+/* Empty the table, handing back its references (NULL-terminated array the
+ * caller releases with release_all).  Runs no Python. */
+static TrackerObject **table_take(RegistryObject *reg, Py_ssize_t *count)
+{
+    TrackerObject **slots = reg->slots;
+    *count = reg->nslots;
+    reg->slots = NULL;
+    reg->nslots = 0;
+    reg->n = 0;
+    return slots;
+}
+
+/* Drop the references of a taken table.  A tracker's deallocation unlinks
+ * it from its storage and runs no callback. */
+static void release_all(TrackerObject **slots, Py_ssize_t count)
+{
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_XDECREF(slots[i]);
+    }
+    PyMem_Free(slots);
+}
+
+static int finalizing(void)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing();
+#else
+    return _Py_IsFinalizing();
+#endif
+}
+
+/* A tracked storage died.  Called by the interpreter with the dead tracker;
+ * called by hand (the callback is reachable from Python as
+ * tracker.__callback__) with anything else, it does nothing. */
 static PyObject *registry_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
                                      PyObject *Py_UNUSED(kwnames))
 {
-    RegistryObject *reg = (RegistryObject *)callable;
-    if (PyVectorcall_NARGS(nargsf) != 1) {
+    RegistryObject *reg = (RegistryObject *)callable; /* held by the caller */
+    if (PyVectorcall_NARGS(nargsf) != 1 || !Py_IS_TYPE(args[0], reg->tracker_type)) {
         Py_RETURN_NONE;
     }
-    /* Called by hand (the callback is reachable from Python through
-     * weakref.getweakrefs(obj)[i].__callback__), it must do nothing: only a
-     * tracker of this registry whose object is already dead counts. */
     TrackerObject *tr = (TrackerObject *)args[0];
-    if (!Py_IS_TYPE(args[0], reg->tracker_type) || tr->base.wr_object != Py_None ||
-        !(tr->flags & ML_TR_OWNED)) {
-        Py_RETURN_NONE; /* not ours, still alive, or cancelled */
+    if (referent((PyObject *)tr) != NULL || !table_remove(reg, tr)) {
+        Py_RETURN_NONE; /* still alive, or not (any more) ours */
     }
+    /* From here this function owns the table's reference to tr. */
     MemLordObject *lord = reg->lord;
     if (lord != NULL && !finalizing()) {
-        ml_delta buf[4], *d = NULL;
-        int n = tracker_deltas(tr, buf, 4, &d);
-        if (n > 0) {
-            ml_site site = {NULL, 0};
-            if (lord->track_callsite) {
-                ml_site_capture(ml_lord_state(lord), &site);
-            }
-            Py_INCREF(lord);
-            if (ml_lord_record(lord, ML_REC_FREE, d, n, &site, "(del)", NULL) < 0) {
-                PyErr_WriteUnraisable((PyObject *)lord);
-            }
-            Py_DECREF(lord);
-            ml_site_clear(&site);
-            if (d != buf) {
-                PyMem_Free(d);
-            }
-        } else {
-            PyErr_WriteUnraisable(callable);
+        Py_INCREF(lord); /* before anything that can allocate */
+        ml_delta d = {tracker_dev(tr), tracker_bytes(tr), 1};
+        ml_site site = {NULL, 0};
+        if (lord->track_callsite) {
+            ml_site_capture(ml_lord_state(lord), &site);
         }
+        /* a reset (a finalizer, another thread) while the site was read
+         * forgot this storage: nothing to credit */
+        // cppcheck-suppress knownConditionTrueFalse ; the capture may run a reset
+        if (reg->lord == lord &&
+            ml_lord_record(lord, ML_REC_FREE, &d, 1, &site, "(del)", NULL) < 0) {
+            PyErr_WriteUnraisable((PyObject *)lord);
+        }
+        ml_site_clear(&site);
+        Py_DECREF(lord);
     }
-    release(reg, tr);
+    Py_DECREF(tr);
     Py_RETURN_NONE;
 }
 
@@ -194,7 +297,11 @@ static PyObject *registry_call(PyObject *self, PyObject *args, PyObject *kwargs)
 static void registry_dealloc(PyObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
-    Py_CLEAR(((RegistryObject *)self)->tracker_type);
+    RegistryObject *reg = (RegistryObject *)self;
+    Py_ssize_t count;
+    TrackerObject **slots = table_take(reg, &count);
+    release_all(slots, count);
+    Py_CLEAR(reg->tracker_type);
     tp->tp_free(self);
     Py_DECREF(tp);
 }
@@ -218,6 +325,7 @@ PyType_Spec ml_registry_spec = {
     .slots = registry_slots,
 };
 
+/* lord's registry, created on first use: a new reference. */
 static RegistryObject *get_registry(MemLordObject *lord)
 {
     if (lord->registry == NULL) {
@@ -227,277 +335,209 @@ static RegistryObject *get_registry(MemLordObject *lord)
             return NULL;
         }
         reg->vectorcall = registry_vectorcall;
-        reg->lord = lord;
+        reg->lord = NULL;
         reg->tracker_type = (PyTypeObject *)Py_NewRef(st->tracker_type);
-        reg->live = 0;
-        lord->registry = (PyObject *)reg;
-    }
-    return (RegistryObject *)lord->registry;
-}
-
-/* ---- registration ------------------------------------------------------- */
-
-static PyObject **weaklist(PyObject *obj)
-{
-    const PyTypeObject *tp = Py_TYPE(obj);
-    if (tp->tp_weaklistoffset == 0) {
-        return NULL;
-    }
-    return (PyObject **)((char *)obj + tp->tp_weaklistoffset);
-}
-
-/* Building a tracker through weakref.ref's constructor costs an argument
- * tuple and its parsing per object, which is most of the cost of tracking a
- * small tensor.  On the CPython versions whose weakref layout memlord knows
- * (3.11 to 3.13 with the GIL), trackers are linked directly, following
- * weakrefobject.c: after the object's basic ref and proxy (callback-less,
- * exact types), at the head otherwise.  The direct path is self-tested once
- * at import (process-wide facts about the interpreter, hence globals) and
- * the constructor is used when the test fails. */
-static int direct_ok = -1;
-
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
-#define ML_DIRECT_TRACKERS 1
-static vectorcallfunc weakref_vectorcall;
-#endif
-
-static TrackerObject *tracker_new(PyTypeObject *tp, PyObject *obj, PyObject *callback)
-{
-#ifdef ML_DIRECT_TRACKERS
-    if (direct_ok == 1) {
-        PyWeakReference **list = (PyWeakReference **)weaklist(obj);
-        TrackerObject *tr = tracker_alloc(PyType_GetModuleState(tp), tp);
-        if (tr == NULL) {
-            return NULL;
-        }
-        PyWeakReference *self = &tr->base;
-        self->hash = -1;
-        self->wr_object = obj;
-        self->wr_callback = Py_NewRef(callback);
-        self->vectorcall = weakref_vectorcall;
-        PyWeakReference *prev = NULL, *head = *list;
-        if (head != NULL && head->wr_callback == NULL) {
-            if (PyWeakref_CheckRefExact(head)) {
-                prev = head;
-                head = head->wr_next;
-            }
-            if (head != NULL && head->wr_callback == NULL && PyWeakref_CheckProxy(head)) {
-                prev = head;
-            }
-        }
-        if (prev == NULL) {
-            self->wr_prev = NULL;
-            self->wr_next = *list;
-            if (*list != NULL) {
-                (*list)->wr_prev = self;
-            }
-            *list = self;
+        reg->slots = NULL;
+        reg->nslots = 0;
+        reg->n = 0;
+        // cppcheck-suppress knownConditionTrueFalse ; the allocation may run code
+        if (lord->registry != NULL) {
+            /* the allocation ran code that made one: use that */
+            Py_DECREF(reg);
         } else {
-            self->wr_prev = prev;
-            self->wr_next = prev->wr_next;
-            if (prev->wr_next != NULL) {
-                prev->wr_next->wr_prev = self;
-            }
-            prev->wr_next = self;
+            reg->lord = lord;
+            lord->registry = (PyObject *)reg;
         }
-        return tr;
     }
-#endif
-    PyObject *args = PyTuple_Pack(2, obj, callback);
+    return (RegistryObject *)Py_NewRef(lord->registry);
+}
+
+/* A tracker of key calling reg back, not yet in any table. */
+static TrackerObject *tracker_new(RegistryObject *reg, PyObject *key, ml_dev dev, int64_t bytes)
+{
+    PyObject *args = PyTuple_Pack(2, key, (PyObject *)reg);
     if (args == NULL) {
         return NULL;
     }
-    TrackerObject *tr = (TrackerObject *)_PyWeakref_RefType.tp_new(tp, args, NULL);
+    TrackerObject *tr = (TrackerObject *)_PyWeakref_RefType.tp_new(reg->tracker_type, args, NULL);
     Py_DECREF(args);
+    if (tr == NULL) {
+        return NULL;
+    }
+    tr->key = (uintptr_t)key;
+    tr->packed = ((uint64_t)dev << ML_TR_BYTES_BITS) | (uint64_t)bytes;
     return tr;
 }
 
-#ifdef ML_DIRECT_TRACKERS
-static int selftest_fired;
+/* ---- counting and tracking --------------------------------------------- */
 
-static PyObject *selftest_callback(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(ref))
+#define ML_LIFE_INLINE 8
+
+enum { IT_COUNT = 0, IT_SKIP = 1, IT_NEW = 2 };
+
+static int add_delta(ml_delta *d, int *nd, ml_dev dev, int64_t bytes)
 {
-    selftest_fired++;
-    Py_RETURN_NONE;
-}
-
-static PyMethodDef selftest_def = {"_memlord_selftest", selftest_callback, METH_O, NULL};
-#endif
-
-/* Link trackers directly next to a basic ref, check that weakref's own
- * functions see them, and that deaths call back. */
-int ml_life_selftest(PyTypeObject *tracker_type)
-{
-#ifdef ML_DIRECT_TRACKERS
-    direct_ok = 0;
-    PyObject *cb = PyCFunction_New(&selftest_def, NULL);
-    PyObject *obj = PySet_New(NULL);
-    PyObject *basic = obj ? PyWeakref_NewRef(obj, NULL) : NULL;
-    if (basic == NULL || cb == NULL) {
-        Py_XDECREF(cb);
-        Py_XDECREF(obj);
-        return -1;
+    for (int i = 0; i < *nd; i++) {
+        if (d[i].dev == dev) {
+            d[i].bytes += bytes;
+            d[i].count += 1;
+            return 0;
+        }
     }
-    weakref_vectorcall = ((PyWeakReference *)basic)->vectorcall;
-    direct_ok = 1;
-    TrackerObject *a = tracker_new(tracker_type, obj, cb);
-    TrackerObject *b = a ? tracker_new(tracker_type, obj, cb) : NULL;
-    direct_ok = 0;
-    Py_ssize_t count = 0;
-    for (const PyWeakReference *r = *(PyWeakReference **)weaklist(obj); r != NULL; r = r->wr_next) {
-        count++;
-    }
-    int ok = a != NULL && b != NULL && count == 3 && a->base.wr_object == obj &&
-             *(PyWeakReference **)weaklist(obj) == (PyWeakReference *)basic;
-    PyObject *basic2 = ok ? PyWeakref_NewRef(obj, NULL) : NULL;
-    ok = ok && basic2 == basic; /* the basic ref is still found first */
-    Py_XDECREF(basic2);
-    selftest_fired = 0;
-    Py_DECREF(obj);
-    ok = ok && selftest_fired == 2 && ((PyWeakReference *)basic)->wr_object == Py_None;
-    Py_XDECREF(a);
-    Py_XDECREF(b);
-    Py_DECREF(basic);
-    Py_DECREF(cb);
-    if (PyErr_Occurred()) {
-        PyErr_Clear();
-        ok = 0;
-    }
-    direct_ok = ok;
-#else
-    (void)tracker_type;
-    direct_ok = 0;
-#endif
+    d[(*nd)++] = (ml_delta){dev, bytes, 1};
     return 0;
 }
 
-int ml_life_direct(void)
+int ml_life_count(MemLordObject *lord, const ml_life_item *items, Py_ssize_t n, int flags,
+                  const ml_site *site, const char *label, const char *what)
 {
-    return direct_ok == 1;
-}
-
-int ml_life_register(MemLordObject *lord, PyObject *obj, const ml_delta *d, int n)
-{
-    if (n <= 0 || weaklist(obj) == NULL) {
-        return 0;
-    }
-    RegistryObject *reg = get_registry(lord);
-    if (reg == NULL) {
-        return -1;
-    }
-    ml_delta *more = NULL;
-    if (n > 1) {
-        more = PyMem_Malloc((size_t)(n - 1) * sizeof(ml_delta));
-        if (more == NULL) {
+    TrackerObject *tr_inline[ML_LIFE_INLINE] = {NULL};
+    ml_delta d_inline[ML_LIFE_INLINE];
+    unsigned char state_inline[ML_LIFE_INLINE];
+    /* trs[i]: a tracker this function holds a reference to, or NULL */
+    TrackerObject **trs = tr_inline;
+    ml_delta *d = d_inline;
+    unsigned char *state = state_inline;
+    int rc = -1;
+    if (n > ML_LIFE_INLINE) {
+        trs = PyMem_Calloc((size_t)n, sizeof(TrackerObject *) + sizeof(ml_delta) + 1);
+        if (trs == NULL) {
             PyErr_NoMemory();
             return -1;
         }
-        for (int i = 1; i < n; i++) {
-            more[i - 1] = d[i];
+        d = (ml_delta *)(trs + n);
+        state = (unsigned char *)(d + n);
+    }
+    RegistryObject *reg = NULL;
+    for (int attempt = 0;; attempt++) {
+        reg = get_registry(lord);
+        if (reg == NULL) {
+            goto done;
+        }
+        /* 1. Make trackers for the storages not tracked yet.  Each
+         * allocation may run anything: nothing read from the table is kept
+         * across it. */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const ml_life_item *it = &items[i];
+            state[i] = IT_COUNT;
+            if (it->bytes <= 0) {
+                state[i] = IT_SKIP;
+            } else if (it->key == NULL || !trackable_size(it->dev, it->bytes) ||
+                       Py_TYPE(it->key)->tp_weaklistoffset == 0) {
+                /* counted, never credited */
+            } else if (table_find(reg, (uintptr_t)it->key) != NULL) {
+                state[i] = IT_SKIP; /* counted already */
+            } else {
+                trs[i] = tracker_new(reg, it->key, it->dev, it->bytes);
+                if (trs[i] == NULL) {
+                    goto done;
+                }
+                state[i] = IT_NEW;
+            }
+        }
+        /* 2. Still the lord's registry?  A reset (a finalizer, another
+         * thread) while the trackers were made replaced it: this call then
+         * comes after the reset and starts again with the new one.  The
+         * lord's teardown (or reset after reset) gives up: nothing counted. */
+        if (lord->registry == (PyObject *)reg && reg->lord == lord) {
+            break;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_CLEAR(trs[i]);
+        }
+        Py_CLEAR(reg);
+        if (attempt == 3 || lord->module == NULL) {
+            rc = 0;
+            goto done;
         }
     }
-    TrackerObject *tr = tracker_new(ml_lord_state(lord)->tracker_type, obj, (PyObject *)reg);
-    if (tr == NULL) {
-        PyMem_Free(more);
-        return -1;
+    /* 3. No Python from here to the record: insert, dropping the storages
+     * that another thread or a finalizer tracked meanwhile. */
+    int nd = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (state[i] != IT_NEW) {
+            continue;
+        }
+        if (table_find(reg, (uintptr_t)items[i].key) != NULL) {
+            state[i] = IT_SKIP;
+            continue;
+        }
+        Py_INCREF(trs[i]); /* the table's own reference */
+        if (table_insert(reg, trs[i]) < 0) {
+            Py_DECREF(trs[i]);
+            state[i] = IT_COUNT; /* out of memory: counted, never credited */
+        }
     }
-    tr->dev = d[0].dev;
-    tr->bytes = d[0].bytes;
-    tr->more = more;
-    tr->nmore = n - 1;
-    tr->flags = ML_TR_OWNED; /* the reference we hold from here on */
-    reg->live++;
-    return 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (state[i] != IT_SKIP) {
+            add_delta(d, &nd, items[i].dev, items[i].bytes);
+        }
+    }
+    /* 4. Count them.  The caller holds every key, so no tracked storage can
+     * die (and be credited) before it is counted. */
+    if ((nd > 0 || what != NULL) && ml_lord_record(lord, flags, d, nd, site, label, what) < 0) {
+        /* nothing was counted: nothing may be credited */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (state[i] == IT_NEW && table_remove(reg, trs[i])) {
+                Py_DECREF(trs[i]); /* the table's reference; trs[i] keeps ours */
+            }
+        }
+        goto done;
+    }
+    rc = 0;
+done:
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_XDECREF(trs[i]);
+    }
+    Py_XDECREF(reg);
+    if (trs != tr_inline) {
+        PyMem_Free(trs);
+    }
+    return rc;
 }
 
-/* Call fn on each owned tracker of lord on obj.  The list may lose the
- * current entry inside fn, so the next one is read first. */
-typedef int (*tracker_fn)(MemLordObject *lord, RegistryObject *reg, TrackerObject *tr, void *arg);
-
-static int for_each_tracker(MemLordObject *lord, PyObject *obj, tracker_fn fn, void *arg)
+int ml_life_count_walk(MemLordObject *lord, const ml_walk *w, int flags, const ml_site *site,
+                       const char *label, const char *what)
 {
-    PyObject **list = weaklist(obj);
-    if (list == NULL || lord->registry == NULL) {
+    ml_life_item inline_items[ML_LIFE_INLINE] = {{NULL, 0, 0}};
+    ml_life_item *items = inline_items;
+    if (w->n > ML_LIFE_INLINE) {
+        items = PyMem_Malloc((size_t)w->n * sizeof(ml_life_item));
+        if (items == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    for (Py_ssize_t i = 0; i < w->n; i++) {
+        items[i] =
+            (ml_life_item){w->keys ? w->keys[i] : NULL, w->blocks[i].dev, w->blocks[i].nbytes};
+    }
+    /* the walk holds every key until it is cleared */
+    int rc = ml_life_count(lord, items, w->n, flags, site, label, what);
+    if (items != inline_items) {
+        PyMem_Free(items);
+    }
+    return rc;
+}
+
+int ml_life_tracks(const MemLordObject *lord, const PyObject *key)
+{
+    const RegistryObject *reg = (const RegistryObject *)lord->registry;
+    return reg != NULL && key != NULL && table_find(reg, (uintptr_t)key) != NULL;
+}
+
+int ml_life_untrack(MemLordObject *lord, const PyObject *key)
+{
+    RegistryObject *reg = (RegistryObject *)lord->registry;
+    if (reg == NULL || key == NULL) {
         return 0;
     }
-    RegistryObject *reg = (RegistryObject *)lord->registry;
-    PyTypeObject *tracker_type = ml_lord_state(lord)->tracker_type;
-    int count = 0;
-    PyWeakReference *ref = (PyWeakReference *)*list;
-    while (ref != NULL) {
-        PyWeakReference *next = ref->wr_next;
-        if (Py_IS_TYPE(ref, tracker_type) && ref->wr_callback == (PyObject *)reg &&
-            (((TrackerObject *)ref)->flags & ML_TR_OWNED)) {
-            int rc = fn(lord, reg, (TrackerObject *)ref, arg);
-            if (rc < 0) {
-                return -1;
-            }
-            count++;
-            if (rc > 0) {
-                break;
-            }
-        }
-        ref = next;
+    TrackerObject *tr = table_find(reg, (uintptr_t)key);
+    if (tr == NULL || !table_remove(reg, tr)) {
+        return 0;
     }
-    return count;
-}
-
-static int cancel_one(MemLordObject *Py_UNUSED(lord), RegistryObject *reg, TrackerObject *tr,
-                      void *Py_UNUSED(arg))
-{
-    release(reg, tr);
-    return 0;
-}
-
-int ml_life_cancel(MemLordObject *lord, PyObject *obj)
-{
-    return for_each_tracker(lord, obj, cancel_one, NULL);
-}
-
-static int transfer_one(MemLordObject *lord, RegistryObject *reg, TrackerObject *tr, void *arg)
-{
-    ml_delta buf[4], *d = NULL;
-    int n = tracker_deltas(tr, buf, 4, &d);
-    if (n < 0) {
-        return -1;
-    }
-    int rc = ml_life_register(lord, (PyObject *)arg, d, n);
-    if (d != buf) {
-        PyMem_Free(d);
-    }
-    if (rc < 0) {
-        return -1;
-    }
-    release(reg, tr);
-    return 0;
-}
-
-int ml_life_transfer(MemLordObject *lord, PyObject *src, PyObject *dst)
-{
-    return for_each_tracker(lord, src, transfer_one, dst);
-}
-
-typedef struct {
-    ml_dev dev;
-    int64_t bytes;
-} resize_arg;
-
-static int resize_one(MemLordObject *Py_UNUSED(lord), RegistryObject *Py_UNUSED(reg),
-                      TrackerObject *tr, void *arg)
-{
-    const resize_arg *r = arg;
-    tr->dev = r->dev;
-    tr->bytes = r->bytes;
-    PyMem_Free(tr->more);
-    tr->more = NULL;
-    tr->nmore = 0;
-    return 1; /* one is enough */
-}
-
-int ml_life_resize(MemLordObject *lord, PyObject *obj, ml_dev dev, int64_t bytes)
-{
-    resize_arg r = {dev, bytes};
-    return for_each_tracker(lord, obj, resize_one, &r);
+    Py_DECREF(tr); /* unlinks it from the storage: no callback, no Python */
+    return 1;
 }
 
 void ml_life_detach(MemLordObject *lord)
@@ -506,17 +546,28 @@ void ml_life_detach(MemLordObject *lord)
     if (reg == NULL) {
         return;
     }
-    reg->lord = NULL; /* outstanding trackers become inert */
+    reg->lord = NULL; /* a callback running now credits nothing */
     lord->registry = NULL;
+    Py_ssize_t count;
+    TrackerObject **slots = table_take(reg, &count);
+    release_all(slots, count);
     Py_DECREF(reg);
 }
 
-Py_ssize_t ml_life_count(MemLordObject *lord)
+Py_ssize_t ml_life_tracked(MemLordObject *lord)
 {
-    return lord->registry ? ((RegistryObject *)lord->registry)->live : 0;
+    return lord->registry ? ((RegistryObject *)lord->registry)->n : 0;
 }
 
 /* ---- the handle --------------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    MemLordObject *lord; /* strong */
+    int enabled;
+    int factories;
+    int deep;
+} PyHandleObject;
 
 PyObject *ml_life_enable(MemLordObject *lord, int factories, int deep)
 {
@@ -594,7 +645,7 @@ static PyObject *pyhandle_get_lord(PyHandleObject *self, void *Py_UNUSED(closure
 
 static PyObject *pyhandle_get_tracked(PyHandleObject *self, void *Py_UNUSED(closure))
 {
-    return PyLong_FromSsize_t(ml_life_count(self->lord));
+    return PyLong_FromSsize_t(ml_life_tracked(self->lord));
 }
 
 static PyObject *pyhandle_repr(PyHandleObject *self)
@@ -628,8 +679,8 @@ static void pyhandle_dealloc(PyHandleObject *self)
 
 static PyMethodDef pyhandle_methods[] = {
     {"disable", (PyCFunction)pyhandle_disable, METH_NOARGS,
-     "disable($self, /)\n--\n\nStop registering new objects and restore the wrapped factories. "
-     "Objects already registered still credit their bytes when they die."},
+     "disable($self, /)\n--\n\nStop tracking new storages and restore the wrapped factories. "
+     "Storages already tracked still credit their bytes when they die."},
     {"__enter__", (PyCFunction)pyhandle_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)pyhandle_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
@@ -639,7 +690,7 @@ static PyGetSetDef pyhandle_getset[] = {
     {"enabled", (getter)pyhandle_get_enabled, NULL, "Whether new objects are registered.", NULL},
     {"lord", (getter)pyhandle_get_lord, NULL, "The MemLord this handle belongs to.", NULL},
     {"tracked", (getter)pyhandle_get_tracked, NULL,
-     "Objects registered and still alive (their free not yet credited).", NULL},
+     "Storages tracked and still alive (their free not yet credited).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -1,39 +1,59 @@
-/* Lifetime tracking: a registered object's bytes are credited to freed when
- * its last reference goes away, through C weak-reference callbacks. */
+/* Lifetime tracking: memlord follows storages.  A tracked storage counts
+ * once, from the moment a tracked factory, conversion or allocate() first
+ * sees it until it dies, whatever tensor objects share it. */
 #ifndef MEMLORD_LIFETIME_H
 #define MEMLORD_LIFETIME_H
 
 #include "lord.h"
+#include "walk.h"
 
-extern PyType_Spec ml_tracker_spec;  /* weakref.ref subclass holding a size snapshot */
-extern PyType_Spec ml_registry_spec; /* per-lord callback shared by its trackers */
+extern PyType_Spec ml_tracker_spec;  /* weakref.ref subclass on a storage object */
+extern PyType_Spec ml_registry_spec; /* per-lord callback and table of its trackers */
 extern PyType_Spec ml_pyhandle_spec; /* what hook_into_python() returns */
 
-/* 1 when lord registers new objects (hook_into_python is enabled). */
+/* 1 when lord tracks new storages (hook_into_python is enabled). */
 static inline int ml_life_active(const MemLordObject *lord)
 {
     return lord->py_handle != NULL;
 }
 
-/* Register obj for lord with the given per-device snapshot (bytes > 0).
- * Objects without weak-reference support are skipped. */
-int ml_life_register(MemLordObject *lord, PyObject *obj, const ml_delta *d, int n);
-/* Cancel lord's pending credits on obj; returns how many were cancelled. */
-int ml_life_cancel(MemLordObject *lord, PyObject *obj);
-/* Move lord's registrations from src to dst (nn.Parameter(data)). */
-int ml_life_transfer(MemLordObject *lord, PyObject *src, PyObject *dst);
-/* Replace the snapshot of lord's registration on obj; 1 if one existed. */
-int ml_life_resize(MemLordObject *lord, PyObject *obj, ml_dev dev, int64_t bytes);
-/* Forget every outstanding registration of lord (reset, dealloc). */
+/* 1 when lord also tracks conversion results (enable_deep_autowrap): its
+ * moves then credit the source when the source storage dies. */
+static inline int ml_life_deep(const MemLordObject *lord)
+{
+    return lord->py_handle != NULL && lord->deep_autowrap;
+}
+
+/* One storage seen by a source.  key identifies it for as long as it lives:
+ * the torch.UntypedStorage object (torch keeps it alive with the storage),
+ * or the numpy array that owns the memory; NULL when there is none. */
+typedef struct {
+    PyObject *key; /* borrowed from the caller, who holds it across the call */
+    ml_dev dev;
+    int64_t bytes;
+} ml_life_item;
+
+/* Count as allocated those items lord does not track yet, in one
+ * ml_lord_record call (flags, label, what as there), and track them: each
+ * is credited when its storage dies.  Items lord already tracks add
+ * nothing; items without a key that weak references reach are counted and
+ * not tracked.  The caller holds a reference to lord and to every key. */
+int ml_life_count(MemLordObject *lord, const ml_life_item *items, Py_ssize_t n, int flags,
+                  const ml_site *site, const char *label, const char *what);
+/* ml_life_count over the blocks of a walk made with collect_keys. */
+int ml_life_count_walk(MemLordObject *lord, const ml_walk *w, int flags, const ml_site *site,
+                       const char *label, const char *what);
+/* 1 when lord tracks the storage key identifies.  Runs no Python. */
+int ml_life_tracks(const MemLordObject *lord, const PyObject *key);
+/* Stop tracking key (its free was just credited some other way); 1 when it
+ * was tracked.  Runs no Python. */
+int ml_life_untrack(MemLordObject *lord, const PyObject *key);
+/* Forget every tracked storage of lord (reset, dealloc): their deaths
+ * credit nothing.  Runs no Python. */
 void ml_life_detach(MemLordObject *lord);
 /* lord.hook_into_python(...) */
 PyObject *ml_life_enable(MemLordObject *lord, int factories, int deep);
-/* Decide, once at import, whether trackers may be linked directly. */
-int ml_life_selftest(PyTypeObject *tracker_type);
-int ml_life_direct(void);
-/* Release the trackers' free list (module teardown). */
-void ml_life_free_trackers(ml_state *st);
-/* Trackers alive for lord (for tests and the memory benchmark). */
-Py_ssize_t ml_life_count(MemLordObject *lord);
+/* Storages lord tracks (for tests and the memory benchmark). */
+Py_ssize_t ml_life_tracked(MemLordObject *lord);
 
 #endif

@@ -78,6 +78,9 @@ static int source_of_label(const char *label)
     if (strcmp(label, "(hook, deferred)") == 0) {
         return ML_SRC_DEFERRED;
     }
+    if (strcmp(label, "(param)") == 0) {
+        return ML_SRC_PARAM;
+    }
     return ML_SRC_CONVERT;
 }
 
@@ -119,54 +122,33 @@ int ml_lord_record(MemLordObject *self, int flags, const ml_delta *d, int n, con
                      d, n, site, &ctx);
 }
 
-/* Register, for lifetime tracking, each tensor or array that contributed
- * storages to this allocate() with its own share: a module's parameters and
- * buffers are registered one by one, so that a conversion inside Module.to
- * resizes exactly the registration of the parameter it converts, and a
- * tensor shared with another module keeps counting while that one lives. */
-static int register_owners(MemLordObject *self, const ml_walk *w)
-{
-    Py_ssize_t i = 0;
-    while (i < w->n) {
-        PyObject *owner = w->owners[i];
-        Py_ssize_t j = i;
-        ml_deltas ds;
-        deltas_init(&ds);
-        int rc = 0;
-        for (; j < w->n && w->owners[j] == owner && rc == 0; j++) {
-            rc = deltas_add(&ds, w->blocks[j].dev, w->blocks[j].nbytes, 1);
-        }
-        if (rc == 0 && owner != NULL && ds.n > 0) {
-            rc = ml_life_register(self, owner, ds.d, ds.n);
-        }
-        deltas_clear(&ds);
-        if (rc < 0) {
-            return -1;
-        }
-        i = j;
-    }
-    return 0;
-}
-
 static PyObject *record_object(MemLordObject *self, PyObject *obj, int is_free)
 {
     ml_state *st = ml_lord_state(self);
     const char *what = is_free ? "free" : "allocate";
-    /* Lifetime tracking: allocate registers what it counts, free cancels the
-     * pending credits of every tensor and array it walks. */
-    int register_new = !is_free && ml_life_active(self);
-    int cancel = is_free && self->registry != NULL;
+    /* Lifetime tracking: allocate counts and tracks what the lord does not
+     * track yet; free credits each storage once and stops tracking it. */
+    int track = !is_free && ml_life_active(self);
+    int untrack = is_free && self->registry != NULL;
     ml_walk w;
     ml_deltas ds;
     ml_site site = {NULL, 0};
     PyObject *result = NULL;
     ml_walk_init(&w);
     deltas_init(&ds);
-    w.collect_owners = register_new;
-    if (cancel && (w.tensors = PyList_New(0)) == NULL) {
+    w.collect_keys = track || untrack;
+    if (ml_walk_object(st, &w, obj, what) < 0) {
         goto done;
     }
-    if (ml_walk_object(st, &w, obj, what) < 0) {
+    if (self->track_callsite) {
+        ml_site_capture(st, &site);
+    }
+    if (track) {
+        /* storages the lord tracks already add nothing */
+        if (ml_life_count_walk(self, &w, ML_REC_SUMMARY, &site, NULL, what) < 0) {
+            goto done;
+        }
+        result = Py_NewRef(Py_None);
         goto done;
     }
     for (Py_ssize_t i = 0; i < w.n; i++) {
@@ -182,12 +164,12 @@ static PyObject *record_object(MemLordObject *self, PyObject *obj, int is_free)
                   &ctx) < 0) {
         goto done;
     }
-    if (cancel) {
-        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(w.tensors); i++) {
-            ml_life_cancel(self, PyList_GET_ITEM(w.tensors, i));
+    if (untrack) {
+        /* credited just now: their deaths credit nothing more (the walk
+         * holds the keys, so none died in between) */
+        for (Py_ssize_t i = 0; i < w.n; i++) {
+            ml_life_untrack(self, w.keys[i]);
         }
-    } else if (register_new && register_owners(self, &w) < 0) {
-        goto done;
     }
     result = Py_NewRef(Py_None);
 done:
@@ -695,10 +677,11 @@ static int lord_traverse(MemLordObject *self, visitproc visit, void *arg)
 
 static int lord_clear(MemLordObject *self)
 {
+    /* First: from here on no tracker callback reaches this lord. */
+    ml_life_detach(self);
     clear_qcache(self);
     Py_CLEAR(self->torch_handle);
     Py_CLEAR(self->py_handle);
-    ml_life_detach(self);
     ml_capacity_clear(&self->capacity);
     ml_hotspots_clear(&self->alloc_sites);
     ml_hotspots_clear(&self->free_sites);
@@ -765,8 +748,9 @@ static PyMethodDef lord_methods[] = {
     {"hook_into_python", (PyCFunction)(void (*)(void))lord_hook_into_python,
      METH_VARARGS | METH_KEYWORDS,
      "hook_into_python($self, /, enable_factory_wrappers=True, enable_deep_autowrap=True)\n--\n\n"
-     "Credit frees when the last reference to a tracked tensor or module goes away; count "
-     "tensors made by torch factories and Tensor.clone.  Returns a handle (disable(), "
+     "Lifetime tracking: count each storage once, from the moment a factory, a conversion or "
+     "allocate() first sees it, and credit it when the storage dies; count tensors made by "
+     "torch factories and Tensor.clone.  Returns a handle (disable(), "
      "enabled, tracked; context manager)."},
     {"_bench_noop", (PyCFunction)(void (*)(void))lord_bench_noop, FASTKW,
      "A no-op method: the floor of the query benchmarks."},

@@ -74,7 +74,6 @@ typedef struct {
 } ml_sitetab;
 
 /* ---- module state ------------------------------------------------------ */
-#define ML_TRACKER_FREELIST 256 /* dead trackers kept for reuse, per module */
 typedef struct {
     PyTypeObject *lord_type;
     PyTypeObject *hook_type;    /* wrapper installed in torch */
@@ -87,6 +86,10 @@ typedef struct {
     PyObject *parameter_type; /* torch.nn.Parameter */
     PyObject *device_type;    /* torch.device */
     PyObject *storage_type;   /* torch.UntypedStorage */
+    /* torch._C._functorch.is_functorch_wrapped_tensor / get_unwrapped, or
+     * NULL in a torch without them */
+    PyObject *functorch_is_wrapped;
+    PyObject *functorch_unwrap;
     /* torch's own descriptors, called directly when a type has not
      * overridden them (saves a method lookup per tensor) */
     ml_fast f_untyped_storage, f_device, f_data_ptr, f_nbytes, f_storage_device, f_tensor_nbytes,
@@ -124,10 +127,6 @@ typedef struct {
     PyObject *env_data;        /* os.environ._data, or NULL (then getenv) */
     PyObject *debug_key;       /* its key for DEBUG */
     PyObject *debug_seen;      /* the DEBUG value last handed to log_env_changed */
-    /* lifetime.c: memory of dead trackers, reused by the next ones */
-    void *tracker_free[ML_TRACKER_FREELIST];
-    int ntracker_free;
-    int tracker_free_closed; /* module cleared: no more pooling */
     int last_code_internal;
 } ml_state;
 

@@ -85,6 +85,13 @@ static int load_torch(ml_state *st)
         PyErr_SetString(PyExc_ImportError, "memlord: unexpected torch types");
         return -1;
     }
+    st->functorch_is_wrapped = ml_import_attr("torch._C._functorch", "is_functorch_wrapped_tensor");
+    st->functorch_unwrap =
+        st->functorch_is_wrapped ? ml_import_attr("torch._C._functorch", "get_unwrapped") : NULL;
+    if (st->functorch_unwrap == NULL) {
+        PyErr_Clear(); /* a torch without functorch: no wrappers to see through */
+        Py_CLEAR(st->functorch_is_wrapped);
+    }
     load_descriptor(st->tensor_type, st->s_untyped_storage, &st->d_untyped_storage);
     load_descriptor(st->tensor_type, st->s_device, &st->d_device);
     load_descriptor(st->storage_type, st->s_data_ptr, &st->d_data_ptr);
@@ -146,7 +153,7 @@ static int core_exec(PyObject *module)
     st->registry_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_registry_spec, NULL);
     st->pyhandle_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_pyhandle_spec, NULL);
     if (st->tracker_type == NULL || st->registry_type == NULL || st->pyhandle_type == NULL ||
-        PyModule_AddType(module, st->pyhandle_type) < 0 || ml_life_selftest(st->tracker_type) < 0) {
+        PyModule_AddType(module, st->pyhandle_type) < 0) {
         return -1;
     }
     return 0;
@@ -220,7 +227,7 @@ static PyObject *core_tensor_meta(PyObject *module, PyObject *t)
     }
     ml_dev dev;
     int64_t nbytes;
-    if (ml_tensor_meta_bytes(st, t, &dev, &nbytes) < 0) {
+    if (ml_tensor_storage_bytes(st, t, &dev, &nbytes) < 0) {
         return NULL;
     }
     PyObject *name = ml_dev_str(st, dev);
@@ -292,7 +299,7 @@ static PyMethodDef core_methods[] = {
     {"_tensor_abi", (PyCFunction)(void (*)(void))core_tensor_abi, METH_FASTCALL,
      "Whether tensor metadata is read through torch's stable C ABI; switches it for tests."},
     {"_tensor_meta", (PyCFunction)core_tensor_meta, METH_O,
-     "(device, nbytes) of a tensor as the hooks size it, from metadata only."},
+     "(device, nbytes) of a tensor as the hooks size it: its storage bytes."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -310,6 +317,8 @@ static size_t state_objects(ml_state *st, PyObject ***out)
         (PyObject **)&st->pyhandle_type,
         &st->tensor_type,
         &st->module_type,
+        &st->functorch_is_wrapped,
+        &st->functorch_unwrap,
         &st->parameter_type,
         &st->device_type,
         &st->storage_type,
@@ -385,7 +394,6 @@ static int core_clear(PyObject *module)
     for (int t = 0; t < ML_MAX_DEV_TYPES; t++) {
         Py_CLEAR(st->type_names[t]);
     }
-    ml_life_free_trackers(st);
     ml_log_clear(st);
     ml_sitetab_clear(&st->sites);
     ml_safe_point_clear();

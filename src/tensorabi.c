@@ -32,6 +32,7 @@
 
 typedef int32_t (*abi_get_i64)(void *tensor, int64_t *out);
 typedef int32_t (*abi_get_i32)(void *tensor, int32_t *out);
+typedef int32_t (*abi_get_ptr)(void *tensor, void **out);
 typedef size_t (*abi_elsize)(int32_t dtype);
 typedef int32_t (*abi_code)(void);
 
@@ -45,6 +46,8 @@ static struct {
     int on;    /* valid, and not switched off */
     abi_get_i64 numel;
     abi_get_i32 dtype, device_type, device_index, layout;
+    abi_get_i64 storage_size, storage_offset; /* optional: storage sizing */
+    abi_get_ptr data_ptr;
     abi_elsize element_size;
     int32_t strided;
     int32_t cpu; /* c10::DeviceType::CPU, whose index is always -1 */
@@ -141,6 +144,47 @@ int ml_abi_meta_bytes(const ml_state *st, PyObject *t, ml_dev *dev, int64_t *nby
     return 1;
 }
 
+int ml_abi_storage(const ml_state *st, PyObject *t, ml_dev *dev, uintptr_t *ptr, int64_t *nbytes)
+{
+    if (!abi.on || abi.storage_size == NULL || !exact_tensor(st, t)) {
+        return 0;
+    }
+    void *h = tensor_handle(t);
+    int32_t layout, dtype;
+    if (abi.layout(h, &layout) != 0 || layout != abi.strided || !read_device(st, h, dev)) {
+        return 0;
+    }
+    if (ML_DEV_TYPE(*dev) == st->meta_type) {
+        *ptr = 0;
+        *nbytes = 0; /* meta storages hold no memory */
+        return 1;
+    }
+    /* A functorch wrapper (vmap's BatchedTensor, grad's TensorWrapper) has no
+     * storage of its own: the shim answers an error and the getter path
+     * unwraps it. */
+    int64_t size, offset;
+    void *data;
+    if (abi.storage_size(h, &size) != 0 || size < 0) {
+        return 0;
+    }
+    if (size == 0) {
+        *ptr = 0;
+        *nbytes = 0;
+        return 1;
+    }
+    if (abi.storage_offset(h, &offset) != 0 || abi.data_ptr(h, &data) != 0 ||
+        abi.dtype(h, &dtype) != 0 || offset < 0) {
+        return 0;
+    }
+    size_t elsize = element_size(dtype);
+    if (elsize == 0 || (uint64_t)offset > (uint64_t)size / elsize) {
+        return 0;
+    }
+    *ptr = (uintptr_t)data - (uintptr_t)offset * elsize; /* the storage's base */
+    *nbytes = size;
+    return 1;
+}
+
 /* ---- the checks at import ---------------------------------------------- */
 
 static void *find_symbol(void *lib, const char *name)
@@ -170,6 +214,12 @@ static int load_symbols(void)
     abi.device_index = (abi_get_i32)find_symbol(lib, "aoti_torch_get_device_index");
     abi.layout = (abi_get_i32)find_symbol(lib, "aoti_torch_get_layout");
     abi.element_size = (abi_elsize)find_symbol(lib, "aoti_torch_dtype_element_size");
+    abi.storage_size = (abi_get_i64)find_symbol(lib, "aoti_torch_get_storage_size");
+    abi.storage_offset = (abi_get_i64)find_symbol(lib, "aoti_torch_get_storage_offset");
+    abi.data_ptr = (abi_get_ptr)find_symbol(lib, "aoti_torch_get_data_ptr");
+    if (!abi.storage_size || !abi.storage_offset || !abi.data_ptr) {
+        abi.storage_size = NULL; /* storages are then read through the getters */
+    }
     abi_code strided = (abi_code)find_symbol(lib, "aoti_torch_layout_strided");
     abi_code cpu = (abi_code)find_symbol(lib, "aoti_torch_device_type_cpu");
     dlclose(lib); /* drops the count RTLD_NOLOAD took; torch._C keeps it loaded */
@@ -181,6 +231,43 @@ static int load_symbols(void)
     abi.cpu = cpu();
     return 1;
 #endif
+}
+
+/* 1 when the storage read through the shim is the one torch's getters
+ * report (size and base address), or storage reading is off; 0 when not. */
+static int storage_agrees(ml_state *st, PyObject *t)
+{
+    if (abi.storage_size == NULL) {
+        return 1;
+    }
+    ml_dev dev;
+    uintptr_t ptr;
+    int64_t nbytes;
+    PyObject *s = PyObject_CallMethodNoArgs(t, st->s_untyped_storage);
+    if (s == NULL) {
+        return -1;
+    }
+    int64_t want_bytes;
+    int64_t want_ptr;
+    int rc = ml_as_int64(PyObject_CallMethodNoArgs(s, st->s_nbytes), &want_bytes);
+    if (rc == 0) {
+        rc = ml_as_int64(PyObject_CallMethodNoArgs(s, st->s_data_ptr), &want_ptr);
+    }
+    Py_DECREF(s);
+    if (rc < 0) {
+        return -1;
+    }
+    int was = abi.on;
+    abi.on = 1;
+    int read = ml_abi_storage(st, t, &dev, &ptr, &nbytes);
+    abi.on = was;
+    if (!read) {
+        return 0;
+    }
+    if (ML_DEV_TYPE(dev) == st->meta_type) {
+        return nbytes == 0;
+    }
+    return nbytes == want_bytes && (want_bytes == 0 || ptr == (uintptr_t)want_ptr);
 }
 
 /* 1 when the shim reads t as torch's getters do, 0 when not, -1 on error. */
@@ -243,7 +330,10 @@ static int probe_agrees(ml_state *st, PyObject *t)
     if (abi.numel(h, &numel) != 0 || abi.dtype(h, &dtype) != 0) {
         return 0;
     }
-    return numel * (int64_t)element_size(dtype) == want_bytes;
+    if (numel * (int64_t)element_size(dtype) != want_bytes) {
+        return 0;
+    }
+    return storage_agrees(st, t);
 }
 
 /* Probe tensors: several element sizes, empty, 2-d, meta, a Parameter and a

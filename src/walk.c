@@ -24,11 +24,10 @@ void ml_walk_init(ml_walk *w)
     w->seen = NULL;
     w->nseen = 0;
     w->seencap = 0;
-    w->tensors = NULL;
-    w->collect_owners = 0;
-    w->owners = NULL;
-    w->owners_cap = 0;
-    w->cur_owner = NULL;
+    w->collect_keys = 0;
+    w->keys = NULL;
+    w->keys_cap = 0;
+    w->opaque_ok = 0;
     w->in_sparse = 0;
     w->pos = -1;
     w->what = NULL;
@@ -43,14 +42,17 @@ void ml_walk_clear(ml_walk *w)
         PyMem_Free(w->slots);
     }
     PyMem_Free(w->seen);
-    Py_CLEAR(w->tensors);
-    if (w->owners != NULL) {
-        for (Py_ssize_t i = 0; i < w->n; i++) {
-            Py_XDECREF(w->owners[i]);
-        }
-        PyMem_Free(w->owners);
-    }
+    /* Detach first: dropping a key may free a storage, which runs weakref
+     * callbacks (memlord's own among them). */
+    PyObject **keys = w->keys;
+    Py_ssize_t n = w->n;
     ml_walk_init(w);
+    if (keys != NULL) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_XDECREF(keys[i]);
+        }
+        PyMem_Free(keys);
+    }
 }
 
 static inline size_t hash_block(uintptr_t ptr, int64_t nbytes, ml_dev dev)
@@ -85,13 +87,15 @@ static int grow_slots(ml_walk *w)
     return 0;
 }
 
-static int add_block(ml_walk *w, ml_dev dev, uintptr_t ptr, int64_t nbytes)
+/* Add a block unless this call has it already; steals key (may be NULL). */
+static int add_block(ml_walk *w, ml_dev dev, uintptr_t ptr, int64_t nbytes, PyObject *key)
 {
     size_t mask = (size_t)(w->nslots - 1);
     size_t j = hash_block(ptr, nbytes, dev) & mask;
     while (w->slots[j]) {
         const ml_block *b = &w->blocks[w->slots[j] - 1];
         if (b->ptr == ptr && b->nbytes == nbytes && b->dev == dev) {
+            Py_XDECREF(key);
             return 0; /* already counted in this call */
         }
         j = (j + 1) & mask;
@@ -100,6 +104,7 @@ static int add_block(ml_walk *w, ml_dev dev, uintptr_t ptr, int64_t nbytes)
         Py_ssize_t cap = w->cap * 2;
         ml_block *blocks = PyMem_Malloc((size_t)cap * sizeof(ml_block));
         if (blocks == NULL) {
+            Py_XDECREF(key);
             PyErr_NoMemory();
             return -1;
         }
@@ -110,17 +115,20 @@ static int add_block(ml_walk *w, ml_dev dev, uintptr_t ptr, int64_t nbytes)
         w->blocks = blocks;
         w->cap = cap;
     }
-    if (w->collect_owners) {
-        if (w->n >= w->owners_cap) { /* blocks has room for n + 1 by now */
-            PyObject **owners = PyMem_Realloc(w->owners, (size_t)w->cap * sizeof(PyObject *));
-            if (owners == NULL) {
+    if (w->collect_keys) {
+        if (w->n >= w->keys_cap) { /* blocks has room for n + 1 by now */
+            PyObject **keys = PyMem_Realloc(w->keys, (size_t)w->cap * sizeof(PyObject *));
+            if (keys == NULL) {
+                Py_XDECREF(key);
                 PyErr_NoMemory();
                 return -1;
             }
-            w->owners = owners;
-            w->owners_cap = w->cap;
+            w->keys = keys;
+            w->keys_cap = w->cap;
         }
-        w->owners[w->n] = Py_XNewRef(w->cur_owner);
+        w->keys[w->n] = key; /* stolen */
+    } else {
+        Py_XDECREF(key);
     }
     w->blocks[w->n] = (ml_block){dev, ptr, nbytes};
     w->slots[j] = (uint32_t)(w->n + 1);
@@ -267,6 +275,11 @@ static inline PyObject *get_fast(ml_fast *f, PyObject *obj, PyObject *name, PyOb
     return PyObject_GetAttr(obj, name);
 }
 
+PyObject *ml_tensor_untyped_storage(ml_state *st, PyObject *t)
+{
+    return call_fast(&st->f_untyped_storage, t, st->s_untyped_storage, st->d_untyped_storage);
+}
+
 int ml_tensor_device(ml_state *st, PyObject *t, ml_dev *dev)
 {
     if (ml_abi_device(st, t, dev)) {
@@ -368,66 +381,145 @@ static void chain_cause(PyObject *cause)
     PyErr_Restore(type, value, tb);
 }
 
-int ml_walk_tensor(ml_state *st, ml_walk *w, PyObject *t)
+/* A functorch wrapper (vmap's BatchedTensor, grad's TensorWrapper) holds
+ * its memory in the tensor it wraps: a new reference to the innermost
+ * unwrapped tensor, or NULL with no error when t is not a wrapper. */
+static PyObject *functorch_unwrap(ml_state *st, PyObject *t)
 {
-    if (w->in_sparse == 0) {
-        if (w->tensors != NULL && PyList_Append(w->tensors, t) < 0) {
-            return -1;
-        }
-        w->cur_owner = t;
+    if (st->functorch_is_wrapped == NULL || st->functorch_unwrap == NULL) {
+        return NULL;
     }
-    PyObject *storage =
-        call_fast(&st->f_untyped_storage, t, st->s_untyped_storage, st->d_untyped_storage);
-    if (storage == NULL) {
-        /* Sparse tensors have no storage of their own: count components. */
-        PyObject *exc_type, *exc, *tb;
-        PyErr_Fetch(&exc_type, &exc, &tb);
-        PyObject *names[3];
-        int n = sparse_components(st, t, names);
-        if (n <= 0) {
-            if (n == 0) {
-                /* A tensor without a storage memlord can read (mkldnn and
-                 * other opaque layouts): a TypeError naming where it is,
-                 * with torch's error as the cause. */
-                PyErr_Restore(exc_type, exc, tb);
-                if (PyErr_ExceptionMatches(PyExc_RuntimeError) ||
-                    PyErr_ExceptionMatches(PyExc_NotImplementedError)) {
-                    PyObject *cause = PyErr_GetRaisedException_compat();
-                    if (w->pos < 0) {
-                        PyErr_Format(PyExc_TypeError,
-                                     "%s(): argument 'obj' is a tensor whose storage cannot be "
-                                     "read (%S)",
-                                     w->what ? w->what : "memlord", cause);
-                    } else {
-                        PyErr_Format(PyExc_TypeError,
-                                     "%s(): argument 'obj[%zd]' is a tensor whose storage cannot "
-                                     "be read (%S)",
-                                     w->what ? w->what : "memlord", w->pos, cause);
-                    }
-                    chain_cause(cause);
-                }
-            } else {
-                Py_XDECREF(exc_type);
-                Py_XDECREF(exc);
-                Py_XDECREF(tb);
-            }
-            return -1;
+    PyObject *cur = Py_NewRef(t);
+    for (int depth = 0; depth < 64; depth++) {
+        PyObject *r = PyObject_CallOneArg(st->functorch_is_wrapped, cur);
+        if (r == NULL) {
+            PyErr_Clear();
+            break;
         }
+        int wrapped = r == Py_True;
+        Py_DECREF(r);
+        if (!wrapped) {
+            break;
+        }
+        PyObject *inner = PyObject_CallOneArg(st->functorch_unwrap, cur);
+        if (inner == NULL) {
+            PyErr_Clear();
+            break;
+        }
+        Py_SETREF(cur, inner);
+    }
+    if (cur == t) {
+        Py_DECREF(cur);
+        return NULL;
+    }
+    return cur;
+}
+
+/* The "storage cannot be read" TypeError of allocate/free, naming where. */
+static void unreadable_storage_error(ml_walk *w)
+{
+    if (!PyErr_ExceptionMatches(PyExc_RuntimeError) &&
+        !PyErr_ExceptionMatches(PyExc_NotImplementedError)) {
+        return;
+    }
+    PyObject *cause = PyErr_GetRaisedException_compat();
+    if (w->pos < 0) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s(): argument 'obj' is a tensor whose storage cannot be read (%S)",
+                     w->what ? w->what : "memlord", cause);
+    } else {
+        PyErr_Format(PyExc_TypeError,
+                     "%s(): argument 'obj[%zd]' is a tensor whose storage cannot be read (%S)",
+                     w->what ? w->what : "memlord", w->pos, cause);
+    }
+    chain_cause(cause);
+}
+
+/* A tensor whose untyped_storage() raised: sparse components, a functorch
+ * wrapper's inner tensor, or (hooks only) the metadata size. */
+static int walk_storageless(ml_state *st, ml_walk *w, PyObject *t)
+{
+    PyObject *exc_type, *exc, *tb;
+    PyErr_Fetch(&exc_type, &exc, &tb);
+    PyObject *names[3];
+    int n = sparse_components(st, t, names);
+    if (n > 0) {
         Py_XDECREF(exc_type);
         Py_XDECREF(exc);
         Py_XDECREF(tb);
         return walk_sparse(st, w, t, names, n);
     }
-    /* The storage's device getter is cheaper than the tensor's, and for plain
-     * tensors and parameters it is the same device.  A subclass may differ
-     * (FakeTensor reports cuda:1 over a meta storage): ask the tensor. */
+    if (n < 0) {
+        Py_XDECREF(exc_type);
+        Py_XDECREF(exc);
+        Py_XDECREF(tb);
+        return -1;
+    }
+    PyObject *inner = functorch_unwrap(st, t);
+    if (inner != NULL) {
+        Py_XDECREF(exc_type);
+        Py_XDECREF(exc);
+        Py_XDECREF(tb);
+        int rc = ml_walk_tensor(st, w, inner);
+        Py_DECREF(inner);
+        return rc;
+    }
+    if (w->opaque_ok) {
+        Py_XDECREF(exc_type);
+        Py_XDECREF(exc);
+        Py_XDECREF(tb);
+        ml_dev dev;
+        int64_t nbytes;
+        if (ml_tensor_device(st, t, &dev) < 0 ||
+            ml_as_int64(get_fast(&st->f_tensor_nbytes, t, st->s_nbytes, st->d_tensor_nbytes),
+                        &nbytes) < 0) {
+            PyErr_Clear(); /* nothing readable: counts 0 */
+            return 0;
+        }
+        if (nbytes <= 0 || is_meta(st, dev)) {
+            return 0;
+        }
+        /* no storage to key it by: a block of its own, never tracked */
+        return add_block(w, dev, (uintptr_t)t, nbytes, NULL);
+    }
+    /* A tensor without a storage memlord can read (mkldnn and other opaque
+     * layouts): a TypeError naming where it is, with torch's error as the
+     * cause. */
+    PyErr_Restore(exc_type, exc, tb);
+    unreadable_storage_error(w);
+    return -1;
+}
+
+int ml_walk_tensor(ml_state *st, ml_walk *w, PyObject *t)
+{
     ml_dev dev;
-    PyObject *d = Py_IS_TYPE(t, (PyTypeObject *)st->tensor_type) ||
-                          Py_IS_TYPE(t, (PyTypeObject *)st->parameter_type)
-                      ? get_fast(&st->f_storage_device, storage, st->s_device, st->d_storage_device)
-                      : get_fast(&st->f_device, t, st->s_device, st->d_device);
-    int rc = d == NULL ? -1 : ml_dev_from_torch_device(st, d, &dev);
-    Py_XDECREF(d);
+    uintptr_t ptr;
+    int64_t nbytes;
+    /* Plain tensors and parameters: the storage read in C. */
+    if (ml_abi_storage(st, t, &dev, &ptr, &nbytes)) {
+        if (nbytes <= 0) {
+            return 0;
+        }
+        PyObject *key = NULL;
+        if (w->collect_keys) {
+            key =
+                call_fast(&st->f_untyped_storage, t, st->s_untyped_storage, st->d_untyped_storage);
+            if (key == NULL) {
+                return -1;
+            }
+        }
+        return add_block(w, dev, ptr, nbytes, key);
+    }
+    PyObject *storage =
+        call_fast(&st->f_untyped_storage, t, st->s_untyped_storage, st->d_untyped_storage);
+    if (storage == NULL) {
+        return walk_storageless(st, w, t);
+    }
+    /* Meta storages hold no memory; a FakeTensor's storage is a meta storage
+     * whatever device the tensor reports. */
+    PyObject *sd = get_fast(&st->f_storage_device, storage, st->s_device, st->d_storage_device);
+    int rc = sd == NULL ? -1 : ml_dev_from_torch_device(st, sd, &dev);
+    Py_XDECREF(sd);
     if (rc < 0) {
         Py_DECREF(storage);
         return -1;
@@ -436,18 +528,32 @@ int ml_walk_tensor(ml_state *st, ml_walk *w, PyObject *t)
         Py_DECREF(storage);
         return 0;
     }
-    uintptr_t ptr;
-    int64_t nbytes;
-    if (as_uintptr(call_fast(&st->f_data_ptr, storage, st->s_data_ptr, st->d_data_ptr), &ptr) < 0 ||
-        ml_as_int64(call_fast(&st->f_nbytes, storage, st->s_nbytes, st->d_nbytes), &nbytes) < 0) {
+    /* A subclass may report another device than its storage's (a wrapper
+     * over a storage elsewhere): the tensor's own device is where it counts. */
+    if (!Py_IS_TYPE(t, (PyTypeObject *)st->tensor_type) &&
+        !Py_IS_TYPE(t, (PyTypeObject *)st->parameter_type) && ml_tensor_device(st, t, &dev) < 0) {
         Py_DECREF(storage);
         return -1;
     }
-    Py_DECREF(storage);
+    if (as_uintptr(call_fast(&st->f_data_ptr, storage, st->s_data_ptr, st->d_data_ptr), &ptr) < 0) {
+        Py_DECREF(storage);
+        if (PyErr_ExceptionMatches(PyExc_RuntimeError)) {
+            /* an invalid storage (a functional tensor's while torch.compile
+             * traces): no memory of its own */
+            PyErr_Clear();
+            return 0;
+        }
+        return -1;
+    }
+    if (ml_as_int64(call_fast(&st->f_nbytes, storage, st->s_nbytes, st->d_nbytes), &nbytes) < 0) {
+        Py_DECREF(storage);
+        return -1;
+    }
     if (nbytes <= 0) {
+        Py_DECREF(storage);
         return 0;
     }
-    return add_block(w, dev, ptr, nbytes);
+    return add_block(w, dev, ptr, nbytes, w->collect_keys ? storage : (Py_DECREF(storage), NULL));
 }
 
 /* New reference to one of a module's registries (a dict), or NULL with no
@@ -552,12 +658,8 @@ static int walk_module(ml_state *st, ml_walk *w, PyObject *root)
 
 /* A numpy array counts its base buffer: follow .base through arrays to the
  * array that owns (or first wraps) the memory. */
-static int walk_ndarray(ml_walk *w, PyObject *obj)
+static int walk_ndarray(ml_walk *w, const PyObject *obj)
 {
-    if (w->tensors != NULL && PyList_Append(w->tensors, obj) < 0) {
-        return -1;
-    }
-    w->cur_owner = obj;
     const PyArrayObject *owner = (const PyArrayObject *)obj;
     for (;;) {
         PyObject *base = PyArray_BASE(owner);
@@ -570,7 +672,8 @@ static int walk_ndarray(ml_walk *w, PyObject *obj)
     if (nbytes <= 0) {
         return 0;
     }
-    return add_block(w, ML_DEV(ML_TYPE_CPU, -1), (uintptr_t)PyArray_DATA(owner), nbytes);
+    PyObject *key = w->collect_keys ? Py_NewRef((PyObject *)owner) : NULL;
+    return add_block(w, ML_DEV(ML_TYPE_CPU, -1), (uintptr_t)PyArray_DATA(owner), nbytes, key);
 }
 
 /* One item (not a sequence); pos is its index in the argument, or -1 for a
@@ -624,60 +727,33 @@ int ml_walk_object(ml_state *st, ml_walk *w, PyObject *obj, const char *what)
     return walk_item(st, w, obj, -1, what);
 }
 
-int ml_tensor_meta_bytes_strided(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes)
+int ml_tensor_storage_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes)
 {
-    if (ml_abi_meta_bytes(st, t, dev, nbytes)) {
+    uintptr_t ptr;
+    if (ml_abi_storage(st, t, dev, &ptr, nbytes)) {
         return 0;
     }
-    if (ml_tensor_device(st, t, dev) < 0) {
-        return -1;
+    ml_walk w;
+    ml_walk_init(&w);
+    w.opaque_ok = 1;
+    int rc = ml_walk_tensor(st, &w, t);
+    if (rc < 0 && !PyErr_ExceptionMatches(PyExc_MemoryError)) {
+        /* the hooks never raise into the caller for a size they cannot read */
+        PyErr_Clear();
+        ml_walk_clear(&w);
+        rc = 0;
     }
-    if (is_meta(st, *dev)) {
-        *nbytes = 0;
-        return 0;
-    }
-    return ml_as_int64(get_fast(&st->f_tensor_nbytes, t, st->s_nbytes, st->d_tensor_nbytes),
-                       nbytes);
-}
-
-int ml_tensor_meta_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes)
-{
-    if (ml_abi_meta_bytes(st, t, dev, nbytes)) {
-        return 0; /* strided, read in C; otherwise the getters below */
-    }
-    if (ml_tensor_device(st, t, dev) < 0) {
-        return -1;
-    }
-    if (is_meta(st, *dev)) {
-        *nbytes = 0;
-        return 0;
-    }
-    /* Sparse layouts first: nbytes raises for COO but returns the dense
-     * numel * element size for the compressed layouts (CSR/CSC/BSR/BSC). */
-    PyObject *names[3];
-    int ncomp = sparse_components(st, t, names);
-    if (ncomp < 0) {
-        return -1;
-    }
-    if (ncomp == 0) {
-        return ml_as_int64(get_fast(&st->f_tensor_nbytes, t, st->s_nbytes, st->d_tensor_nbytes),
-                           nbytes);
-    }
-    int64_t total = 0;
-    for (int i = 0; i < ncomp; i++) {
-        PyObject *c = PyObject_CallMethodNoArgs(t, names[i]);
-        if (c == NULL) {
-            return -1;
+    if (rc == 0) {
+        int64_t total = 0;
+        for (Py_ssize_t i = 0; i < w.n; i++) {
+            total += w.blocks[i].nbytes;
         }
-        int64_t b;
-        int rc =
-            ml_as_int64(get_fast(&st->f_tensor_nbytes, c, st->s_nbytes, st->d_tensor_nbytes), &b);
-        Py_DECREF(c);
-        if (rc < 0) {
-            return -1;
+        *nbytes = total;
+        *dev = w.n > 0 ? w.blocks[0].dev : ML_DEV(ML_TYPE_CPU, -1);
+        if (w.n == 0 && ml_tensor_device(st, t, dev) < 0) {
+            PyErr_Clear();
         }
-        total += b;
     }
-    *nbytes = total;
-    return 0;
+    ml_walk_clear(&w);
+    return rc;
 }

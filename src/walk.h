@@ -20,14 +20,16 @@ typedef struct {
     Py_ssize_t nslots; /* power of two */
     uintptr_t *seen;   /* visited modules */
     Py_ssize_t nseen, seencap;
-    PyObject *tensors; /* when a list: every tensor and array visited is appended */
-    /* Lifetime tracking: with collect_owners set, owners[i] is a strong
-     * reference to the tensor or array that block i was first found in (a
-     * sparse tensor owns its components' blocks). */
-    int collect_owners;
-    PyObject **owners;
-    Py_ssize_t owners_cap;
-    PyObject *cur_owner; /* borrowed, while it is walked */
+    /* Lifetime tracking: with collect_keys set, keys[i] is a strong
+     * reference to what identifies block i for as long as its memory lives:
+     * the torch.UntypedStorage object (torch keeps it alive with the
+     * storage), or for a numpy array the array that owns the memory. */
+    int collect_keys;
+    PyObject **keys;
+    Py_ssize_t keys_cap;
+    /* The hooks: a tensor whose storage cannot be read (mkldnn, opaque
+     * layouts) counts its metadata size instead of raising. */
+    int opaque_ok;
     int in_sparse;
     Py_ssize_t pos; /* item being walked, for error messages (-1: bare) */
     const char *what;
@@ -40,11 +42,14 @@ void ml_walk_clear(ml_walk *w);
 /* Walk obj (tensor, module, ndarray, or a tuple/list of them).  what names
  * the calling method for error messages ("allocate"). */
 int ml_walk_object(ml_state *st, ml_walk *w, PyObject *obj, const char *what);
-/* Size of one tensor from metadata only (numel * element size, sparse
- * components summed), for the hooks.  *dev receives its device. */
-int ml_tensor_meta_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes);
-/* The same for a tensor known to be strided (no layout check). */
-int ml_tensor_meta_bytes_strided(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes);
+/* The storage bytes of one tensor, as the hooks count it: the bytes of the
+ * storage it views (sparse components summed), 0 for meta and fake
+ * storages, the batched storage for a functorch wrapper, the metadata size
+ * for a tensor without a readable storage (mkldnn).  *dev receives its
+ * device.  Never reads data; never overflows. */
+int ml_tensor_storage_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes);
+/* t.untyped_storage() through torch's own method (a new reference). */
+PyObject *ml_tensor_untyped_storage(ml_state *st, PyObject *t);
 /* The device of a tensor. */
 int ml_tensor_device(ml_state *st, PyObject *t, ml_dev *dev);
 /* *out = int(o), stealing o (NULL: an error is already set); -1 on error. */

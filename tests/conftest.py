@@ -6,8 +6,8 @@ pytest's default ``prepend`` import mode puts ``tests/`` on ``sys.path``.
 * ``expected_storages(obj)`` is the contract's walk written in Python: which storages one
   ``allocate``/``free`` call counts, deduplicated per call by
   (untyped storage data pointer, storage nbytes, device).
-* ``fake_cuda(numel, index)`` makes a torch FakeTensor that reports ``cuda:<index>`` on a
-  machine without a GPU, so per-index auto-GC paths run on the CPU.
+* ``fake_cuda(numel, index)`` makes a tensor in CPU memory that reports ``cuda:<index>`` (a
+  ``CudaLike``), so per-index auto-GC and hook paths run on a machine without a GPU.
 * ``here()`` is the caller's current line, for call-site assertions.
 * ``STRESS_SCALE`` (env ``MEMLORD_STRESS_SCALE``, default 1) scales the iteration counts of the
   long stress tests; 1 runs the counts the issues name.
@@ -218,7 +218,7 @@ def lord():
 
 @pytest.fixture
 def fake():
-    """Factory fixture: fake(numel, index, dtype=torch.float32) -> FakeTensor on cuda:index."""
+    """Factory fixture: fake(numel, index, dtype=torch.float32) -> CudaLike on cuda:index."""
     return fake_cuda
 
 
@@ -230,22 +230,58 @@ def here() -> int:
     return sys._getframe(1).f_lineno
 
 
-_FAKE_MODE = None
+class CudaLike(torch.Tensor):
+    """A real tensor in CPU memory that reports device ``cuda:<index>``.
+
+    memlord counts a FakeTensor (a meta storage) as 0 bytes, so per-index CUDA paths are
+    exercised without a GPU with this instead: its storage is a real CPU storage of
+    numel * itemsize bytes, and ``.device`` says cuda. Conversions behave as on a GPU for
+    the hooks: ``.to("cpu")`` / ``.cpu()`` return a new plain CPU tensor (a copy), a cast
+    (``.half()``, ``.to(dtype)``) returns a new tensor that is again "on" the same device.
+    """
+
+    _ml_index: int | None = None
+
+    @property
+    def device(self):
+        index = self.__dict__.get("_ml_index")
+        if index is None:
+            with torch._C.DisableTorchFunctionSubclass():
+                return self.device
+        return torch.device("cuda", index)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+        src = args[0] if args else None
+        index = src.__dict__.get("_ml_index") if isinstance(src, CudaLike) else None
+        name = getattr(func, "__name__", "")
+        if index is None or not isinstance(out, torch.Tensor):
+            return out
+        if name in ("to", "cpu", "cuda", "half", "float", "double", "bfloat16"):
+            leaves = name == "cpu" or any(
+                isinstance(a, (str, torch.device)) for a in (*args[1:], *kwargs.values())
+            )
+            if out is src:  # really on the CPU already: a move still makes a copy
+                with torch._C.DisableTorchFunctionSubclass():
+                    out = torch.Tensor.clone(out)
+            out = out.as_subclass(torch.Tensor) if leaves else _cuda_like(out, index)
+        return out
+
+
+def _cuda_like(t: torch.Tensor, index: int) -> CudaLike:
+    with torch._C.DisableTorchFunctionSubclass():
+        out = t.as_subclass(CudaLike)
+    out.__dict__["_ml_index"] = index
+    return out
 
 
 def fake_cuda(numel: int, index: int = 0, dtype=torch.float32) -> torch.Tensor:
-    """A torch FakeTensor reporting device cuda:<index>, with numel * itemsize storage bytes.
-
-    All fake storages have data pointer 0, so two fakes with the same storage size on the
-    same device deduplicate within one call: use distinct sizes (or separate calls).
-    """
-    global _FAKE_MODE
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    if _FAKE_MODE is None:
-        _FAKE_MODE = FakeTensorMode()
-    with _FAKE_MODE:
-        t = torch.empty(numel, device=f"cuda:{index}", dtype=dtype)
+    """A tensor reporting device cuda:<index>, with numel * itemsize real storage bytes
+    (a ``CudaLike`` in CPU memory), for the per-index paths on a machine without a GPU."""
+    t = _cuda_like(torch.empty(numel, dtype=dtype), index)
     assert str(t.device) == f"cuda:{index}"
     return t
 

@@ -1,11 +1,12 @@
-"""Lifetime tracking (issue 4): ``lord.hook_into_python()``, frees credited on ``del``.
+"""Lifetime tracking: ``lord.hook_into_python()``, frees credited when storages die.
 
 While the python hooks are on, torch's factories and ``Tensor.clone`` count their results as
-allocated (label "(factory)") and register them; ``allocate()`` registers what it counts; when
-the last reference to a registered object goes, its size snapshot is credited to freed (label
-"(del)"). Registration is a C weak reference (a ``weakref.ref`` subclass, ``Tracker``) whose
-callback is one per-lord ``Registry``: no strong reference to the lord or the object, so no
-cycle, and refcounting alone credits the free.
+allocated (label "(factory)") and track their storages; ``allocate()`` tracks what it counts
+(a storage tracked already adds nothing); when a tracked storage dies, its bytes are credited
+to freed (label "(del)"). Tracking is a C weak reference (a ``weakref.ref`` subclass,
+``Tracker``) on the ``torch.UntypedStorage`` object, whose callback is one per-lord
+``Registry``: no strong reference to the lord or the storage, so no cycle, and refcounting
+alone credits the free. Tensor objects carry no weak reference from memlord.
 
 Everything here runs on the CPU with real torch objects. Each test that turns hooks on turns
 them off again (the ``hooks`` fixture), whatever happens: the hooks patch torch process-wide.
@@ -17,7 +18,6 @@ import gc
 import os
 import subprocess
 import sys
-import sysconfig
 import textwrap
 import threading
 import weakref
@@ -60,6 +60,7 @@ FACTORY_NAMES = (
     "rand_like",
     "randn_like",
     "randint_like",
+    "clone",
 )
 
 
@@ -75,7 +76,13 @@ def nbytes(t: torch.Tensor) -> int:
 
 
 def trackers(obj) -> list:
-    """memlord's trackers on obj (weak references of type memlord._core.Tracker)."""
+    """memlord's trackers on obj's storage (weak references of type memlord._core.Tracker).
+
+    memlord follows storages: a tensor object itself never carries a weak reference from
+    memlord, its untyped storage does."""
+    if isinstance(obj, torch.Tensor):
+        assert not [r for r in weakref.getweakrefs(obj) if type(r).__name__ == "Tracker"]
+        obj = obj.untyped_storage()
     return [r for r in weakref.getweakrefs(obj) if type(r).__name__ == "Tracker"]
 
 
@@ -161,6 +168,7 @@ FACTORIES = {
     "rand_like": (lambda base: torch.rand_like(base), 40),
     "randn_like": (lambda base: torch.randn_like(base), 40),
     "randint_like": (lambda base: torch.randint_like(base, 10), 40),
+    "clone": (lambda base: torch.clone(base), 40),
     "Tensor.clone": (lambda base: base.clone(), 40),
 }
 
@@ -245,7 +253,8 @@ def test_tracker_is_a_weakref_subclass_with_an_inert_callback(lord, hooks):
     t = torch.empty(4)
     (tr,) = trackers(t)
     assert isinstance(tr, weakref.ref)
-    assert tr() is t
+    assert tr() is t.untyped_storage()
+    assert weakref.getweakrefcount(t) == 0  # the tensor object carries nothing
     reg = tr.__callback__
     assert type(reg).__name__ == "Registry"
     # The registry holds nothing the collector can see (the lord pointer is borrowed).
@@ -269,13 +278,14 @@ def test_registry_called_by_hand_is_harmless():
         lord = MemLord(auto_gc_bytes=None)
         h = lord.hook_into_python()
         t = torch.empty(10)
-        (tr,) = [r for r in weakref.getweakrefs(t) if type(r).__name__ == "Tracker"]
+        s = t.untyped_storage()
+        (tr,) = [r for r in weakref.getweakrefs(s) if type(r).__name__ == "Tracker"]
         reg = tr.__callback__
         for arg in (1, None, b"\\x01" * 200, b"\\xff" * 4096, weakref.ref(t), tr, reg, t):
             assert reg(arg) is None
         assert h.tracked == 1, h.tracked
         assert lord.stats()["cpu"]["freed"] == 0, lord.stats()
-        del tr, reg, arg
+        del tr, reg, arg, s
         del t
         gc.collect()
         assert lord.stats()["cpu"]["freed"] == 40, lord.stats()
@@ -331,16 +341,15 @@ def test_alias_in_a_container(lord, hooks):
     assert cpu(lord, "freed") == 100
 
 
-def test_view_keeps_its_base_alive(lord, hooks):
-    """Documented behaviour: a view holds its base tensor object (``v._base``), so deleting
-    the base credits nothing; the base's whole snapshot (not the view's slice) is credited
-    when the last view dies. The view itself is not registered (slicing is not a factory)."""
+def test_view_keeps_the_storage_alive(lord, hooks):
+    """memlord follows storages: a view holds its base's storage, so deleting the base
+    credits nothing; the whole storage is credited once, when the last view dies. The view
+    and its base share one tracker (on the storage), and neither tensor object carries one."""
     h = hooks(lord)
     t = torch.empty(100)
     v = t[:10]
-    assert v._base is t
     assert h.tracked == 1
-    assert trackers(v) == []
+    assert trackers(v) == trackers(t) and len(trackers(v)) == 1
     del t
     gc.collect()
     assert cpu(lord, "freed") == 0
@@ -352,8 +361,9 @@ def test_view_keeps_its_base_alive(lord, hooks):
     assert h.tracked == 0
 
 
-def test_allocate_of_a_view_registers_the_view_with_its_storage(lord, hooks):
-    """allocate(view) counts the whole storage and registers the view with that snapshot."""
+def test_allocate_of_a_view_tracks_its_storage(lord, hooks):
+    """allocate(view) counts the whole storage and tracks the storage: the view's death
+    credits nothing while the base still holds the memory; the base's death credits it."""
     base = torch.empty(100)
     h = hooks(lord)
     v = base[:10]
@@ -362,7 +372,10 @@ def test_allocate_of_a_view_registers_the_view_with_its_storage(lord, hooks):
     assert h.tracked == 1
     del v
     gc.collect()
-    assert cpu(lord, "freed") == 400  # base still alive: the view's snapshot is the storage
+    assert cpu(lord, "freed") == 0  # base still holds the storage
+    del base
+    gc.collect()
+    assert cpu(lord, "freed") == 400
 
 
 # --------------------------------------------------------------------------- modules
@@ -399,16 +412,15 @@ def test_parameter_takes_over_the_registration_of_its_data(lord, hooks):
 
 
 def test_parameter_of_an_aliased_tensor(lord, hooks):
-    """Documented behaviour: nn.Parameter(t) moves t's registration to the parameter even if
-    t stays referenced elsewhere; the free is credited when the parameter dies, and t's own
-    death later credits nothing. Totals stay exact, the timing follows the parameter."""
+    """nn.Parameter(t) shares t's storage: one tracker, and the storage is credited once,
+    when the last of t and the parameter dies."""
     h = hooks(lord)
     t = torch.empty(10)
     p = nn.Parameter(t)
-    assert trackers(t) == [] and len(trackers(p)) == 1
+    assert trackers(t) == trackers(p) and len(trackers(p)) == 1
     del p
     gc.collect()
-    assert cpu(lord, "freed") == 40
+    assert cpu(lord, "freed") == 0  # t still holds the storage
     del t
     gc.collect()
     assert cpu(lord, "freed") == 40
@@ -613,17 +625,19 @@ def test_module_moved_to_meta_leaves_nothing_tracked(lord, hooks):
     assert "meta" not in lord.stats()
 
 
-def test_allocate_of_a_factory_tensor_counts_and_credits_twice(lord, hooks):
-    """Counted by the factory and by allocate(): two registrations, both credited."""
+def test_allocate_of_a_factory_tensor_adds_nothing(lord, hooks):
+    """A storage lifetime tracking already counts is not counted again by allocate()."""
     h = hooks(lord)
     t = torch.empty(10)
     lord.allocate(t)
-    assert cpu(lord, "allocated") == 80
-    assert h.tracked == 2
+    lord.allocate([t, t[2:], t.detach()])
+    assert cpu(lord, "allocated") == 40
+    assert cpu(lord, "allocs") == 1
+    assert h.tracked == 1
     del t
     gc.collect()
     assert cpu(lord, "allocated") == 0
-    assert cpu(lord, "freed") == 80
+    assert cpu(lord, "freed") == 40
 
 
 def test_free_of_an_untracked_tensor_with_hooks_on(lord, hooks):
@@ -638,24 +652,27 @@ def test_free_of_an_untracked_tensor_with_hooks_on(lord, hooks):
 
 
 def test_both_hooks_without_double_counting(lord, hooks, torch_hooks):
+    """With lifetime tracking on, a moved source is credited when its storage dies, not at
+    the move; a same-device cast inside Module.to leaves the old data to die (credited then)."""
     h = hooks(lord)
     torch_hooks(lord)
     t = torch.empty(100)  # factory: +400
-    u = t.half()  # cast: +200, u registered
+    u = t.half()  # cast: +200, u's storage tracked
     assert cpu(lord, "allocated") == 600
     assert h.tracked == 2
-    w = u.to("meta")  # move: u's 200 freed now, its registration cancelled
-    assert cpu(lord, "allocated") == 400 and cpu(lord, "freed") == 200
-    assert h.tracked == 1 and trackers(u) == []
+    w = u.to("meta")  # move to meta: nothing counted, u still holds its 200 B
+    assert cpu(lord, "allocated") == 600 and cpu(lord, "freed") == 0
+    assert h.tracked == 2
     m = nn.Linear(10, 10)  # factory weight 400 + bias 40
-    assert cpu(lord, "allocated") == 840
-    m.to(torch.float64)  # +880 new data, -440 old data (same-device cast inside Module.to)
-    assert cpu(lord, "allocated") == 1280 and cpu(lord, "freed") == 640
-    assert h.tracked == 3
-    del u  # its free was counted by the move
+    assert cpu(lord, "allocated") == 1040
+    m.to(torch.float64)  # +880 new data; the old data dies with nothing else holding it
+    gc.collect()
+    assert cpu(lord, "allocated") == 1040 + 880 - 440 and cpu(lord, "freed") == 440
+    assert h.tracked == 4
+    del u  # its storage dies now
     gc.collect()
     assert cpu(lord, "freed") == 640
-    del m  # the parameters' snapshots were resized to the float64 data
+    del m
     gc.collect()
     assert cpu(lord, "freed") == 1520 and cpu(lord, "allocated") == 400
     del t
@@ -929,7 +946,7 @@ def test_lord_deleted_while_its_trackers_are_alive(hooks):
         ts = [torch.empty(10) for _ in range(100)]
         m = nn.Linear(4, 4)
         lord.allocate(ts[:3])
-        assert h.tracked == 102 + 3
+        assert h.tracked == 102  # allocate() of tracked storages adds nothing
         h.disable()
         del h, lord
         gc.collect()
@@ -1068,8 +1085,8 @@ def test_registration_leaves_refcounts_unchanged(lord, hooks):
     assert [sys.getrefcount(x) for x in (t, m, items, *items)] == before
 
 
-def test_reused_trackers_behave_like_new_ones(lord, hooks):
-    """Dead trackers' memory is pooled and reused: the tracker type's reference count, the
+def test_many_generations_of_trackers_stay_exact(lord, hooks):
+    """Trackers come and go with every storage: the tracker type's reference count, the
     weak-reference lists and the totals stay exact through many generations."""
     hooks(lord)
     probe = torch.empty(1)
@@ -1082,7 +1099,8 @@ def test_reused_trackers_behave_like_new_ones(lord, hooks):
         t = torch.empty(8)
         keep = torch.empty(4) if i % 3 == 0 else None
         (tr,) = trackers(t)
-        assert type(tr) is tracker_type and tr() is t and tr.__callback__ is not None
+        assert type(tr) is tracker_type and tr() is t.untyped_storage()
+        assert tr.__callback__ is not None
         del t, tr, keep
     gc.collect()
     assert sys.getrefcount(tracker_type) == type_refs
@@ -1121,11 +1139,11 @@ def test_no_reference_cycle_refcount_alone_frees(lord, hooks):
         assert rm() is None
         assert cpu(lord, "freed") == 400 + 80
         a = torch.empty(10)
-        lord.allocate([a])
+        lord.allocate([a])  # tracked already: adds nothing
         ra = weakref.ref(a)
         del a
         assert ra() is None
-        assert cpu(lord, "freed") == 400 + 80 + 80
+        assert cpu(lord, "freed") == 400 + 80 + 40
         assert h.tracked == 0
     finally:
         if was:
@@ -1184,23 +1202,9 @@ def test_debug_off_is_silent(lord, hooks, capsys, memlog):
 # --------------------------------------------------------------------------- interpreter
 
 
-def test_direct_trackers_on_supported_cpython():
-    info = _core._hooks_info()
-    assert isinstance(info["direct_trackers"], bool)
-    supported = (
-        sys.implementation.name == "cpython"
-        and (3, 10) <= sys.version_info[:2] <= (3, 13)
-        and not sysconfig.get_config_var("Py_GIL_DISABLED")
-    )
-    if supported:
-        assert info["direct_trackers"] is True
-    else:
-        assert info["direct_trackers"] is False
-
-
 def test_trackers_work_next_to_plain_weakrefs_and_finalizers(lord, hooks):
-    """Trackers are linked into the weakref list by hand on CPython 3.10-3.13: plain refs,
-    proxies and finalizers on the same tensor keep working."""
+    """Trackers sit on the storage, made through weakref's own constructor: plain refs,
+    proxies and finalizers on the tensor and on its storage keep working."""
     hooks(lord)
     t = torch.empty(10)
     plain = weakref.ref(t)
@@ -1210,12 +1214,15 @@ def test_trackers_work_next_to_plain_weakrefs_and_finalizers(lord, hooks):
     fired = []
     fin = weakref.finalize(t, fired.append, 1)
     cb_ref = weakref.ref(t, lambda r: fired.append(2))
-    assert weakref.getweakrefcount(t) == 5  # tracker, plain, proxy, finalize, cb_ref
-    assert len(trackers(t)) == 1
+    assert weakref.getweakrefcount(t) == 4  # plain, proxy, finalize, cb_ref: no tracker
+    assert len(trackers(t)) == 1  # on the storage
+    storage_ref = weakref.ref(t.untyped_storage())
+    assert weakref.ref(t.untyped_storage()) is storage_ref
     del t
     gc.collect()
     assert sorted(fired) == [1, 2]
     assert plain() is None and not fin.alive
+    assert storage_ref() is None
     assert cpu(lord, "freed") == 40
     del cb_ref
 

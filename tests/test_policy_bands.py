@@ -1,10 +1,10 @@
 """Banded auto-GC strategy: format, validation, band selection, thresholds, metrics,
 defaults, modes, the [auto_gc] line, and the call-site switch.
 
-"cuda:N" tensors are FakeTensors, so these tests run without a GPU: memlord counts
-them on their device, and the cache release is skipped because torch.cuda was never
-initialised.  Used percentages come from a capacity source set with
-lord.set_capacity_source, so band selection is deterministic.
+"cuda:N" tensors are conftest.fake_cuda tensors (CPU memory reporting a cuda device), so
+these tests run without a GPU: memlord counts them on their device, and the cache release
+is skipped because torch.cuda was never initialised.  Used percentages come from a
+capacity source set with lord.set_capacity_source, so band selection is deterministic.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from conftest import fake_cuda
 
 from memlord import MemLord
 from memlord._sites import relative_path
@@ -32,9 +32,8 @@ GC_LINE = re.compile(
 
 
 def fake(nbytes: int, device: str = "cuda:0") -> torch.Tensor:
-    """A tensor of nbytes on device, with no memory behind it."""
-    with FakeTensorMode():
-        return torch.empty(nbytes, dtype=torch.uint8, device=device)
+    """A tensor of nbytes that reports device (cuda:N), in CPU memory (conftest.fake_cuda)."""
+    return fake_cuda(nbytes, torch.device(device).index, dtype=torch.uint8)
 
 
 def alloc(lord: MemLord, nbytes: int, device: str = "cuda:0") -> None:

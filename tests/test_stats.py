@@ -2,7 +2,7 @@
 
 import numpy as np
 import torch
-from conftest import ZERO_STATS, fake_cuda
+from conftest import ZERO_STATS, _cuda_like, fake_cuda
 from torch import nn
 
 from memlord import MemLord
@@ -138,12 +138,17 @@ def test_many_devices(lord):
     assert lord.allocated("cuda:15")[0] == 64
 
 
-def test_big_numbers(lord):
-    # a large fake storage: counters are 64-bit
-    big = fake_cuda(2**40, 0, dtype=torch.uint8)
+def test_big_numbers(lord, tmp_path):
+    # a 1 TiB storage over a sparse file (no memory behind it): counters are 64-bit
+    path = tmp_path / "big"
+    with open(path, "wb") as f:
+        f.truncate(2**40)
+    mapped = np.memmap(path, dtype=np.uint8, mode="r+", shape=(2**40,))
+    big = _cuda_like(torch.from_numpy(mapped), 0)
     lord.allocate(big)
     lord.allocate(big)
     assert lord.allocated("cuda:0") == (2**41, "2 TiB")
+    del big, mapped
 
 
 def test_bench_noop_accepts_anything_and_changes_nothing(lord):

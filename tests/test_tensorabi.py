@@ -1,9 +1,11 @@
 """Tensor metadata read through torch's stable C ABI agrees with torch's Python getters.
 
-The hooks size every conversion result and every factory tensor from metadata.  When the
-checks at import pass, memlord reads it through libtorch's AOTInductor shim
-(``aoti_torch_get_numel`` and friends) for objects whose type is exactly ``torch.Tensor`` or
-``nn.Parameter``; anything else goes through ``Tensor.device``/``.layout``/``.nbytes``.
+The hooks size every conversion result and every factory tensor in storage bytes: the bytes
+of the storage a tensor views (sparse components summed, 0 for meta).  When the checks at
+import pass, memlord reads them through libtorch's AOTInductor shim
+(``aoti_torch_get_storage_size`` and friends) for objects whose type is exactly
+``torch.Tensor`` or ``nn.Parameter``; anything else goes through ``Tensor.untyped_storage()``
+and the storage's getters.
 These tests compare the two ways on every kind of tensor the hooks can meet.
 """
 
@@ -18,6 +20,7 @@ import pytest
 import torch
 from conftest import fake_cuda
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memlord import MemLord, _core
 
@@ -35,7 +38,7 @@ def _sparse_bytes(t: torch.Tensor) -> int:
         parts = (t.crow_indices(), t.col_indices(), t.values())
     else:
         parts = (t.ccol_indices(), t.row_indices(), t.values())
-    return sum(p.numel() * p.element_size() for p in parts)
+    return sum({id(s): s.nbytes() for s in (p.untyped_storage() for p in parts)}.values())
 
 
 def _cases():
@@ -67,13 +70,17 @@ def _cases():
         yield "0-d", torch.tensor(2.5), 4
         yield "empty", torch.empty(0, 7), 0
         yield "transposed", base.t(), 96
-        yield "slice", base[1:3, ::2], 2 * 3 * 4
-        yield "expanded", torch.randn(1, 3).expand(100, 3), 1200  # metadata: numel x size
+        yield "slice", base[1:3, ::2], 96  # the storage it views
+        yield "expanded", torch.randn(1, 3).expand(100, 3), 12  # storage bytes, not numel
         yield "channels_last", torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last), 480
         yield "meta", torch.empty(1000, device="meta"), 0
         yield "parameter", nn.Parameter(torch.randn(7)), 28
         yield "subclass", torch.randn(3).as_subclass(Plain), 12
-        yield "fake cuda:1", fake_cuda(10, 1), 40
+        yield "cuda-like:1", fake_cuda(10, 1), 40
+        yield "zero strides", torch.empty_strided((10**6,), (0,)), 4
+        with FakeTensorMode():
+            fake = torch.empty(10, device="cuda:1")
+        yield "fake cuda:1", fake, 0  # a meta storage
         yield "qint8", torch.quantize_per_tensor(torch.randn(10), 0.1, 0, torch.qint8), 10
         yield "mkldnn", torch.randn(4, 4).to_mkldnn(), 64
         yield "nested", torch.nested.nested_tensor([torch.randn(2), torch.randn(3)]), 20
