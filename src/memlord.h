@@ -72,6 +72,7 @@ typedef struct {
     PyObject *parameter_type; /* torch.nn.Parameter */
     PyObject *device_type;    /* torch.device */
     PyObject *storage_type;   /* torch.UntypedStorage */
+    PyObject *uninit_type;    /* nn.parameter.UninitializedTensorMixin (lazy modules) */
     /* torch's own descriptors, called directly when a type has not
      * overridden them (saves a method lookup per tensor) */
     ml_fast f_untyped_storage, f_device, f_data_ptr, f_nbytes, f_storage_device, f_tensor_nbytes,

@@ -71,6 +71,7 @@ static int load_torch(ml_state *st)
         !(st->parameter_type = ml_import_attr("torch.nn", "Parameter")) ||
         !(st->device_type = ml_import_attr("torch", "device")) ||
         !(st->storage_type = ml_import_attr("torch", "UntypedStorage")) ||
+        !(st->uninit_type = ml_import_attr("torch.nn.parameter", "UninitializedTensorMixin")) ||
         !(st->layout_coo = ml_import_attr("torch", "sparse_coo")) ||
         !(st->layout_csr = ml_import_attr("torch", "sparse_csr")) ||
         !(st->layout_csc = ml_import_attr("torch", "sparse_csc")) ||
@@ -245,44 +246,19 @@ static int core_clear(PyObject *module)
 {
     ml_state *st = ml_state_of_module(module);
     PyObject **objs[] = {
-        &st->storage_type,
-        &st->parameter_type,
-        &st->d_untyped_storage,
-        &st->d_device,
-        &st->d_data_ptr,
-        &st->d_nbytes,
-        &st->d_storage_device,
-        (PyObject **)&st->lord_type,
-        &st->tensor_type,
-        &st->module_type,
-        &st->device_type,
-        &st->layout_coo,
-        &st->layout_csr,
-        &st->layout_csc,
-        &st->layout_bsr,
-        &st->layout_bsc,
-        &st->release_cache,
-        &st->torch_prefix,
-        &st->memlord_prefix,
-        &st->s_untyped_storage,
-        &st->s_data_ptr,
-        &st->s_nbytes,
-        &st->s_device,
-        &st->s_layout,
-        &st->s_type,
-        &st->s_index,
-        &st->s_parameters,
-        &st->s_buffers,
-        &st->s_modules,
-        &st->s_indices,
-        &st->s_values,
-        &st->s_crow_indices,
-        &st->s_col_indices,
-        &st->s_ccol_indices,
-        &st->s_row_indices,
-        &st->s_values_pub,
-        &st->s_write,
-        &st->s_flush,
+        &st->storage_type,      &st->uninit_type,      &st->parameter_type,
+        &st->d_untyped_storage, &st->d_device,         &st->d_data_ptr,
+        &st->d_nbytes,          &st->d_storage_device, (PyObject **)&st->lord_type,
+        &st->tensor_type,       &st->module_type,      &st->device_type,
+        &st->layout_coo,        &st->layout_csr,       &st->layout_csc,
+        &st->layout_bsr,        &st->layout_bsc,       &st->release_cache,
+        &st->torch_prefix,      &st->memlord_prefix,   &st->s_untyped_storage,
+        &st->s_data_ptr,        &st->s_nbytes,         &st->s_device,
+        &st->s_layout,          &st->s_type,           &st->s_index,
+        &st->s_parameters,      &st->s_buffers,        &st->s_modules,
+        &st->s_indices,         &st->s_values,         &st->s_crow_indices,
+        &st->s_col_indices,     &st->s_ccol_indices,   &st->s_row_indices,
+        &st->s_values_pub,      &st->s_write,          &st->s_flush,
         &st->s_main_py,
     };
     for (size_t i = 0; i < sizeof(objs) / sizeof(objs[0]); i++) {
