@@ -12,6 +12,7 @@
 #include "lifetime.h"
 #include "log.h"
 #include "ml_cuda.h"
+#include "tensorabi.h"
 #include "walk.h"
 
 #include <string.h>
@@ -94,6 +95,7 @@ static struct {
     PyObject *lords;            /* tuple of subscribed lords; replaced, never mutated */
     PyObject *py_lords;         /* lords subscribed to the factory wrappers */
     PyObject *tracing_types[2]; /* FakeTensor, FunctionalTensor, once seen */
+    PyObject *disable_tf;       /* torch._C.DisableTorchFunction, once needed */
     PyObject *current_stream;   /* torch.cuda.current_stream, or NULL */
     PyObject *raw_stream;       /* torch._C._cuda_getCurrentRawStream (an int), or NULL */
     PyObject *s_cuda_stream;
@@ -547,6 +549,58 @@ static inline PyObject *run_original(const HookObject *self, PyObject *const *ar
     return result;
 }
 
+/* Reading metadata through torch's Python getters (a tensor subclass, a
+ * layout the C reader does not take) is a property get that a subclass's
+ * __torch_function__ and any TorchFunctionMode would see: accounting reads
+ * them with torch function disabled, so that overrides see only the calls
+ * the program made.  Returns the entered guard, or NULL (no error) when
+ * torch has none. */
+static PyObject *quiet_enter(void)
+{
+    if (disp.disable_tf == NULL) {
+        PyObject *tp = ml_import_attr("torch._C", "DisableTorchFunction");
+        if (tp == NULL) {
+            PyErr_Clear();
+            return NULL;
+        }
+        if (disp.disable_tf == NULL) {
+            disp.disable_tf = tp;
+        } else {
+            Py_DECREF(tp);
+        }
+    }
+    PyObject *guard = PyObject_CallNoArgs(disp.disable_tf);
+    PyObject *r = guard ? PyObject_CallMethod(guard, "__enter__", NULL) : NULL;
+    if (r == NULL) {
+        PyErr_Clear();
+        Py_XDECREF(guard);
+        return NULL;
+    }
+    Py_DECREF(r);
+    return guard;
+}
+
+static void quiet_exit(PyObject *guard)
+{
+    if (guard == NULL) {
+        return;
+    }
+    PyObject *r = PyObject_CallMethod(guard, "__exit__", "OOO", Py_None, Py_None, Py_None);
+    if (r == NULL) {
+        PyErr_WriteUnraisable(guard);
+    }
+    Py_XDECREF(r);
+    Py_DECREF(guard);
+}
+
+/* 1 when t's size is read in C (a plain strided tensor): no getter runs. */
+static inline int read_in_c(const ml_state *st, PyObject *t)
+{
+    ml_dev dev;
+    int64_t nbytes;
+    return ml_abi_meta_bytes(st, t, &dev, &nbytes);
+}
+
 /* An accounting failure never reaches the caller: it is reported as
  * unraisable (sys.unraisablehook) and the original's result stands. */
 static void report_failure(PyObject *hook)
@@ -586,11 +640,13 @@ static PyObject *hook_tensor(PyObject *callable, PyObject *const *args, size_t n
     }
     PyObject *lords = Py_NewRef(disp.lords); /* a snapshot: subscribers may change */
     int nb = self->kind == HK_MOVE && is_non_blocking(args, nargs, kwnames);
+    PyObject *guard = read_in_c(st, result) && read_in_c(st, args[0]) ? NULL : quiet_enter();
     int rc = account_conversion(st, lords, args[0], result, self->kind, nb);
     Py_DECREF(lords);
     if (rc < 0) {
         report_failure(callable);
     }
+    quiet_exit(guard);
     return result;
 }
 
@@ -648,9 +704,14 @@ static PyObject *hook_factory(PyObject *callable, PyObject *const *args, size_t 
     int64_t bytes;
     /* torch's factories make strided tensors unless asked for a layout */
     int strided = self->kind == HK_FACTORY && kwarg(args, nargs, kwnames, "layout") == NULL;
-    if ((strided ? ml_tensor_meta_bytes_strided(st, result, &dev, &bytes)
-                 : ml_tensor_meta_bytes(st, result, &dev, &bytes)) < 0) {
+    PyObject *guard = read_in_c(st, result) ? NULL : quiet_enter();
+    int sized = (strided ? ml_tensor_meta_bytes_strided(st, result, &dev, &bytes)
+                         : ml_tensor_meta_bytes(st, result, &dev, &bytes));
+    if (sized < 0) {
         report_failure(callable);
+    }
+    quiet_exit(guard);
+    if (sized < 0) {
         return result;
     }
     if (bytes <= 0) {
@@ -755,6 +816,14 @@ static PyObject *hook_repr(HookObject *self)
     return PyObject_Repr(self->original);
 }
 
+static void hook_dealloc(HookObject *self);
+
+/* Either hook type: they share their deallocator. */
+static inline int is_hook(const PyObject *o)
+{
+    return Py_TYPE(o)->tp_dealloc == (destructor)hook_dealloc;
+}
+
 /* Equal to its original (and to any hook of it), so that sets and dicts of
  * torch functions, `func in allowed_methods` checks and torch's own caches
  * treat both alike, whichever of the two they hold. */
@@ -764,7 +833,7 @@ static PyObject *hook_richcompare(PyObject *self, PyObject *other, int op)
         Py_RETURN_NOTIMPLEMENTED;
     }
     PyObject *a = ((HookObject *)self)->original;
-    PyObject *b = Py_IS_TYPE(other, Py_TYPE(self)) ? ((HookObject *)other)->original : other;
+    PyObject *b = is_hook(other) ? ((HookObject *)other)->original : other;
     if (a == b) {
         return PyBool_FromLong(op == Py_EQ);
     }
@@ -913,22 +982,22 @@ static PyObject *hook_call(PyObject *self, PyObject *args, PyObject *kwargs)
     return PyVectorcall_Call(self, args, kwargs);
 }
 
+#define HOOK_COMMON_SLOTS                                                                          \
+    {Py_tp_call, hook_call}, {Py_tp_repr, hook_repr}, {Py_tp_richcompare, hook_richcompare},       \
+        {Py_tp_hash, hook_hash}, {Py_tp_getattro, hook_getattro}, {Py_tp_methods, hook_methods},   \
+        {Py_tp_getset, hook_getset}, {Py_tp_members, hook_members},                                \
+        {Py_tp_traverse, hook_traverse}, {Py_tp_clear, hook_clear},                                \
+    {                                                                                              \
+        Py_tp_dealloc, hook_dealloc                                                                \
+    }
+
 static PyType_Slot hook_slots[] = {
-    {Py_tp_call, hook_call},
+    HOOK_COMMON_SLOTS,
     {Py_tp_descr_get, hook_descr_get},
-    {Py_tp_repr, hook_repr},
-    {Py_tp_richcompare, hook_richcompare},
-    {Py_tp_hash, hook_hash},
-    {Py_tp_getattro, hook_getattro},
-    {Py_tp_methods, hook_methods},
-    {Py_tp_getset, hook_getset},
-    {Py_tp_members, hook_members},
-    {Py_tp_traverse, hook_traverse},
-    {Py_tp_clear, hook_clear},
-    {Py_tp_dealloc, hook_dealloc},
     {0, NULL},
 };
 
+/* A hook of a class attribute binds like a function (a descriptor). */
 PyType_Spec ml_hook_spec = {
     .name = "memlord._core.Hook",
     .basicsize = sizeof(HookObject),
@@ -938,6 +1007,21 @@ PyType_Spec ml_hook_spec = {
               * like on a method descriptor (LOAD_METHOD skips the lookup) */
              Py_TPFLAGS_IMMUTABLETYPE,
     .slots = hook_slots,
+};
+
+static PyType_Slot fn_hook_slots[] = {
+    HOOK_COMMON_SLOTS,
+    {0, NULL},
+};
+
+/* A hook of a module attribute (torch.zeros) is no descriptor, as torch's
+ * builtin functions are not: inspect.ismethoddescriptor() answers alike. */
+PyType_Spec ml_fn_hook_spec = {
+    .name = "memlord._core.FunctionHook",
+    .basicsize = sizeof(HookObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+             Py_TPFLAGS_DISALLOW_INSTANTIATION | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = fn_hook_slots,
 };
 
 /* ---- install / uninstall ----------------------------------------------- */
@@ -1009,7 +1093,8 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
     } else {
         own = Py_NewRef(original);
     }
-    HookObject *hook = PyObject_GC_New(HookObject, st->hook_type);
+    HookObject *hook =
+        PyObject_GC_New(HookObject, PyType_Check(owner) ? st->hook_type : st->fn_hook_type);
     if (hook == NULL) {
         Py_DECREF(pname);
         Py_DECREF(original);

@@ -62,7 +62,8 @@ typedef struct {
 #define ML_TRACKER_FREELIST 256 /* dead trackers kept for reuse, per module */
 typedef struct {
     PyTypeObject *lord_type;
-    PyTypeObject *hook_type;    /* wrapper installed in torch */
+    PyTypeObject *hook_type;    /* wrapper installed in torch classes (a descriptor) */
+    PyTypeObject *fn_hook_type; /* wrapper installed in torch modules (torch.zeros) */
     PyTypeObject *handle_type;  /* hook_into_torch() handle */
     PyTypeObject *tracker_type; /* lifetime.c */
     PyTypeObject *registry_type;

@@ -122,7 +122,11 @@ static int core_exec(PyObject *module)
         return -1;
     }
     st->hook_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_hook_spec, NULL);
-    if (st->hook_type == NULL) {
+    st->fn_hook_type =
+        st->hook_type == NULL
+            ? NULL
+            : (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_fn_hook_spec, NULL);
+    if (st->fn_hook_type == NULL) {
         return -1;
     }
     st->handle_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_handle_spec, NULL);
@@ -231,6 +235,7 @@ static int core_traverse(PyObject *module, visitproc visit, void *arg)
     ml_state *st = ml_state_of_module(module);
     Py_VISIT(st->lord_type);
     Py_VISIT(st->hook_type);
+    Py_VISIT(st->fn_hook_type);
     Py_VISIT(st->handle_type);
     Py_VISIT(st->tracker_type);
     Py_VISIT(st->registry_type);
@@ -246,19 +251,47 @@ static int core_clear(PyObject *module)
 {
     ml_state *st = ml_state_of_module(module);
     PyObject **objs[] = {
-        &st->storage_type,      &st->uninit_type,      &st->parameter_type,
-        &st->d_untyped_storage, &st->d_device,         &st->d_data_ptr,
-        &st->d_nbytes,          &st->d_storage_device, (PyObject **)&st->lord_type,
-        &st->tensor_type,       &st->module_type,      &st->device_type,
-        &st->layout_coo,        &st->layout_csr,       &st->layout_csc,
-        &st->layout_bsr,        &st->layout_bsc,       &st->release_cache,
-        &st->torch_prefix,      &st->memlord_prefix,   &st->s_untyped_storage,
-        &st->s_data_ptr,        &st->s_nbytes,         &st->s_device,
-        &st->s_layout,          &st->s_type,           &st->s_index,
-        &st->s_parameters,      &st->s_buffers,        &st->s_modules,
-        &st->s_indices,         &st->s_values,         &st->s_crow_indices,
-        &st->s_col_indices,     &st->s_ccol_indices,   &st->s_row_indices,
-        &st->s_values_pub,      &st->s_write,          &st->s_flush,
+        (PyObject **)&st->hook_type,
+        (PyObject **)&st->fn_hook_type,
+        &st->storage_type,
+        &st->uninit_type,
+        &st->parameter_type,
+        &st->d_untyped_storage,
+        &st->d_device,
+        &st->d_data_ptr,
+        &st->d_nbytes,
+        &st->d_storage_device,
+        (PyObject **)&st->lord_type,
+        &st->tensor_type,
+        &st->module_type,
+        &st->device_type,
+        &st->layout_coo,
+        &st->layout_csr,
+        &st->layout_csc,
+        &st->layout_bsr,
+        &st->layout_bsc,
+        &st->release_cache,
+        &st->torch_prefix,
+        &st->memlord_prefix,
+        &st->s_untyped_storage,
+        &st->s_data_ptr,
+        &st->s_nbytes,
+        &st->s_device,
+        &st->s_layout,
+        &st->s_type,
+        &st->s_index,
+        &st->s_parameters,
+        &st->s_buffers,
+        &st->s_modules,
+        &st->s_indices,
+        &st->s_values,
+        &st->s_crow_indices,
+        &st->s_col_indices,
+        &st->s_ccol_indices,
+        &st->s_row_indices,
+        &st->s_values_pub,
+        &st->s_write,
+        &st->s_flush,
         &st->s_main_py,
     };
     for (size_t i = 0; i < sizeof(objs) / sizeof(objs[0]); i++) {
