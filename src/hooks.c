@@ -593,12 +593,15 @@ static void quiet_exit(PyObject *guard)
     Py_DECREF(guard);
 }
 
-/* 1 when t's size is read in C (a plain strided tensor): no getter runs. */
+/* 1 when t's metadata is read in C (a plain tensor or parameter with the
+ * stable-ABI reader on): no getter, so no __torch_function__, runs.  (Its
+ * layout is not checked, to keep the hot path short: a plain sparse tensor
+ * is sized through getters that only a TorchFunctionMode could see.) */
 static inline int read_in_c(const ml_state *st, PyObject *t)
 {
-    ml_dev dev;
-    int64_t nbytes;
-    return ml_abi_meta_bytes(st, t, &dev, &nbytes);
+    const PyTypeObject *tp = Py_TYPE(t);
+    return (tp == (PyTypeObject *)st->tensor_type || tp == (PyTypeObject *)st->parameter_type) &&
+           ml_abi_enabled();
 }
 
 /* An accounting failure never reaches the caller: it is reported as
