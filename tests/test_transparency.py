@@ -597,13 +597,26 @@ def jit_trace_conversions():
 # --------------------------------------------------------------------------- torch.compile
 
 
+@contextmanager
+def compiler_env():
+    """Inductor runs the C++ compiler: not under the sanitizer runtime that
+    tools/asan_run.py preloads into this process (the compiler's own leaks are not ours)."""
+    preload = os.environ.pop("LD_PRELOAD", None)
+    try:
+        yield
+    finally:
+        if preload is not None:
+            os.environ["LD_PRELOAD"] = preload
+
+
 def compiled(fn, *args, backend="eager", fullgraph=True):
     """fn compiled and run; the result and dynamo's graph and graph-break counts."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
-    out = torch.compile(fn, backend=backend, fullgraph=fullgraph)(*args)
+    with compiler_env():
+        out = torch.compile(fn, backend=backend, fullgraph=fullgraph)(*args)
     breaks = sum(counters["graph_break"].values())
     graphs = counters["stats"]["unique_graphs"]
     torch._dynamo.reset()
@@ -618,6 +631,14 @@ def compile_eager_factories():
 @row
 def compile_eager_conversions():
     return compiled(lambda x: x.to(torch.float64).half().float() + x.double().float(), T)
+
+
+@row
+def compile_eager_unbound_and_partial():
+    def f(x):
+        return torch.Tensor.half(x).float() + functools.partial(torch.zeros, 3)()
+
+    return compiled(f, torch.ones(3))
 
 
 @row

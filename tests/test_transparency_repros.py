@@ -163,7 +163,20 @@ def test_fake_tensor_conversions_are_not_counted():
 # --------------------------------------------------------------------------- third-party patches
 
 
-def test_disable_keeps_a_patch_made_on_top():
+@pytest.fixture
+def tensor_to_restored():
+    """torch.Tensor's own __dict__ entry for 'to' as it was (torch has none: it inherits
+    TensorBase.to), whatever a test assigned."""
+    own = torch.Tensor.__dict__.get("to")
+    yield
+    if own is None:
+        if "to" in torch.Tensor.__dict__:
+            del torch.Tensor.to
+    else:
+        torch.Tensor.to = own
+
+
+def test_disable_keeps_a_patch_made_on_top(tensor_to_restored):
     orig = torch.Tensor.to
     lord = MemLord(auto_gc_bytes=None)
     h = lord.hook_into_torch()
@@ -182,11 +195,11 @@ def test_disable_keeps_a_patch_made_on_top():
         assert calls
         assert not _core._hooks_info()["installed"]
     finally:
-        torch.Tensor.to = orig
+        del torch.Tensor.to
     assert torch.Tensor.to is orig
 
 
-def test_disable_never_resurrects_a_removed_patch():
+def test_disable_never_resurrects_a_removed_patch(tensor_to_restored):
     orig = torch.Tensor.to
 
     def lib2(self, *a, **k):
@@ -453,6 +466,7 @@ class HoldsFactory(nn.Module):
         self.init_fn = torch.zeros
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")
 def test_hooks_are_drop_in_replacements():
     lord = MemLord(auto_gc_bytes=None)
     with lord.hook_into_torch(), lord.hook_into_python():
