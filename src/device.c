@@ -53,42 +53,95 @@ static int set_type_name(ml_state *st, int code, PyObject *name)
     return 0;
 }
 
+/* The code of a device type name in the table, or -1 (no error) when the
+ * table does not have it. */
+static int find_type(ml_state *st, PyObject *name)
+{
+    for (int t = 0; t < ML_MAX_DEV_TYPES; t++) {
+        if (st->type_names[t] != NULL) {
+            int eq = PyUnicode_Compare(st->type_names[t], name);
+            if (eq == -1 && PyErr_Occurred()) {
+                return -2;
+            }
+            if (eq == 0) {
+                return t;
+            }
+        }
+    }
+    return -1;
+}
+
+/* The code of a device type torch knows but the table does not have yet: a
+ * backend renamed at run time (torch.utils.rename_privateuse1_backend) is
+ * privateuse1 under a new name.  torch.device(name) decides: a name torch
+ * rejects never enters the process-wide table (ValueError naming it). */
+static int torch_type_code(ml_state *st, PyObject *name)
+{
+    if (!PyUnicode_Check(name)) {
+        PyErr_Format(PyExc_TypeError, "memlord: device type must be a str, not %.100s",
+                     Py_TYPE(name)->tp_name);
+        return -1;
+    }
+    PyObject *d = PyObject_CallOneArg(st->device_type, name);
+    if (d == NULL) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) {
+            return -1;
+        }
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "memlord: %R is not a device type torch knows", name);
+        return -1;
+    }
+    int code = -1;
+    if (st->device_struct_ok && Py_IS_TYPE(d, (PyTypeObject *)st->device_type) &&
+        PyUnicode_FindChar(name, ':', 0, PyUnicode_GET_LENGTH(name), 1) == -1) {
+        code = ((ml_thp_device *)d)->type;
+    }
+    /* torch's own spelling of the type now: "foo" once privateuse1 is renamed */
+    PyObject *canonical = PyObject_GetAttr(d, st->s_type);
+    Py_DECREF(d);
+    if (canonical == NULL) {
+        return -1;
+    }
+    if (code >= 0 && code < ML_MAX_DEV_TYPES && PyUnicode_Check(canonical)) {
+        int same =
+            st->type_names[code] != NULL ? PyUnicode_Compare(st->type_names[code], canonical) : 1;
+        if (same == -1 && PyErr_Occurred()) {
+            Py_DECREF(canonical);
+            return -1;
+        }
+        if (same != 0) {
+            PyUnicode_InternInPlace(&canonical);
+            /* The old name is left alive (an interned str, once per process):
+             * ml_type_name() handed out pointers into it. */
+            PyObject *old = st->type_names[code];
+            unsigned char had_cache = st->type_has_cache[code];
+            if (set_type_name(st, code, canonical) < 0) { /* steals canonical */
+                st->type_names[code] = old;
+                return -1;
+            }
+            st->type_has_cache[code] |= had_cache;
+        } else {
+            Py_DECREF(canonical);
+        }
+        return code;
+    }
+    Py_DECREF(canonical);
+    PyErr_Format(PyExc_ValueError, "memlord: %R is not a device type torch knows", name);
+    return -1;
+}
+
 static int read_device_attrs(ml_state *st, PyObject *dev, int *type, int *index)
 {
     PyObject *name = PyObject_GetAttr(dev, st->s_type);
     if (name == NULL) {
         return -1;
     }
-    int found = -1;
-    for (int t = 0; t < ML_MAX_DEV_TYPES; t++) {
-        if (st->type_names[t] != NULL) {
-            int eq = PyUnicode_Compare(st->type_names[t], name);
-            if (eq == -1 && PyErr_Occurred()) {
-                Py_DECREF(name);
-                return -1;
-            }
-            if (eq == 0) {
-                found = t;
-                break;
-            }
-        }
-    }
-    if (found < 0) {
-        /* A backend renamed at run time (privateuse1): give it a free code. */
-        for (int t = ML_MAX_DEV_TYPES - 1; t > 0; t--) {
-            if (st->type_names[t] == NULL) {
-                if (set_type_name(st, t, Py_NewRef(name)) < 0) {
-                    Py_DECREF(name);
-                    return -1;
-                }
-                found = t;
-                break;
-            }
-        }
+    int found = find_type(st, name);
+    if (found == -1) {
+        found = torch_type_code(st, name);
     }
     Py_DECREF(name);
     if (found < 0) {
-        PyErr_SetString(PyExc_RuntimeError, "memlord: too many device types");
         return -1;
     }
     PyObject *idx = PyObject_GetAttr(dev, st->s_index);
@@ -240,6 +293,19 @@ static int parse_str(ml_state *st, PyObject *arg, ml_selector *out)
         if ((size_t)n == name_len && memcmp(tn, s, name_len) == 0) {
             type = t;
         }
+    }
+    if (type < 0) {
+        /* a name torch knows under a new name (rename_privateuse1_backend) */
+        PyObject *name = PyUnicode_FromStringAndSize(s, (Py_ssize_t)name_len);
+        if (name == NULL) {
+            return -1;
+        }
+        type = torch_type_code(st, name);
+        Py_DECREF(name);
+        if (type == -1 && PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_ValueError)) {
+            return -1;
+        }
+        PyErr_Clear();
     }
     if (type < 0) {
         PyErr_Format(PyExc_ValueError,

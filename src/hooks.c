@@ -35,26 +35,29 @@ enum hook_kind {
  * independently. */
 enum { G_TORCH = 1, G_PY = 2 };
 
+/* What memlord installs in place of a torch attribute.  It behaves as the
+ * original does in every way a program can observe, except its identity and
+ * its type(): it compares and hashes equal to the original, pickles and
+ * copies as the original does, takes weak references, reports the original's
+ * introspection attributes (and its __class__, so that isinstance() answers
+ * as for the original: torch.compile traces through it), and returns what
+ * the original returned. */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *original; /* what the attribute resolved to before patching */
-    /* original's own vectorcall, or NULL: calling it directly saves a layer
-     * (a hook is on the path of every conversion) */
-    vectorcallfunc original_vc;
-    PyObject *name;
+    PyObject *owner;    /* the class or module patched */
+    PyObject *name;     /* the attribute name (interned) */
+    PyObject *weakreflist;
     int kind;
 } HookObject;
 
-/* original(*args, **kwnames): what PyObject_Vectorcall does, minus the
- * lookup of original's vectorcall.  The result is checked by whoever called
- * the hook (the interpreter checks every call's result). */
+/* original(*args, **kwnames).  The original's vectorcall is looked up on
+ * every call, never cached: it belongs to the original's type, which may
+ * change its slots.  The result is checked by whoever called the hook. */
 static inline PyObject *call_original(const HookObject *self, PyObject *const *args, size_t nargsf,
                                       PyObject *kwnames)
 {
-    if (self->original_vc != NULL) {
-        return self->original_vc(self->original, args, nargsf, kwnames);
-    }
     return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
 }
 
@@ -95,11 +98,13 @@ static struct {
      * subscribed while it (or a handle, which holds it) lives; when it dies,
      * its reference's callback schedules a cleanup at the next safe point,
      * which drops it and restores torch once no lord is left. */
-    PyObject *lord_refs;      /* hook_into_torch() */
-    PyObject *py_lord_refs;   /* hook_into_python(): the factory wrappers */
-    PyObject *on_lord_death;  /* the weak references' callback */
-    PyObject *current_stream; /* torch.cuda.current_stream, or NULL */
-    PyObject *raw_stream;     /* torch._C._cuda_getCurrentRawStream (an int), or NULL */
+    PyObject *lord_refs;        /* hook_into_torch() */
+    PyObject *py_lord_refs;     /* hook_into_python(): the factory wrappers */
+    PyObject *on_lord_death;    /* the weak references' callback */
+    PyObject *tracing_types[2]; /* FakeTensor, FunctionalTensor, once seen */
+    PyObject *disable_tf;       /* torch._C.DisableTorchFunction, once needed */
+    PyObject *current_stream;   /* torch.cuda.current_stream, or NULL */
+    PyObject *raw_stream;       /* torch._C._cuda_getCurrentRawStream (an int), or NULL */
     PyObject *s_cuda_stream;
     ml_pending *pending;
     Py_ssize_t npending, cap;
@@ -112,11 +117,16 @@ typedef struct {
      * tells conversions they run inside it (module_depth). */
     int module_non_blocking;
     int module_depth;
-    /* Depth of hooked calls running their original on this thread.  A tensor
-     * subclass's __torch_function__ or a TorchFunctionMode (with
-     * torch.device(...) is one) calls func, which is the hook itself, from
-     * inside the original: only the outermost call counts. */
-    int hook_depth;
+    /* The hooked call whose original runs on this thread, if any: the
+     * attribute name and the first argument.  A tensor subclass's
+     * __torch_function__ or a TorchFunctionMode (with torch.device(...) is
+     * one) calls func, which is the hook itself, from inside the original:
+     * that same conversion re-entering counts once, at the outer call.  Any
+     * other conversion made meanwhile (by a mode, a handler, a GC callback)
+     * counts.  Compared by address only: the caller of the outer call holds
+     * both alive until it returns. */
+    const PyObject *cur_name;
+    const PyObject *cur_src;
     /* The user's line of the Module.to being run on this thread: every
      * conversion inside it shares that site, found once. */
     int module_site_set;
@@ -651,34 +661,164 @@ static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyOb
 
 /* ---- the wrapper type -------------------------------------------------- */
 
+/* FakeTensor and FunctionalTensor: tensors of tracing (torch.compile, AOT,
+ * make_fx, FakeTensorMode) that hold no memory of their own.  Resolved from
+ * sys.modules when a tensor of a subclass first shows up (never imported
+ * here: a program that never loaded them has none). */
+static int tracing_tensor(PyObject *t)
+{
+    static const char *const modules[2] = {"torch._subclasses.fake_tensor",
+                                           "torch._subclasses.functional_tensor"};
+    static const char *const names[2] = {"FakeTensor", "FunctionalTensor"};
+    for (int i = 0; i < 2; i++) {
+        if (disp.tracing_types[i] == NULL) {
+            PyObject *mod_name = PyUnicode_FromString(modules[i]);
+            PyObject *mod = mod_name ? PyImport_GetModule(mod_name) : NULL;
+            Py_XDECREF(mod_name);
+            if (mod == NULL) {
+                PyErr_Clear();
+                continue;
+            }
+            PyObject *tp = PyObject_GetAttrString(mod, names[i]);
+            Py_DECREF(mod);
+            if (tp == NULL || !PyType_Check(tp)) {
+                Py_XDECREF(tp);
+                PyErr_Clear();
+                continue;
+            }
+            if (disp.tracing_types[i] == NULL) { /* the lookup may have run Python */
+                disp.tracing_types[i] = tp;
+            } else {
+                Py_DECREF(tp);
+            }
+        }
+        int r = PyObject_IsInstance(t, disp.tracing_types[i]);
+        if (r != 0) {
+            PyErr_Clear();
+            return 1; /* an error counts as tracing: never count what cannot be read */
+        }
+    }
+    return 0;
+}
+
+/* 1 when t (any object) is a tensor memlord must not count: a fake or
+ * functional tensor.  Plain tensors and parameters answer at once. */
+static inline int uncounted(const ml_state *st, PyObject *t)
+{
+    const PyTypeObject *tp = Py_TYPE(t);
+    if (tp == (PyTypeObject *)st->tensor_type || tp == (PyTypeObject *)st->parameter_type) {
+        return 0;
+    }
+    return tracing_tensor(t);
+}
+
+/* Run the original as the hooked call (name, src) of this thread; *reentered
+ * tells whether that same call was already running (see hook_tls). */
+static inline PyObject *run_original(const HookObject *self, PyObject *const *args, size_t nargsf,
+                                     PyObject *kwnames, int *reentered)
+{
+    ml_hook_tls *tl = &hook_tls;
+    const PyObject *src = PyVectorcall_NARGS(nargsf) > 0 ? args[0] : NULL;
+    const PyObject *saved_name = tl->cur_name, *saved_src = tl->cur_src;
+    *reentered = saved_name == self->name && saved_src == src;
+    tl->cur_name = self->name;
+    tl->cur_src = src;
+    PyObject *result = call_original(self, args, nargsf, kwnames);
+    tl->cur_name = saved_name;
+    tl->cur_src = saved_src;
+    return result;
+}
+
+/* Reading metadata through torch's Python getters (a tensor subclass, a
+ * layout the C reader does not take) is a property get that a subclass's
+ * __torch_function__ and any TorchFunctionMode would see: accounting reads
+ * them with torch function disabled, so that overrides see only the calls
+ * the program made.  Returns the entered guard, or NULL (no error) when
+ * torch has none. */
+static PyObject *quiet_enter(void)
+{
+    if (disp.disable_tf == NULL) {
+        PyObject *tp = ml_import_attr("torch._C", "DisableTorchFunction");
+        if (tp == NULL) {
+            PyErr_Clear();
+            return NULL;
+        }
+        if (disp.disable_tf == NULL) {
+            disp.disable_tf = tp;
+        } else {
+            Py_DECREF(tp);
+        }
+    }
+    PyObject *guard = PyObject_CallNoArgs(disp.disable_tf);
+    PyObject *r = guard ? PyObject_CallMethod(guard, "__enter__", NULL) : NULL;
+    if (r == NULL) {
+        PyErr_Clear();
+        Py_XDECREF(guard);
+        return NULL;
+    }
+    Py_DECREF(r);
+    return guard;
+}
+
+static void quiet_exit(PyObject *guard)
+{
+    if (guard == NULL) {
+        return;
+    }
+    PyObject *r = PyObject_CallMethod(guard, "__exit__", "OOO", Py_None, Py_None, Py_None);
+    if (r == NULL) {
+        PyErr_WriteUnraisable(guard);
+    }
+    Py_XDECREF(r);
+    Py_DECREF(guard);
+}
+
+/* 1 when t's metadata is read in C (a plain tensor or parameter with the
+ * stable-ABI reader on): no getter, so no __torch_function__, runs.  (Its
+ * layout is not checked, to keep the hot path short: a plain sparse tensor
+ * is sized through getters that only a TorchFunctionMode could see.) */
+static inline int read_in_c(const ml_state *st, PyObject *t)
+{
+    const PyTypeObject *tp = Py_TYPE(t);
+    return (tp == (PyTypeObject *)st->tensor_type || tp == (PyTypeObject *)st->parameter_type) &&
+           ml_abi_enabled();
+}
+
+/* An accounting failure never reaches the caller: it is reported as
+ * unraisable (sys.unraisablehook) and the original's result stands. */
+static void report_failure(PyObject *hook)
+{
+    PyErr_WriteUnraisable(hook);
+}
+
 static PyObject *hook_tensor(PyObject *callable, PyObject *const *args, size_t nargsf,
                              PyObject *kwnames)
 {
-    ml_hook_tls *tl = &hook_tls;
-    HookObject *self = (HookObject *)callable;
+    const HookObject *self = (const HookObject *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    tl->hook_depth++;
-    PyObject *result = call_original(self, args, nargsf, kwnames);
-    tl->hook_depth--;
-    if (tl->hook_depth > 0) {
+    if (disp.lord_refs == NULL || disp.module == NULL || nargs < 1) {
+        return call_original(self, args, nargsf, kwnames);
+    }
+    ml_state *st = ml_state_of_module(disp.module);
+    if (uncounted(st, args[0])) {
+        return call_original(self, args, nargsf, kwnames); /* tracing: nothing to count */
+    }
+    int reentered;
+    PyObject *result = run_original(self, args, nargsf, kwnames, &reentered);
+    if (reentered || result == NULL || disp.lord_refs == NULL || disp.module == NULL) {
         return result; /* re-entered through __torch_function__: the outer call counts */
     }
-    if (result == NULL || nargs < 1 || result == args[0] || disp.lord_refs == NULL) {
-        if (result != NULL && result == args[0] && disp.npending > 0) {
+    if (result == args[0]) {
+        if (disp.npending > 0) {
             pending_drain(0, NULL, 1);
         }
         return result;
     }
-    ml_state *st = ml_state_of_module(disp.module);
-    if (!PyObject_TypeCheck(result, (PyTypeObject *)st->tensor_type)) {
-        PyErr_Format(PyExc_TypeError,
-                     "memlord hook: torch.Tensor.%U() returned %.100s, expected a torch.Tensor",
-                     self->name, Py_TYPE(result)->tp_name);
-        Py_DECREF(result);
-        return NULL;
-    }
-    if (!PyObject_TypeCheck(args[0], (PyTypeObject *)st->tensor_type)) {
-        return result; /* called unbound on something else: not ours to count */
+    /* Whatever the original returned goes back unchanged; only tensors
+     * converted from tensors are counted. */
+    if (!PyObject_TypeCheck(result, (PyTypeObject *)st->tensor_type) ||
+        !PyObject_TypeCheck(args[0], (PyTypeObject *)st->tensor_type) || uncounted(st, result)) {
+        return result;
     }
     PyObject *lords = live_lords(disp.lord_refs); /* a snapshot: subscribers may change */
     if (lords == NULL) {
@@ -686,13 +826,14 @@ static PyObject *hook_tensor(PyObject *callable, PyObject *const *args, size_t n
         return result;
     }
     int nb = self->kind == HK_MOVE && is_non_blocking(args, nargs, kwnames);
+    PyObject *guard = read_in_c(st, result) && read_in_c(st, args[0]) ? NULL : quiet_enter();
     int rc = account_conversion(st, lords, args[0], result, self->kind, nb);
     Py_DECREF(lords);
     ml_safe_point();
     if (rc < 0) {
-        Py_DECREF(result);
-        return NULL;
+        report_failure(callable);
     }
+    quiet_exit(guard);
     return result;
 }
 
@@ -733,38 +874,36 @@ static PyObject *hook_module_to(PyObject *callable, PyObject *const *args, size_
 static PyObject *hook_factory(PyObject *callable, PyObject *const *args, size_t nargsf,
                               PyObject *kwnames)
 {
-    ml_hook_tls *tl = &hook_tls;
     const HookObject *self = (const HookObject *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    tl->hook_depth++;
-    PyObject *result = call_original(self, args, nargsf, kwnames);
-    tl->hook_depth--;
-    if (tl->hook_depth > 0) {
-        return result; /* re-entered through __torch_function__: the outer call counts */
+    if (disp.py_lord_refs == NULL || disp.module == NULL) {
+        return call_original(self, args, nargsf, kwnames);
     }
-    if (result == NULL || disp.py_lord_refs == NULL || disp.module == NULL) {
-        return result;
+    int reentered;
+    PyObject *result = run_original(self, args, nargsf, kwnames, &reentered);
+    if (reentered || result == NULL || disp.py_lord_refs == NULL || disp.module == NULL) {
+        return result; /* re-entered through __torch_function__: the outer call counts */
     }
     const PyObject *out = kwarg(args, nargs, kwnames, "out");
     if (out != NULL && out != Py_None) {
         return result;
     }
     ml_state *st = ml_state_of_module(disp.module);
-    if (!PyObject_TypeCheck(result, (PyTypeObject *)st->tensor_type)) {
+    if (!PyObject_TypeCheck(result, (PyTypeObject *)st->tensor_type) || uncounted(st, result)) {
         return result;
     }
     PyObject *lords = live_lords(disp.py_lord_refs); /* a snapshot: subscribers may change */
     if (lords == NULL) {
-        Py_DECREF(result);
-        return NULL;
+        report_failure(callable);
+        return result;
     }
-    int rc = track_new_tensor(st, lords, result, "(factory)");
+    PyObject *guard = read_in_c(st, result) ? NULL : quiet_enter();
+    if (track_new_tensor(st, lords, result, "(factory)") < 0) {
+        report_failure(callable);
+    }
+    quiet_exit(guard);
     Py_DECREF(lords);
     ml_safe_point();
-    if (rc < 0) {
-        Py_DECREF(result);
-        return NULL;
-    }
     return result;
 }
 
@@ -781,20 +920,21 @@ static PyObject *hook_param(PyObject *callable, PyObject *const *args, size_t na
         return result;
     }
     ml_state *st = ml_state_of_module(disp.module);
-    if (!PyObject_TypeCheck(result, (PyTypeObject *)st->tensor_type)) {
+    if (!PyObject_TypeCheck(result, (PyTypeObject *)st->tensor_type) || uncounted(st, result)) {
         return result;
     }
     PyObject *lords = live_lords(disp.py_lord_refs);
     if (lords == NULL) {
-        Py_DECREF(result);
-        return NULL;
+        report_failure(callable);
+        return result;
     }
-    int rc = track_new_tensor(st, lords, result, "(param)");
+    PyObject *guard = read_in_c(st, result) ? NULL : quiet_enter();
+    if (track_new_tensor(st, lords, result, "(param)") < 0) {
+        report_failure(callable);
+    }
+    quiet_exit(guard);
     Py_DECREF(lords);
-    if (rc < 0) {
-        Py_DECREF(result);
-        return NULL;
-    }
+    ml_safe_point();
     return result;
 }
 
@@ -836,13 +976,7 @@ static PyObject *hook_module_apply(PyObject *callable, PyObject *const *args, si
     w.opaque_ok = 1;
     int rc = ml_walk_object(st, &w, args[0], "_apply");
     if (rc < 0) {
-        if (PyErr_ExceptionMatches(PyExc_MemoryError)) {
-            ml_walk_clear(&w);
-            Py_DECREF(lords);
-            Py_DECREF(result);
-            return NULL;
-        }
-        PyErr_Clear(); /* accounting never raises into the caller */
+        report_failure(callable);
     } else if (w.n > 0) {
         ml_site site = {NULL, 0};
         if (tl->module_site_set) {
@@ -893,7 +1027,9 @@ static vectorcallfunc hook_entry(int kind)
     }
 }
 
-/* Bound like a function: obj.to(...) passes obj first. */
+/* Bound like a function: obj.to(...) passes obj first.  (A bound hook is a
+ * method object where torch's bound C method is a builtin; its __self__,
+ * __name__, equality and calls are the same.) */
 static PyObject *hook_descr_get(PyObject *self, PyObject *obj, PyObject *Py_UNUSED(type))
 {
     if (obj == NULL || obj == Py_None) {
@@ -904,7 +1040,49 @@ static PyObject *hook_descr_get(PyObject *self, PyObject *obj, PyObject *Py_UNUS
 
 static PyObject *hook_repr(HookObject *self)
 {
-    return PyUnicode_FromFormat("<memlord hook of %R>", self->original);
+    return PyObject_Repr(self->original);
+}
+
+static void hook_dealloc(HookObject *self);
+
+/* Either hook type: they share their deallocator. */
+static inline int is_hook(const PyObject *o)
+{
+    return Py_TYPE(o)->tp_dealloc == (destructor)hook_dealloc;
+}
+
+/* Equal to its original (and to any hook of it), so that sets and dicts of
+ * torch functions, `func in allowed_methods` checks and torch's own caches
+ * treat both alike, whichever of the two they hold. */
+static PyObject *hook_richcompare(PyObject *self, PyObject *other, int op)
+{
+    if (op != Py_EQ && op != Py_NE) {
+        Py_RETURN_NOTIMPLEMENTED;
+    }
+    PyObject *a = ((HookObject *)self)->original;
+    PyObject *b = is_hook(other) ? ((HookObject *)other)->original : other;
+    if (a == b) {
+        return PyBool_FromLong(op == Py_EQ);
+    }
+    return PyObject_RichCompare(a, b, op);
+}
+
+static Py_hash_t hook_hash(HookObject *self)
+{
+    return PyObject_Hash(self->original);
+}
+
+/* Attributes the hook does not have are the original's (__name__,
+ * __qualname__, __self__, __objclass__, __text_signature__, __code__ ...),
+ * and so is the AttributeError of a missing one. */
+static PyObject *hook_getattro(PyObject *self, PyObject *name)
+{
+    PyObject *r = PyObject_GenericGetAttr(self, name);
+    if (r != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        return r;
+    }
+    PyErr_Clear();
+    return PyObject_GetAttr(((HookObject *)self)->original, name);
 }
 
 static PyObject *hook_get_wrapped(HookObject *self, void *Py_UNUSED(closure))
@@ -912,31 +1090,82 @@ static PyObject *hook_get_wrapped(HookObject *self, void *Py_UNUSED(closure))
     return Py_NewRef(self->original);
 }
 
-static PyObject *hook_get_name(HookObject *self, void *Py_UNUSED(closure))
+/* __class__ is the original's class: isinstance(torch.zeros,
+ * types.BuiltinFunctionType) holds whether hooked or not, and tools that
+ * decide how to treat a callable by its class (torch.compile among them)
+ * treat the hook as the original.  type() still tells them apart. */
+static PyObject *hook_get_class(HookObject *self, void *Py_UNUSED(closure))
 {
-    return Py_NewRef(self->name);
+    return Py_NewRef((PyObject *)Py_TYPE(self->original));
 }
 
-static PyObject *hook_get_doc(HookObject *self, void *Py_UNUSED(closure))
+/* __module__ and __doc__: the hook type's own would shadow the original's */
+static PyObject *hook_get_forwarded(HookObject *self, void *closure)
 {
-    PyObject *doc = PyObject_GetAttrString(self->original, "__doc__");
-    if (doc == NULL) {
-        PyErr_Clear();
-        Py_RETURN_NONE;
+    return PyObject_GetAttrString(self->original, (const char *)closure);
+}
+
+/* Pickled and copied by reference, as the original is: torch's C functions
+ * and methods reduce to getattr(their class, name), which the hook returns
+ * too (unpickling gives the original, equal to the hook).  A Python function
+ * (Module.to) pickles by module and qualified name while the hook is what
+ * that name resolves to, and as getattr(owner, name) once it is not. */
+static PyObject *hook_reduce_ex(HookObject *self, PyObject *protocol)
+{
+    if (!PyFunction_Check(self->original)) {
+        return PyObject_CallMethod(self->original, "__reduce_ex__", "O", protocol);
     }
-    return doc;
+    PyObject *current = PyObject_GetAttr(self->owner, self->name);
+    if (current == NULL) {
+        return NULL;
+    }
+    int installed = current == (PyObject *)self;
+    Py_DECREF(current);
+    if (installed) {
+        return PyObject_GetAttrString(self->original, "__qualname__");
+    }
+    PyObject *getattr_fn = PyDict_GetItemString(PyEval_GetBuiltins(), "getattr"); /* borrowed */
+    if (getattr_fn == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "memlord: builtins.getattr not found");
+        return NULL;
+    }
+    return Py_BuildValue("(O(OO))", getattr_fn, self->owner, self->name);
+}
+
+static PyObject *hook_reduce(HookObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *protocol = PyLong_FromLong(2);
+    if (protocol == NULL) {
+        return NULL;
+    }
+    PyObject *r = hook_reduce_ex(self, protocol);
+    Py_DECREF(protocol);
+    return r;
+}
+
+/* copy.copy and copy.deepcopy return the function itself, as for functions */
+static PyObject *hook_copy(PyObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return Py_NewRef(self);
+}
+
+static PyObject *hook_deepcopy(PyObject *self, PyObject *Py_UNUSED(memo))
+{
+    return Py_NewRef(self);
 }
 
 static int hook_traverse(HookObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->original);
+    Py_VISIT(self->owner);
     return 0;
 }
 
 static int hook_clear(HookObject *self)
 {
     Py_CLEAR(self->original);
+    Py_CLEAR(self->owner);
     Py_CLEAR(self->name);
     return 0;
 }
@@ -945,20 +1174,33 @@ static void hook_dealloc(HookObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
+    if (self->weakreflist != NULL) {
+        PyObject_ClearWeakRefs((PyObject *)self);
+    }
     hook_clear(self);
     tp->tp_free(self);
     Py_DECREF(tp);
 }
 
+static PyMethodDef hook_methods[] = {
+    {"__reduce_ex__", (PyCFunction)hook_reduce_ex, METH_O, NULL},
+    {"__reduce__", (PyCFunction)hook_reduce, METH_NOARGS, NULL},
+    {"__copy__", hook_copy, METH_NOARGS, NULL},
+    {"__deepcopy__", hook_deepcopy, METH_O, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyGetSetDef hook_getset[] = {
-    {"__wrapped__", (getter)hook_get_wrapped, NULL, "The original torch function.", NULL},
-    {"__name__", (getter)hook_get_name, NULL, NULL, NULL},
-    {"__doc__", (getter)hook_get_doc, NULL, NULL, NULL},
+    {"__wrapped__", (getter)hook_get_wrapped, NULL, "The original torch attribute.", NULL},
+    {"__class__", (getter)hook_get_class, NULL, NULL, NULL},
+    {"__module__", (getter)hook_get_forwarded, NULL, NULL, "__module__"},
+    {"__doc__", (getter)hook_get_forwarded, NULL, NULL, "__doc__"},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyMemberDef hook_members[] = {
     {"__vectorcalloffset__", T_PYSSIZET, offsetof(HookObject, vectorcall), READONLY, NULL},
+    {"__weaklistoffset__", T_PYSSIZET, offsetof(HookObject, weakreflist), READONLY, NULL},
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -967,12 +1209,22 @@ static PyObject *hook_call(PyObject *self, PyObject *args, PyObject *kwargs)
     return PyVectorcall_Call(self, args, kwargs);
 }
 
+#define HOOK_COMMON_SLOTS                                                                          \
+    {Py_tp_call, hook_call}, {Py_tp_repr, hook_repr}, {Py_tp_richcompare, hook_richcompare},       \
+        {Py_tp_hash, hook_hash}, {Py_tp_getattro, hook_getattro}, {Py_tp_methods, hook_methods},   \
+        {Py_tp_getset, hook_getset}, {Py_tp_members, hook_members},                                \
+        {Py_tp_traverse, hook_traverse}, {Py_tp_clear, hook_clear},                                \
+    {                                                                                              \
+        Py_tp_dealloc, hook_dealloc                                                                \
+    }
+
 static PyType_Slot hook_slots[] = {
-    {Py_tp_call, hook_call},     {Py_tp_descr_get, hook_descr_get}, {Py_tp_repr, hook_repr},
-    {Py_tp_getset, hook_getset}, {Py_tp_members, hook_members},     {Py_tp_traverse, hook_traverse},
-    {Py_tp_clear, hook_clear},   {Py_tp_dealloc, hook_dealloc},     {0, NULL},
+    HOOK_COMMON_SLOTS,
+    {Py_tp_descr_get, hook_descr_get},
+    {0, NULL},
 };
 
+/* A hook of a class attribute binds like a function (a descriptor). */
 PyType_Spec ml_hook_spec = {
     .name = "memlord._core.Hook",
     .basicsize = sizeof(HookObject),
@@ -984,9 +1236,57 @@ PyType_Spec ml_hook_spec = {
     .slots = hook_slots,
 };
 
+static PyType_Slot fn_hook_slots[] = {
+    HOOK_COMMON_SLOTS,
+    {0, NULL},
+};
+
+/* A hook of a module attribute (torch.zeros) is no descriptor, as torch's
+ * builtin functions are not: inspect.ismethoddescriptor() answers alike. */
+PyType_Spec ml_fn_hook_spec = {
+    .name = "memlord._core.FunctionHook",
+    .basicsize = sizeof(HookObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+             Py_TPFLAGS_DISALLOW_INSTANTIATION | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = fn_hook_slots,
+};
+
 /* ---- install / uninstall ----------------------------------------------- */
 
 static int installing_group;
+
+/* torch.jit.script resolves torch's functions through a table keyed by
+ * id(function) (torch.jit._builtins): a hook gets its original's entry while
+ * installed, so scripted code calling torch.zeros compiles to aten::zeros as
+ * without memlord.  Best effort: without that module nothing is needed. */
+static void jit_builtin_alias(PyObject *hook, PyObject *original, int add)
+{
+    PyObject *mod_name = PyUnicode_FromString("torch.jit._builtins");
+    PyObject *mod = mod_name ? PyImport_GetModule(mod_name) : NULL;
+    Py_XDECREF(mod_name);
+    if (mod == NULL) {
+        PyErr_Clear();
+        return;
+    }
+    if (add) {
+        PyObject *op = PyObject_CallMethod(mod, "_find_builtin", "O", original);
+        if (op != NULL && op != Py_None) {
+            PyObject *r = PyObject_CallMethod(mod, "_register_builtin", "OO", hook, op);
+            Py_XDECREF(r);
+        }
+        Py_XDECREF(op);
+    } else {
+        PyObject *table = PyObject_GetAttrString(mod, "_builtin_table");
+        PyObject *key = table != NULL && PyDict_Check(table) ? PyLong_FromVoidPtr(hook) : NULL;
+        if (key != NULL && PyDict_DelItem(table, key) < 0) {
+            PyErr_Clear(); /* not there */
+        }
+        Py_XDECREF(key);
+        Py_XDECREF(table);
+    }
+    Py_DECREF(mod);
+    PyErr_Clear();
+}
 
 static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
 {
@@ -1020,7 +1320,8 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
     } else {
         own = Py_NewRef(original);
     }
-    HookObject *hook = PyObject_GC_New(HookObject, st->hook_type);
+    HookObject *hook =
+        PyObject_GC_New(HookObject, PyType_Check(owner) ? st->hook_type : st->fn_hook_type);
     if (hook == NULL) {
         Py_DECREF(pname);
         Py_DECREF(original);
@@ -1029,8 +1330,9 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
     }
     hook->vectorcall = hook_entry(kind);
     hook->original = Py_NewRef(original);
-    hook->original_vc = PyVectorcall_Function(original);
+    hook->owner = Py_NewRef(owner);
     hook->name = Py_NewRef(pname);
+    hook->weakreflist = NULL;
     hook->kind = kind;
     PyObject_GC_Track(hook);
     if (PyObject_SetAttr(owner, pname, (PyObject *)hook) < 0) {
@@ -1038,6 +1340,19 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
         Py_DECREF(pname);
         Py_DECREF(original);
         Py_XDECREF(own);
+        return -1;
+    }
+    jit_builtin_alias((PyObject *)hook, original, 1);
+    if (disp.npatches == ML_MAX_PATCHES) { /* filled while Python ran */
+        jit_builtin_alias((PyObject *)hook, original, 0);
+        if (PyObject_SetAttr(owner, pname, own != NULL ? own : original) < 0) {
+            PyErr_Clear();
+        }
+        Py_DECREF(hook);
+        Py_DECREF(pname);
+        Py_DECREF(original);
+        Py_XDECREF(own);
+        PyErr_SetString(PyExc_RuntimeError, "memlord: too many patches");
         return -1;
     }
     ml_patch *p = &disp.patches[disp.npatches++];
@@ -1050,29 +1365,67 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
     return 0;
 }
 
-/* Put every original of a group back, the very same objects, newest
- * first. */
+/* 1 when owner.name still holds hook (memlord's patch is on top), 0 when
+ * someone else's patch is there or the attribute is gone, -1 on error. */
+static int holds_hook(PyObject *owner, PyObject *name, const PyObject *hook)
+{
+    if (PyType_Check(owner)) {
+        PyObject *dict = ((PyTypeObject *)owner)->tp_dict;
+        const PyObject *v = dict ? PyDict_GetItemWithError(dict, name) : NULL; /* compared only */
+        if (v == NULL && PyErr_Occurred()) {
+            return -1;
+        }
+        return v == hook;
+    }
+    PyObject *v = PyObject_GetAttr(owner, name);
+    if (v == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear();
+            return 0;
+        }
+        return -1;
+    }
+    int same = v == hook;
+    Py_DECREF(v);
+    return same;
+}
+
+/* Put every original of a group back, the very same objects, newest first,
+ * but only where the attribute still holds memlord's hook: a patch a third
+ * party made on top of memlord's stays, and an attribute someone else has
+ * already restored is left as it is (their removed patch is never put
+ * back).  Each entry leaves the registry before any Python runs. */
 static int unpatch_group(int group)
 {
     int rc = 0;
-    for (int i = disp.npatches - 1; i >= 0; i--) {
-        ml_patch *p = &disp.patches[i];
-        if (p->group != group) {
-            continue;
+    for (;;) {
+        int i = disp.npatches - 1;
+        while (i >= 0 && disp.patches[i].group != group) {
+            i--;
         }
-        int r = p->own != NULL ? PyObject_SetAttr(p->owner, p->name, p->own)
-                               : PyObject_DelAttr(p->owner, p->name);
-        if (r < 0) {
-            rc = -1;
-            PyErr_WriteUnraisable(p->owner);
+        if (i < 0) {
+            break;
         }
-        Py_CLEAR(p->owner);
-        Py_CLEAR(p->name);
-        Py_CLEAR(p->own);
-        Py_CLEAR(p->original);
-        Py_CLEAR(p->hook);
-        memmove(p, p + 1, (size_t)(disp.npatches - i - 1) * sizeof(ml_patch));
+        ml_patch p = disp.patches[i];
+        memmove(&disp.patches[i], &disp.patches[i + 1],
+                (size_t)(disp.npatches - i - 1) * sizeof(ml_patch));
         disp.npatches--;
+        jit_builtin_alias(p.hook, p.original, 0);
+        int ours = holds_hook(p.owner, p.name, p.hook);
+        int r = 0;
+        if (ours > 0) {
+            r = p.own != NULL ? PyObject_SetAttr(p.owner, p.name, p.own)
+                              : PyObject_DelAttr(p.owner, p.name);
+        }
+        if (ours < 0 || r < 0) {
+            rc = -1;
+            PyErr_WriteUnraisable(p.owner);
+        }
+        Py_XDECREF(p.owner);
+        Py_XDECREF(p.name);
+        Py_XDECREF(p.own);
+        Py_XDECREF(p.original);
+        Py_XDECREF(p.hook);
     }
     if (disp.npatches == 0) {
         Py_CLEAR(disp.module);

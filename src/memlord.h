@@ -76,7 +76,8 @@ typedef struct {
 /* ---- module state ------------------------------------------------------ */
 typedef struct {
     PyTypeObject *lord_type;
-    PyTypeObject *hook_type;    /* wrapper installed in torch */
+    PyTypeObject *hook_type;    /* wrapper installed in torch classes (a descriptor) */
+    PyTypeObject *fn_hook_type; /* wrapper installed in torch modules (torch.zeros) */
     PyTypeObject *handle_type;  /* hook_into_torch() handle */
     PyTypeObject *tracker_type; /* lifetime.c */
     PyTypeObject *registry_type;
@@ -90,6 +91,7 @@ typedef struct {
      * NULL in a torch without them */
     PyObject *functorch_is_wrapped;
     PyObject *functorch_unwrap;
+    PyObject *uninit_type; /* nn.parameter.UninitializedTensorMixin (lazy modules) */
     /* torch's own descriptors, called directly when a type has not
      * overridden them (saves a method lookup per tensor) */
     ml_fast f_untyped_storage, f_device, f_data_ptr, f_nbytes, f_storage_device, f_tensor_nbytes,

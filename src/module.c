@@ -73,6 +73,7 @@ static int load_torch(ml_state *st)
         !(st->parameter_type = ml_import_attr("torch.nn", "Parameter")) ||
         !(st->device_type = ml_import_attr("torch", "device")) ||
         !(st->storage_type = ml_import_attr("torch", "UntypedStorage")) ||
+        !(st->uninit_type = ml_import_attr("torch.nn.parameter", "UninitializedTensorMixin")) ||
         !(st->layout_coo = ml_import_attr("torch", "sparse_coo")) ||
         !(st->layout_csr = ml_import_attr("torch", "sparse_csr")) ||
         !(st->layout_csc = ml_import_attr("torch", "sparse_csc")) ||
@@ -141,7 +142,11 @@ static int core_exec(PyObject *module)
         return -1;
     }
     st->hook_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_hook_spec, NULL);
-    if (st->hook_type == NULL) {
+    st->fn_hook_type =
+        st->hook_type == NULL
+            ? NULL
+            : (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_fn_hook_spec, NULL);
+    if (st->fn_hook_type == NULL) {
         return -1;
     }
     st->handle_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_handle_spec, NULL);
@@ -311,6 +316,7 @@ static size_t state_objects(ml_state *st, PyObject ***out)
     PyObject **objs[] = {
         (PyObject **)&st->lord_type,
         (PyObject **)&st->hook_type,
+        (PyObject **)&st->fn_hook_type,
         (PyObject **)&st->handle_type,
         (PyObject **)&st->tracker_type,
         (PyObject **)&st->registry_type,
@@ -319,6 +325,7 @@ static size_t state_objects(ml_state *st, PyObject ***out)
         &st->module_type,
         &st->functorch_is_wrapped,
         &st->functorch_unwrap,
+        &st->uninit_type,
         &st->parameter_type,
         &st->device_type,
         &st->storage_type,

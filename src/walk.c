@@ -415,26 +415,6 @@ static PyObject *functorch_unwrap(ml_state *st, PyObject *t)
     return cur;
 }
 
-/* The "storage cannot be read" TypeError of allocate/free, naming where. */
-static void unreadable_storage_error(ml_walk *w)
-{
-    if (!PyErr_ExceptionMatches(PyExc_RuntimeError) &&
-        !PyErr_ExceptionMatches(PyExc_NotImplementedError)) {
-        return;
-    }
-    PyObject *cause = PyErr_GetRaisedException_compat();
-    if (w->pos < 0) {
-        PyErr_Format(PyExc_TypeError,
-                     "%s(): argument 'obj' is a tensor whose storage cannot be read (%S)",
-                     w->what ? w->what : "memlord", cause);
-    } else {
-        PyErr_Format(PyExc_TypeError,
-                     "%s(): argument 'obj[%zd]' is a tensor whose storage cannot be read (%S)",
-                     w->what ? w->what : "memlord", w->pos, cause);
-    }
-    chain_cause(cause);
-}
-
 /* A tensor whose untyped_storage() raised: sparse components, a functorch
  * wrapper's inner tensor, or (hooks only) the metadata size. */
 static int walk_storageless(ml_state *st, ml_walk *w, PyObject *t)
@@ -482,16 +462,29 @@ static int walk_storageless(ml_state *st, ml_walk *w, PyObject *t)
         /* no storage to key it by: a block of its own, never tracked */
         return add_block(w, dev, (uintptr_t)t, nbytes, NULL);
     }
-    /* A tensor without a storage memlord can read (mkldnn and other opaque
-     * layouts): a TypeError naming where it is, with torch's error as the
-     * cause. */
+    /* A tensor without a storage memlord can read (mkldnn, jagged nested and
+     * other opaque layouts): torch's error stands; the walk's caller names
+     * where the tensor is (name_failure). */
     PyErr_Restore(exc_type, exc, tb);
-    unreadable_storage_error(w);
     return -1;
+}
+
+/* 1 when t is an uninitialized (lazy) parameter or buffer: no memory yet. */
+static int is_uninitialized(const ml_state *st, PyObject *t)
+{
+    const PyTypeObject *tp = Py_TYPE(t);
+    if (tp == (PyTypeObject *)st->tensor_type || tp == (PyTypeObject *)st->parameter_type ||
+        st->uninit_type == NULL) {
+        return 0;
+    }
+    return PyObject_TypeCheck(t, (PyTypeObject *)st->uninit_type);
 }
 
 int ml_walk_tensor(ml_state *st, ml_walk *w, PyObject *t)
 {
+    if (is_uninitialized(st, t)) {
+        return 0;
+    }
     ml_dev dev;
     uintptr_t ptr;
     int64_t nbytes;
@@ -577,10 +570,33 @@ static PyObject *module_registry(PyObject *m, PyObject *dict, PyObject *name)
     return reg;
 }
 
-static int walk_tensor_registry(ml_state *st, ml_walk *w, PyObject *reg)
+/* Where a walk failed, for the TypeError that names it: the registry entry
+ * (key, new reference) of the module being walked, or nothing. */
+enum { ML_OWN_NONE = 0, ML_OWN_TAIL = 1, ML_OWN_SENTENCE = 2 };
+typedef struct {
+    PyObject *module;   /* strong */
+    PyObject *registry; /* interned name, "_parameters" or "_buffers" */
+    PyObject *key;      /* strong */
+    int own;            /* the pending error is memlord's own wording (ML_OWN_*) */
+} ml_where;
+
+static void where_clear(ml_where *at)
+{
+    Py_CLEAR(at->module);
+    Py_CLEAR(at->key);
+    at->registry = NULL;
+    at->own = ML_OWN_NONE;
+}
+
+/* Every value of a _parameters / _buffers dict is a tensor or None. */
+static int walk_tensor_registry(ml_state *st, ml_walk *w, PyObject *m, PyObject *name,
+                                PyObject *reg, ml_where *at)
 {
     if (!PyDict_Check(reg)) {
-        PyErr_Format(PyExc_TypeError, "memlord: module registry is a %.100s, expected a dict",
+        at->module = Py_NewRef(m);
+        at->registry = name;
+        at->own = ML_OWN_SENTENCE;
+        PyErr_Format(PyExc_TypeError, "the module's %U is a %.100s, expected a dict", name,
                      Py_TYPE(reg)->tp_name);
         return -1;
     }
@@ -590,17 +606,31 @@ static int walk_tensor_registry(ml_state *st, ml_walk *w, PyObject *reg)
         if (value == Py_None) {
             continue;
         }
+        if (!PyObject_TypeCheck(value, (PyTypeObject *)st->tensor_type)) {
+            at->module = Py_NewRef(m);
+            at->registry = name;
+            at->key = Py_NewRef(key);
+            at->own = ML_OWN_TAIL;
+            PyErr_Format(PyExc_TypeError, "is a %.100s, expected a torch.Tensor or None",
+                         Py_TYPE(value)->tp_name);
+            return -1;
+        }
+        Py_INCREF(key);
         Py_INCREF(value); /* the dict may change while torch code runs */
         int rc = ml_walk_tensor(st, w, value);
         Py_DECREF(value);
         if (rc < 0) {
+            at->module = Py_NewRef(m);
+            at->registry = name;
+            at->key = key;
             return -1;
         }
+        Py_DECREF(key);
     }
     return 0;
 }
 
-static int walk_one_module(ml_state *st, ml_walk *w, PyObject *m, ml_stack *stack)
+static int walk_one_module(ml_state *st, ml_walk *w, PyObject *m, ml_stack *stack, ml_where *at)
 {
     PyObject *dict = PyObject_GenericGetDict(m, NULL);
     if (dict == NULL) {
@@ -616,7 +646,7 @@ static int walk_one_module(ml_state *st, ml_walk *w, PyObject *m, ml_stack *stac
             }
             continue;
         }
-        int rc = walk_tensor_registry(st, w, reg);
+        int rc = walk_tensor_registry(st, w, m, names[i], reg, at);
         Py_DECREF(reg);
         if (rc < 0) {
             Py_XDECREF(dict);
@@ -642,17 +672,116 @@ static int walk_one_module(ml_state *st, ml_walk *w, PyObject *m, ml_stack *stac
     return 0;
 }
 
+/* "0.lin": the dotted path from root to target through _modules (as
+ * named_modules() spells it), "" for root itself, NULL (no error) when not
+ * found.  Only run to word an error. */
+static PyObject *module_path(ml_state *st, PyObject *root, PyObject *target, int depth)
+{
+    if (root == target) {
+        return PyUnicode_FromString("");
+    }
+    if (depth > 64) {
+        return NULL;
+    }
+    PyObject *subs = module_registry(root, NULL, st->s_modules);
+    if (subs == NULL || !PyDict_Check(subs)) {
+        Py_XDECREF(subs);
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *items = PyDict_Items(subs); /* a snapshot: nothing borrowed across calls */
+    Py_DECREF(subs);
+    if (items == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *found = NULL;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items) && found == NULL; i++) {
+        PyObject *kv = PyList_GET_ITEM(items, i);
+        PyObject *sub = PyTuple_GET_ITEM(kv, 1);
+        if (sub == Py_None) {
+            continue;
+        }
+        PyObject *rest = module_path(st, sub, target, depth + 1);
+        if (rest != NULL) {
+            found = PyUnicode_GET_LENGTH(rest) == 0
+                        ? PyUnicode_FromFormat("%S", PyTuple_GET_ITEM(kv, 0))
+                        : PyUnicode_FromFormat("%S.%U", PyTuple_GET_ITEM(kv, 0), rest);
+            Py_DECREF(rest);
+            if (found == NULL) {
+                PyErr_Clear();
+            }
+        }
+    }
+    Py_DECREF(items);
+    return found;
+}
+
+/* The argument's name for messages: 'obj' or 'obj[3]'. */
+static PyObject *arg_name(const ml_walk *w)
+{
+    return w->pos < 0 ? PyUnicode_FromString("obj") : PyUnicode_FromFormat("obj[%zd]", w->pos);
+}
+
+/* Replace the pending exception by a TypeError naming where the walk
+ * failed, with the original as its cause.  MemoryError and exceptions that
+ * are not errors (KeyboardInterrupt) pass unchanged. */
+static void name_failure(ml_state *st, const ml_walk *w, PyObject *root, const ml_where *at)
+{
+    if (!PyErr_ExceptionMatches(PyExc_Exception) || PyErr_ExceptionMatches(PyExc_MemoryError)) {
+        return;
+    }
+    PyObject *cause = PyErr_GetRaisedException_compat();
+    PyObject *place = arg_name(w);
+    if (place != NULL && at != NULL && at->module != NULL) {
+        PyObject *path = module_path(st, root, at->module, 0);
+        PyObject *where = path != NULL && PyUnicode_GET_LENGTH(path) > 0
+                              ? PyUnicode_FromFormat("%U.%U", place, path)
+                              : Py_NewRef(place);
+        Py_XDECREF(path);
+        Py_SETREF(place, where);
+        if (place != NULL && at->key != NULL) {
+            Py_SETREF(place, PyUnicode_FromFormat("%U.%U[%R]", place, at->registry, at->key));
+        }
+    }
+    if (place == NULL) {
+        Py_XDECREF(cause); /* the error of building the message is pending */
+        return;
+    }
+    const char *what = w->what ? w->what : "memlord";
+    if (at != NULL && at->own == ML_OWN_TAIL) {
+        PyErr_Format(PyExc_TypeError, "%s(): argument '%U' %S", what, place, cause);
+        Py_DECREF(cause); /* memlord's own message: no cause to chain */
+        cause = NULL;
+    } else if (at != NULL && at->own == ML_OWN_SENTENCE) {
+        PyErr_Format(PyExc_TypeError, "%s(): argument '%U': %S", what, place, cause);
+        Py_DECREF(cause);
+        cause = NULL;
+    } else {
+        PyErr_Format(PyExc_TypeError,
+                     "%s(): argument '%U' is a tensor whose memory cannot be read (%.100s: %S)",
+                     what, place, cause ? Py_TYPE(cause)->tp_name : "error", cause);
+    }
+    Py_DECREF(place);
+    chain_cause(cause);
+}
+
 static int walk_module(ml_state *st, ml_walk *w, PyObject *root)
 {
     ml_stack stack = {NULL, 0, 0};
+    ml_where at = {NULL, NULL, NULL, ML_OWN_NONE};
     int rc = stack_push(&stack, root);
     while (rc == 0 && stack.n > 0) {
         PyObject *m = stack.items[--stack.n]; /* the reference moves to m */
         int seen = visit_module(w, m);
-        rc = seen < 0 ? -1 : seen ? 0 : walk_one_module(st, w, m, &stack);
+        rc = seen < 0 ? -1 : seen ? 0 : walk_one_module(st, w, m, &stack, &at);
         Py_DECREF(m);
     }
     stack_clear(&stack);
+    if (rc < 0 && at.module != NULL) {
+        name_failure(st, w, root, &at);
+    }
+    where_clear(&at);
     return rc;
 }
 
@@ -683,7 +812,11 @@ static int walk_item(ml_state *st, ml_walk *w, PyObject *obj, Py_ssize_t pos, co
     w->pos = pos;
     w->what = what;
     if (PyObject_TypeCheck(obj, (PyTypeObject *)st->tensor_type)) {
-        return ml_walk_tensor(st, w, obj);
+        if (ml_walk_tensor(st, w, obj) < 0) {
+            name_failure(st, w, obj, NULL);
+            return -1;
+        }
+        return 0;
     }
     if (PyObject_TypeCheck(obj, (PyTypeObject *)st->module_type)) {
         return walk_module(st, w, obj);

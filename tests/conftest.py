@@ -286,6 +286,39 @@ def fake_cuda(numel: int, index: int = 0, dtype=torch.float32) -> torch.Tensor:
     return t
 
 
+class CudaStandIn(torch.Tensor):
+    """A tensor that reports device cuda:<index> on a CPU-only machine, with no memory of its
+    own: a wrapper subclass (not a FakeTensor, which memlord never counts).  Conversions go
+    through aten._to_copy: to the CPU they give a real CPU tensor, elsewhere another
+    stand-in."""
+
+    @staticmethod
+    def __new__(cls, shape, dtype, index):
+        return torch.Tensor._make_wrapper_subclass(
+            cls, shape, dtype=dtype, device=torch.device("cuda", index)
+        )
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        src = args[0]
+        if func is not torch.ops.aten._to_copy.default:
+            raise NotImplementedError(f"CudaStandIn: {func}")
+        dev = kwargs.get("device") or src.device
+        dtype = kwargs.get("dtype") or src.dtype
+        if dev.type == "cpu":
+            # an aten op: memlord's Python-level factory hooks never see it
+            return torch.ops.aten.empty.memory_format(list(src.shape), dtype=dtype)
+        return CudaStandIn(src.shape, dtype, dev.index)
+
+
+def cuda_standin(numel: int, index: int = 0, dtype=torch.float32) -> torch.Tensor:
+    """A CudaStandIn of numel elements on cuda:<index>: what the hooks' tests move."""
+    return CudaStandIn((numel,), dtype, index)
+
+
 def storage_nbytes(t: torch.Tensor) -> int:
     return t.untyped_storage().nbytes()
 

@@ -1,0 +1,1251 @@
+"""Transparency: with memlord's hooks on, torch behaves exactly as without them.
+
+A corpus of torch behaviours, one per row. Each row is a function that exercises torch and
+returns what a program could observe of the result (values, dtypes, devices, shapes, types,
+pickled round trips, graph-break counts); an exception is observed as its type and message.
+Every row runs with the hooks off (the reference) and on, in three ways: the torch move hooks
+(``hook_into_torch()``), the Python hooks (``hook_into_python()``: factories, lifetime
+tracking) and both; the observations must be identical. Only the identity and the type of
+the patched attributes themselves may differ (``torch.zeros is <original>`` is False while
+hooked), and no row looks at those.
+
+``test_corpus_in_a_fresh_process`` runs the corpus in a new interpreter in which the hooks
+were enabled before torch's device context (and its cached set of constructor functions)
+was first used: hooked first, then unhooked, then hooked again after ``disable()``.
+
+This module imports nothing from conftest, so that the fresh process can import it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import copy
+import functools
+import inspect
+import io
+import json
+import multiprocessing as mp
+import os
+import pickle
+import subprocess
+import sys
+import types
+import warnings
+import weakref
+from contextlib import ExitStack, contextmanager
+
+import pytest
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from memlord import MemLord
+
+MODES = ("torch", "python", "both")
+
+# row name -> (function, modes it runs in, {mode: xfail reason})
+ROWS: dict[str, tuple] = {}
+
+
+def row(fn=None, *, modes=MODES, xfail=None):
+    """Register a corpus row: a function returning an observation of torch's behaviour."""
+
+    def register(f):
+        assert f.__name__ not in ROWS, f.__name__
+        ROWS[f.__name__] = (f, tuple(modes), dict(xfail or {}))
+        return f
+
+    return register(fn) if fn is not None else register
+
+
+# --------------------------------------------------------------------------- observing
+
+
+def describe(x, depth: int = 0):
+    """A comparable, JSON-able description of what a program can observe of x."""
+    if depth > 6:
+        return "..."
+    if isinstance(x, torch.Tensor):
+        return describe_tensor(x)
+    if isinstance(x, nn.Module):
+        return {
+            "module": type(x).__name__,
+            "state": {k: describe(v, depth + 1) for k, v in x.state_dict().items()},
+        }
+    if isinstance(x, (list, tuple)):
+        return [type(x).__name__] + [describe(i, depth + 1) for i in x]
+    if isinstance(x, dict):
+        return {str(k): describe(v, depth + 1) for k, v in x.items()}
+    if isinstance(x, (bool, int, str, type(None))):
+        return x
+    if isinstance(x, float):
+        return repr(x)
+    if isinstance(x, (torch.dtype, torch.device, torch.layout, torch.Size, torch.memory_format)):
+        return repr(x)
+    if isinstance(x, type):
+        return f"class {x.__module__}.{x.__qualname__}"
+    return f"{type(x).__name__}: {x!r}"
+
+
+def describe_tensor(t: torch.Tensor) -> dict:
+    if isinstance(t, nn.parameter.UninitializedTensorMixin):
+        return {"type": type(t).__name__, "uninitialized": True}
+    d = {
+        "type": type(t).__name__,
+        "dtype": repr(t.dtype),
+        "device": repr(t.device),
+        "layout": repr(t.layout),
+        "requires_grad": t.requires_grad,
+        "grad_fn": type(t.grad_fn).__name__ if t.grad_fn is not None else None,
+        "is_inference": t.is_inference(),
+    }
+    with torch._C.DisableTorchFunctionSubclass():
+        if t.is_nested:
+            d["values"] = [c.tolist() for c in t.detach().unbind()]
+            return d
+        d["shape"] = list(t.shape)
+        if t.device.type == "meta":
+            return d
+        if t.is_quantized:
+            d["values"] = t.int_repr().tolist()
+            d["scale"] = repr(t.q_scale())
+            return d
+        if t.layout != torch.strided:
+            d["values"] = t.detach().to_dense().tolist()
+            return d
+        d["stride"] = list(t.stride())
+        d["values"] = t.detach().tolist()
+    return d
+
+
+def observe(fn):
+    """What a program sees of fn(): its result described, or its exception's type and text."""
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return ["ok", describe(fn())]
+        except Exception as e:  # the observation of an error is its type and message
+            return ["raise", type(e).__name__, str(e)]
+
+
+@contextmanager
+def hooks(mode: str):
+    """memlord's hooks of one kind on ('off': none) for the duration."""
+    lord = MemLord(auto_gc_bytes=None)
+    with ExitStack() as stack:
+        if mode in ("torch", "both"):
+            stack.enter_context(lord.hook_into_torch())
+        if mode in ("python", "both"):
+            stack.enter_context(lord.hook_into_python())
+        yield lord
+
+
+# --------------------------------------------------------------------------- factories
+
+
+def shape_of(t):
+    """For uninitialized memory: everything but the values."""
+    return [type(t).__name__, repr(t.dtype), repr(t.device), list(t.shape), list(t.stride())]
+
+
+@row
+def factory_empty():
+    return shape_of(torch.empty(2, 3, dtype=torch.float64))
+
+
+@row
+def factory_zeros():
+    return torch.zeros(2, 3)
+
+
+@row
+def factory_ones_int():
+    return torch.ones((4,), dtype=torch.int32)
+
+
+@row
+def factory_full():
+    return torch.full((2, 2), 7.5)
+
+
+@row
+def factory_rand_randn():
+    return [torch.rand(3), torch.randn(2, 2)]
+
+
+@row
+def factory_randint_randperm():
+    return [torch.randint(0, 10, (5,)), torch.randperm(6)]
+
+
+@row
+def factory_tensor():
+    return torch.tensor([[1, 2], [3, 4]], dtype=torch.float16)
+
+
+@row
+def factory_arange_linspace_logspace():
+    return [torch.arange(5), torch.linspace(0, 1, 5), torch.logspace(0, 2, 3)]
+
+
+@row
+def factory_eye_empty_strided():
+    return [torch.eye(3), shape_of(torch.empty_strided((2, 3), (1, 2)))]
+
+
+@row
+def factory_normal():
+    return torch.normal(torch.zeros(3), torch.ones(3))
+
+
+@row
+def factory_likes():
+    t = torch.ones(2, 3, dtype=torch.float64)
+    return [
+        torch.zeros_like(t),
+        torch.ones_like(t),
+        torch.full_like(t, 3),
+        torch.rand_like(t),
+        torch.randn_like(t),
+        torch.randint_like(t, 5),
+        shape_of(torch.empty_like(t)),
+    ]
+
+
+@row
+def factory_out_argument():
+    out = torch.empty(3)
+    r = torch.zeros(3, out=out)
+    return [r is out, r]
+
+
+@row
+def factory_on_meta_device():
+    return [torch.zeros(3, device="meta"), torch.empty(2, device="meta", dtype=torch.int8)]
+
+
+@row
+def factory_requires_grad():
+    return torch.ones(2, requires_grad=True) * 2
+
+
+@row
+def factory_bad_arguments():
+    return torch.zeros("three")
+
+
+@row
+def factory_bad_keyword():
+    return torch.ones(3, bogus=1)
+
+
+@row
+def factory_keywords_only():
+    return torch.full(size=(2,), fill_value=1.5, dtype=torch.float64)
+
+
+@row
+def clone_and_clone_memory_format():
+    t = torch.arange(24.0).reshape(1, 2, 3, 4)
+    c = t.clone(memory_format=torch.channels_last)
+    return [t.clone(), c.is_contiguous(memory_format=torch.channels_last), c]
+
+
+@row
+def parameter_from_data():
+    p = nn.Parameter(torch.ones(3))
+    q = nn.Parameter(torch.zeros(2), requires_grad=False)
+    return [p, q, isinstance(p, nn.Parameter)]
+
+
+# --------------------------------------------------------------------------- conversions
+
+
+T = torch.arange(6.0).reshape(2, 3)
+
+
+@row
+def to_dtype():
+    return [T.to(torch.float64), T.to(dtype=torch.int64)]
+
+
+@row
+def to_same_dtype_is_self():
+    return [T.to(torch.float32) is T, T.to("cpu") is T, T.to(T) is T]
+
+
+@row
+def to_copy_true():
+    r = T.to(torch.float32, copy=True)
+    return [r is T, r]
+
+
+@row
+def to_device_and_dtype():
+    return [T.to("cpu", torch.float16), T.to(torch.device("cpu"), dtype=torch.bfloat16)]
+
+
+@row
+def to_other_tensor():
+    return T.to(torch.zeros(1, dtype=torch.int16))
+
+
+@row
+def to_meta():
+    return T.to("meta")
+
+
+@row
+def to_memory_format():
+    t = torch.arange(24.0).reshape(1, 2, 3, 4)
+    r = t.to(memory_format=torch.channels_last)
+    return [r.is_contiguous(memory_format=torch.channels_last), r]
+
+
+@row
+def to_non_blocking():
+    return [T.to("cpu", non_blocking=True) is T, T.to(torch.float64, non_blocking=True)]
+
+
+@row
+def casts_half_float_double_bfloat16():
+    return [T.half(), T.half().float(), T.double(), T.bfloat16()]
+
+
+@row
+def cpu_is_self():
+    return [T.cpu() is T, T.cpu(memory_format=torch.preserve_format) is T]
+
+
+@row
+def cuda_without_gpu():
+    return T.cuda()
+
+
+@row
+def to_bad_device():
+    return T.to("not-a-device")
+
+
+@row
+def to_bad_argument_type():
+    return T.to(42)
+
+
+@row
+def half_bad_arguments():
+    return T.half(1, 2)
+
+
+NAME_DOUBLE = "double"
+
+
+@row
+def unbound_and_bound_spellings():
+    bound = T.to
+    return [
+        torch.Tensor.to(T, torch.float64),
+        functools.partial(torch.Tensor.to, dtype=torch.int32)(T),
+        list(map(torch.Tensor.half, [T])),
+        getattr(T, NAME_DOUBLE)(),
+        bound(torch.int8),
+        bound.__self__ is T,
+        bound.__name__,
+    ]
+
+
+@row
+def conversion_autograd():
+    x = torch.ones(3, requires_grad=True)
+    y = (x.to(torch.float64) * 2).half().float().sum()
+    y.backward()
+    return [y, x.grad]
+
+
+@row
+def conversion_of_view_and_noncontiguous():
+    base = torch.arange(12.0).reshape(3, 4)
+    return [base.t().double(), base[:, 1].half(), base.expand(2, 3, 4).to(torch.int64)]
+
+
+@row
+def conversion_of_integer_and_bool():
+    return [torch.tensor([True, False]).float(), torch.tensor([3, 4]).half()]
+
+
+@row
+def conversion_of_empty_and_scalar():
+    return [torch.empty(0).double(), torch.tensor(2.5).half(), torch.zeros(0, 3).to(torch.int8)]
+
+
+@row
+def conversion_preserves_names():
+    t = torch.zeros(2, 3, names=("N", "C"))
+    return [list(t.double().names), list(t.half().names)]
+
+
+# --------------------------------------------------------------------------- modules
+
+
+SWAP_XFAIL = {
+    "python": "issue 10: storage trackers (memlord's weak reference on the tensor)",
+    "both": "issue 10: storage trackers (memlord's weak reference on the tensor)",
+}
+
+
+def small_net():
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 2))
+
+
+@row
+def module_to_dtype():
+    return small_net().to(torch.float64)
+
+
+@row
+def module_half_double_float():
+    return [small_net().half(), small_net().double(), small_net().half().float()]
+
+
+@row
+def module_cpu_and_to_device():
+    m = small_net()
+    return [m.cpu() is m, m.to("cpu") is m, m.to(torch.device("cpu"), torch.float16)]
+
+
+@row
+def module_to_bad_argument():
+    return small_net().to("nowhere")
+
+
+@row
+def module_to_returns_self():
+    m = small_net()
+    return [m.to(torch.float64) is m, m.double() is m]
+
+
+@row
+def module_forward_after_conversion():
+    m = small_net().double().eval()
+    return m(torch.ones(2, 3, dtype=torch.float64))
+
+
+@row
+def module_to_keeps_parameter_identity():
+    m = nn.Linear(2, 2)
+    w = m.weight
+    m.double()
+    return [m.weight is w, m.weight]
+
+
+@row
+def module_to_tied_weights():
+    a, b = nn.Linear(3, 3), nn.Linear(3, 3)
+    b.weight = a.weight
+    m = nn.Sequential(a, b).half()
+    return [m[0].weight is m[1].weight, m]
+
+
+@row(xfail=SWAP_XFAIL)
+def module_to_with_swap_on_conversion():
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        m = nn.Linear(2, 3)
+        w = m.weight
+        m.double()
+        return [m.weight is w, m.weight]
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(False)
+
+
+@row
+def state_dict_save_load_round_trip():
+    buf = io.BytesIO()
+    torch.save(small_net().half().state_dict(), buf)
+    buf.seek(0)
+    return torch.load(buf)
+
+
+# --------------------------------------------------------------------------- device contexts
+
+
+@row
+def device_context_meta_factories():
+    with torch.device("meta"):
+        return [torch.empty(1000, 1000), torch.zeros(3), torch.ones(2), torch.arange(4)]
+
+
+@row
+def device_context_meta_module():
+    with torch.device("meta"):
+        m = nn.Linear(4096, 4096)
+    return [m.weight.device, m.weight.shape, m.bias.device]
+
+
+@row
+def device_context_conversion_inside():
+    with torch.device("meta"):
+        return [T.to(torch.float64), torch.zeros(2).half()]
+
+
+@row
+def set_default_device_meta():
+    torch.set_default_device("meta")
+    try:
+        return [torch.zeros(3), torch.empty(2), nn.Linear(2, 2).weight.device]
+    finally:
+        torch.set_default_device(None)
+
+
+@row
+def set_default_dtype():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        return [torch.zeros(2), torch.tensor([1.5]), torch.arange(2.0)]
+    finally:
+        torch.set_default_dtype(old)
+
+
+# --------------------------------------------------------------------------- lazy modules
+
+
+def lazy_net():
+    return nn.Sequential(nn.LazyLinear(4), nn.ReLU())
+
+
+@row
+def lazy_module_to_dtype():
+    return lazy_net().to(torch.float64)
+
+
+@row
+def lazy_module_half_double_cpu():
+    return [lazy_net().half(), lazy_net().double(), lazy_net().cpu()]
+
+
+@row
+def lazy_module_initialised_after_conversion():
+    m = lazy_net().double()
+    torch.manual_seed(2)
+    out = m(torch.ones(2, 3, dtype=torch.float64))
+    return [out.shape, out.dtype, m[0].weight.shape]
+
+
+@row
+def lazy_parameter_direct_conversion():
+    p = nn.parameter.UninitializedParameter()
+    return p.to(torch.float64)
+
+
+# --------------------------------------------------------------------------- swap_tensors
+
+
+@row(xfail=SWAP_XFAIL)
+def swap_tensors_plain():
+    a, b = torch.zeros(2), torch.ones(3)
+    torch.utils.swap_tensors(a, b)
+    return [a, b]
+
+
+@row(xfail={"both": SWAP_XFAIL["both"]})
+def swap_tensors_of_converted():
+    a = torch.zeros(2).double()
+    b = torch.ones(2).double()
+    try:
+        torch.utils.swap_tensors(a, b)
+    except RuntimeError as e:
+        return ["refused", str(e)]
+    return [a, b]
+
+
+# --------------------------------------------------------------------------- TorchScript
+
+
+@row
+def jit_script_factory():
+    def f(n: int):
+        return torch.zeros(n) + torch.ones(n, dtype=torch.float64)
+
+    return torch.jit.script(f)(3)
+
+
+@row
+def jit_script_conversions():
+    def f(x: torch.Tensor):
+        return x.to(torch.float64).half().float() + x.double().float()
+
+    return torch.jit.script(f)(T)
+
+
+@row
+def jit_script_module():
+    return torch.jit.script(nn.Linear(2, 2).double())(torch.ones(1, 2, dtype=torch.float64))
+
+
+@row
+def jit_trace_conversions():
+    def f(x):
+        return x.to(torch.float64) * 2 + torch.ones_like(x).double()
+
+    return torch.jit.trace(f, T)(T + 1)
+
+
+# --------------------------------------------------------------------------- torch.compile
+
+
+@contextmanager
+def compiler_env():
+    """Inductor runs the C++ compiler: not under the sanitizer runtime that
+    tools/asan_run.py preloads into this process (the compiler's own leaks are not ours)."""
+    preload = os.environ.pop("LD_PRELOAD", None)
+    try:
+        yield
+    finally:
+        if preload is not None:
+            os.environ["LD_PRELOAD"] = preload
+
+
+def compiled(fn, *args, backend="eager", fullgraph=True):
+    """fn compiled and run; the result and dynamo's graph and graph-break counts."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    with compiler_env():
+        out = torch.compile(fn, backend=backend, fullgraph=fullgraph)(*args)
+    breaks = sum(counters["graph_break"].values())
+    graphs = counters["stats"]["unique_graphs"]
+    torch._dynamo.reset()
+    return [out, {"graph_breaks": breaks, "graphs": graphs}]
+
+
+@row
+def compile_eager_factories():
+    return compiled(lambda n: torch.zeros(n) + torch.ones(n) + torch.arange(n), 4)
+
+
+@row
+def compile_eager_conversions():
+    return compiled(lambda x: x.to(torch.float64).half().float() + x.double().float(), T)
+
+
+@row
+def compile_eager_unbound_and_partial():
+    def f(x):
+        return torch.Tensor.half(x).float() + functools.partial(torch.zeros, 3)()
+
+    return compiled(f, torch.ones(3))
+
+
+@row
+def compile_eager_module_forward():
+    m = small_net().eval().double()
+    return compiled(m, torch.ones(2, 3, dtype=torch.float64))
+
+
+@row
+def compile_not_fullgraph_counts_breaks():
+    def f(x):
+        y = torch.zeros_like(x).to(torch.float64)
+        print_ = len(str(y.dtype))  # a Python-level read dynamo traces through
+        return y + print_
+
+    return compiled(f, T, fullgraph=False)
+
+
+@row
+def compile_inductor_cpu():
+    # the one inductor row: a C++ compile is slow, keep it small
+    return compiled(
+        lambda x: torch.ones(3) + x.to(torch.float64).float(), torch.arange(3.0), backend="inductor"
+    )
+
+
+@row
+def compile_explain():
+    def f(x):
+        return torch.zeros(2) + x.half().float()
+
+    torch._dynamo.reset()
+    ex = torch._dynamo.explain(f)(torch.ones(2))
+    torch._dynamo.reset()
+    return [ex.graph_count, ex.graph_break_count, ex.op_count]
+
+
+# --------------------------------------------------------------------------- forward-mode AD
+
+
+@row
+def forward_ad_make_dual():
+    import torch.autograd.forward_ad as fwAD
+
+    with fwAD.dual_level():
+        x = fwAD.make_dual(torch.ones(3), torch.arange(3.0))
+        y = (x.to(torch.float64) * torch.full((3,), 2.0, dtype=torch.float64)).sum()
+        p, t = fwAD.unpack_dual(y)
+    return [p, t]
+
+
+@row
+def func_jvp():
+    def f(x):
+        return x.double().sin() + torch.ones(3, dtype=torch.float64)
+
+    return torch.func.jvp(f, (torch.ones(3),), (torch.ones(3),))
+
+
+@row
+def gradcheck_forward_ad():
+    def f(x):
+        return (x.to(torch.float64) * torch.ones(3, dtype=torch.float64)).exp()
+
+    x = torch.rand(3, dtype=torch.float64, requires_grad=True)
+    return torch.autograd.gradcheck(f, (x,), check_forward_ad=True)
+
+
+# --------------------------------------------------------------------------- pickling, copying
+
+
+def round_trip(obj):
+    data = pickle.dumps(obj)
+    back = pickle.loads(data)
+    return [back == obj, len(data)]
+
+
+class HoldsFactory(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+        self.init_fn = torch.zeros
+
+
+@row
+def pickle_factories_and_methods():
+    return [
+        round_trip(torch.zeros),
+        round_trip(torch.empty_like),
+        round_trip(torch.Tensor.to),
+        round_trip(torch.Tensor.clone),
+        round_trip(nn.Module.to),
+    ]
+
+
+@row
+def pickle_partials():
+    p = functools.partial(torch.empty, 3)
+    q = functools.partial(torch.Tensor.to, dtype=torch.float64)
+    return [
+        shape_of(pickle.loads(pickle.dumps(p))()),
+        pickle.loads(pickle.dumps(q))(T),
+        pickle.dumps(p) == pickle.dumps(functools.partial(torch.empty, 3)),
+    ]
+
+
+@row
+def deepcopy_module_holding_factory():
+    m = copy.deepcopy(HoldsFactory())
+    return [m.init_fn == torch.zeros, m.init_fn(2), m.lin.weight.shape]
+
+
+@row
+def copy_of_functions():
+    return [
+        copy.copy(torch.zeros) == torch.zeros,
+        copy.deepcopy(torch.Tensor.to) == torch.Tensor.to,
+        copy.deepcopy([torch.ones])[0](2),
+    ]
+
+
+@row
+def torch_save_module_holding_factory():
+    buf = io.BytesIO()
+    torch.save(HoldsFactory(), buf)
+    buf.seek(0)
+    m = torch.load(buf, weights_only=False)
+    return [m.init_fn == torch.zeros, m.init_fn(3)]
+
+
+def _spawned_shape(fn):
+    return list(fn().shape)
+
+
+@row(modes=("both",))
+def multiprocessing_spawn_partial():
+    ctx = mp.get_context("spawn")
+    with cf.ProcessPoolExecutor(1, mp_context=ctx) as ex:
+        return ex.submit(_spawned_shape, functools.partial(torch.empty, 3)).result()
+
+
+# --------------------------------------------------------------------------- introspection
+
+
+def attrs(obj, names):
+    out = {}
+    for n in names:
+        try:
+            out[n] = describe(getattr(obj, n))
+        except AttributeError as e:
+            out[n] = f"AttributeError: {e}"
+    return out
+
+
+INTROSPECTED = (
+    "__name__",
+    "__qualname__",
+    "__module__",
+    "__doc__",
+    "__objclass__",
+    "__self__",
+    "__text_signature__",
+)
+
+
+@row
+def introspection_attributes():
+    return [
+        attrs(torch.zeros, INTROSPECTED),
+        attrs(torch.Tensor.to, INTROSPECTED),
+        attrs(torch.Tensor.half, INTROSPECTED),
+        attrs(nn.Module.to, ("__name__", "__qualname__", "__module__", "__doc__")),
+        attrs(nn.Parameter.__new__, ("__name__", "__qualname__", "__module__")),
+    ]
+
+
+@row
+def introspection_signature():
+    out = []
+    for f in (torch.zeros, torch.Tensor.to, nn.Module.to, torch.Tensor.clone):
+        try:
+            out.append(str(inspect.signature(f)))
+        except ValueError as e:
+            out.append(f"ValueError: {e}")
+    return out
+
+
+@row
+def introspection_predicates():
+    fs = (torch.zeros, torch.Tensor.to, nn.Module.to, torch.empty_like)
+    return [
+        [
+            inspect.isbuiltin(f),
+            inspect.isfunction(f),
+            inspect.ismethoddescriptor(f),
+            inspect.isroutine(f),
+            callable(f),
+        ]
+        for f in fs
+    ] + [
+        isinstance(torch.zeros, types.BuiltinFunctionType),
+        isinstance(torch.Tensor.to, types.MethodDescriptorType),
+        isinstance(nn.Module.to, types.FunctionType),
+    ]
+
+
+@row
+def equality_hash_and_containers():
+    ctor = torch.zeros
+    return [
+        torch.zeros == ctor,
+        hash(torch.zeros) == hash(ctor),
+        torch.zeros in {torch.zeros, torch.ones},
+        {torch.Tensor.to: 1}.get(torch.Tensor.to),
+        torch.Tensor.to != torch.Tensor.half,
+        T.to == T.to,
+    ]
+
+
+@row
+def weak_references():
+    # torch's builtin functions take weak references (torch.jit keeps them); the hooks of
+    # its method descriptors take them too, where the descriptors do not (a type difference)
+    r = weakref.ref(torch.zeros)
+    d = weakref.WeakKeyDictionary()
+    d[torch.empty] = 1
+    return [r() == torch.zeros, torch.empty in d, d[torch.empty]]
+
+
+@row
+def repr_and_str():
+    return [repr(torch.zeros), str(torch.Tensor.to), repr(torch.Tensor.half)]
+
+
+# --------------------------------------------------------------------------- torch.overrides
+
+
+@row
+def overrides_resolve_name():
+    return [
+        torch.overrides.resolve_name(torch.zeros),
+        torch.overrides.resolve_name(torch.Tensor.to),
+        torch.overrides.resolve_name(torch.Tensor.half),
+    ]
+
+
+@row
+def overrides_membership():
+    return [
+        torch.overrides.is_tensor_method_or_property(torch.Tensor.to),
+        torch.zeros in torch.overrides.get_ignored_functions(),
+        torch.Tensor.to in torch.overrides.get_overridable_functions()[torch.Tensor],
+        torch.overrides.is_tensor_like(T),
+    ]
+
+
+@row
+def overrides_testing_ignore_and_wrap():
+    return [
+        torch.overrides.has_torch_function((T,)),
+        torch.overrides.handle_torch_function is not None,
+        len(torch.overrides.get_testing_overrides()) > 0,
+    ]
+
+
+# --------------------------------------------------------------------------- modes
+
+
+class RecordingMode(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.seen.append(
+            [
+                getattr(func, "__name__", "?"),
+                func == torch.zeros,
+                func == torch.Tensor.to,
+                func in {torch.ones, torch.Tensor.half},
+            ]
+        )
+        return func(*args, **(kwargs or {}))
+
+
+@row
+def torch_function_mode_records():
+    with RecordingMode() as mode:
+        a = torch.zeros(2)
+        b = a.to(torch.float64).half()
+        c = torch.ones(1)
+    return [mode.seen, a, b, c]
+
+
+class DispatchRecorder(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@row
+def torch_dispatch_mode_records():
+    with DispatchRecorder() as mode:
+        x = torch.ones(3).to(torch.float64).half()
+        y = torch.zeros(2).clone()
+    return [mode.ops, x, y]
+
+
+class SideCopyMode(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func == torch.Tensor.double:
+            return [out, args[0].to(torch.float16)]
+        return out
+
+
+@row
+def torch_function_mode_changes_result():
+    with SideCopyMode():
+        return torch.ones(3).double()
+
+
+# --------------------------------------------------------------------------- subclasses
+
+
+class Counting(torch.Tensor):
+    calls: list = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.calls.append(getattr(func, "__name__", "?"))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@row
+def subclass_torch_function_calls():
+    Counting.calls = []
+    s = torch.ones(3).as_subclass(Counting)
+    r = [s.to(torch.float64), s.half(), s.cpu(), s.clone()]
+    return [list(Counting.calls), r]
+
+
+class ReturnsString(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in ("to", "half"):
+            return "converted"
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@row
+def subclass_returns_non_tensor():
+    s = torch.ones(2).as_subclass(ReturnsString)
+    return [s.to(torch.float64), s.half()]
+
+
+class Raising(torch.Tensor):
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") == "double":
+            raise ValueError("no doubles here")
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@row
+def subclass_raises():
+    return torch.ones(2).as_subclass(Raising).double()
+
+
+@row
+def parameter_subclass_conversion():
+    p = nn.Parameter(torch.ones(2))
+    return [type(p.double()).__name__, p.half(), p.to(torch.float64).requires_grad]
+
+
+# --------------------------------------------------------------------------- parametrizations
+
+
+@row
+def parametrization_orthogonal_to():
+    torch.manual_seed(3)
+    m = nn.utils.parametrizations.orthogonal(nn.Linear(3, 3))
+    m.double()
+    w = m.weight
+    return [w.dtype, torch.allclose(w @ w.T, torch.eye(3, dtype=torch.float64), atol=1e-6)]
+
+
+@row
+def parametrization_custom_half():
+    class Double(nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    m = nn.Linear(2, 2)
+    nn.utils.parametrize.register_parametrization(m, "weight", Double())
+    m.half()
+    return [m.weight.dtype, m.parametrizations.weight.original.dtype]
+
+
+@row
+def weight_norm_parametrization():
+    m = nn.utils.parametrizations.weight_norm(nn.Linear(3, 2))
+    m.double()
+    return [m.weight.dtype, m(torch.ones(1, 3, dtype=torch.float64)).shape]
+
+
+@row
+def weight_norm_legacy():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = nn.utils.weight_norm(nn.Linear(3, 2))
+    m.double()
+    return [m.weight.dtype, m.weight_g.dtype, m(torch.ones(1, 3, dtype=torch.float64)).shape]
+
+
+# --------------------------------------------------------------------------- functorch
+
+
+@row
+def vmap_conversion():
+    return torch.vmap(lambda x: x.to(torch.float64) * torch.ones(3, dtype=torch.float64))(
+        torch.arange(6.0).reshape(2, 3)
+    )
+
+
+@row
+def grad_through_conversion():
+    return torch.func.grad(lambda x: x.double().pow(2).sum())(torch.arange(3.0))
+
+
+@row
+def vmap_of_factory_like():
+    return torch.vmap(lambda x: torch.zeros_like(x) + x.half())(torch.ones(2, 3))
+
+
+# --------------------------------------------------------------------------- inference, autocast
+
+
+@row
+def inference_mode_conversions():
+    with torch.inference_mode():
+        a = T.to(torch.float64)
+        b = torch.zeros(2)
+    return [a, b, a.is_inference()]
+
+
+@row
+def no_grad_conversions():
+    x = torch.ones(2, requires_grad=True)
+    with torch.no_grad():
+        return x.double()
+
+
+@row
+def autocast_cpu():
+    torch.manual_seed(4)
+    lin = nn.Linear(4, 4)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = lin(torch.ones(2, 4))
+        z = y.to(torch.float32)
+    return [y.dtype, z.dtype, z]
+
+
+# --------------------------------------------------------------------------- layouts
+
+
+@row
+def nested_tensor_conversions():
+    n = torch.nested.nested_tensor([torch.ones(2), torch.zeros(3)])
+    return [n.to(torch.float64), n.half(), n.clone()]
+
+
+@row
+def nested_jagged_conversions():
+    n = torch.nested.nested_tensor([torch.ones(2), torch.zeros(3)], layout=torch.jagged)
+    return [n.to(torch.float64), n.double().dtype]
+
+
+@row
+def quantized_tensor():
+    q = torch.quantize_per_tensor(torch.arange(4.0), 0.5, 0, torch.quint8)
+    return [q, q.dequantize().double(), q.cpu() is q, q.clone()]
+
+
+@row
+def quantized_to_float_raises_or_not():
+    q = torch.quantize_per_tensor(torch.arange(4.0), 0.5, 0, torch.quint8)
+    return q.to(torch.float32)
+
+
+@row
+def sparse_coo_conversions():
+    s = torch.eye(3).to_sparse()
+    return [s.to(torch.float64), s.half(), s.cpu() is s, s.clone()]
+
+
+@row
+def sparse_csr_conversions():
+    s = torch.eye(3).to_sparse_csr()
+    return [s.to(torch.float64), s.double().layout, s.clone()]
+
+
+@row
+def complex_conversions():
+    c = torch.tensor([1 + 2j, 3 - 1j])
+    return [c.to(torch.complex128).real, c.abs().half()]
+
+
+@row
+def mkldnn_conversion():
+    t = torch.ones(2, 2).to_mkldnn()
+    return [t.to_dense().double(), t.layout]
+
+
+# --------------------------------------------------------------------------- the tests
+
+
+_REFERENCE: dict[str, list] = {}
+
+
+def reference(name: str):
+    """The row's observation with every hook off (computed once)."""
+    if name not in _REFERENCE:
+        _REFERENCE[name] = observe(ROWS[name][0])
+    return _REFERENCE[name]
+
+
+def _cases():
+    for name, (_fn, modes, xfails) in ROWS.items():
+        for mode in modes:
+            marks = []
+            if mode in xfails:
+                marks.append(pytest.mark.xfail(strict=True, reason=xfails[mode]))
+            yield pytest.param(name, mode, id=f"{name}-{mode}", marks=marks)
+
+
+def test_corpus_is_large_enough():
+    assert len(ROWS) >= 80, len(ROWS)
+
+
+@pytest.mark.parametrize(("name", "mode"), list(_cases()))
+def test_same_with_hooks(name, mode):
+    expected = reference(name)
+    with hooks(mode):
+        got = observe(ROWS[name][0])
+    assert got == expected
+
+
+def run_fresh(names: list[str]) -> dict:
+    """In a fresh process: each row hooked (both kinds, enabled before anything touched torch's
+    device context), then unhooked, then hooked again after that disable()."""
+    out = {}
+    lord = MemLord(auto_gc_bytes=None)
+    t, p = lord.hook_into_torch(), lord.hook_into_python()
+    first = {n: observe(ROWS[n][0]) for n in names}
+    p.disable()
+    t.disable()
+    off = {n: observe(ROWS[n][0]) for n in names}
+    with hooks("both"):
+        again = {n: observe(ROWS[n][0]) for n in names}
+    for n in names:
+        out[n] = {"hooked_first": first[n], "off": off[n], "hooked_again": again[n]}
+    return out
+
+
+# the rows that matter for a first use while hooked, and a sample of the rest
+FRESH_ROWS = [
+    "device_context_meta_factories",
+    "device_context_meta_module",
+    "device_context_conversion_inside",
+    "set_default_device_meta",
+    "lazy_module_to_dtype",
+    "factory_likes",
+    "to_dtype",
+    "module_to_dtype",
+    "jit_script_factory",
+    "compile_eager_factories",
+    "pickle_partials",
+    "overrides_resolve_name",
+    "torch_function_mode_records",
+    "subclass_torch_function_calls",
+    "forward_ad_make_dual",
+]
+
+
+def test_corpus_in_a_fresh_process():
+    here = os.path.dirname(os.path.abspath(__file__))
+    code = (
+        "import json, sys\n"
+        f"sys.path.insert(0, {here!r})\n"
+        "import test_transparency as T\n"
+        "print(json.dumps(T.run_fresh(sys.argv[1:])))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *FRESH_ROWS],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONSAFEPATH": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name in FRESH_ROWS:
+        r = results[name]
+        assert r["hooked_first"] == r["off"] == r["hooked_again"], name
+        assert r["off"] == json.loads(json.dumps(reference(name))), name
