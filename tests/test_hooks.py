@@ -23,7 +23,7 @@ import weakref
 
 import pytest
 import torch
-from conftest import cuda_standin, here
+from conftest import fake_cuda, here
 from torch import nn
 
 from memlord import MemLord, _core
@@ -256,7 +256,7 @@ def test_cpu_to_meta_frees_cpu_source(hooked):
 
 
 def test_cuda_standin_to_cpu_moves_bytes(hooked):
-    f = cuda_standin(1000, 0)
+    f = fake_cuda(1000, 0)
     for out in (f.to("cpu"), f.cpu(), f.to(CPU, torch.float64)):
         assert out.device == CPU
     assert _alloc(hooked, "cpu") == 4000 + 4000 + 8000
@@ -266,14 +266,14 @@ def test_cuda_standin_to_cpu_moves_bytes(hooked):
 
 
 def test_cuda_standin_index_is_the_source_device(hooked):
-    f = cuda_standin(300, 1)
+    f = fake_cuda(300, 1)
     f.to("cpu")
     assert _freed(hooked, "cuda:1") == 1200
     assert _freed(hooked, "cuda:0") == 0
 
 
 def test_cuda_standin_same_device_cast_allocates_on_cuda(hooked):
-    f = cuda_standin(256, 0)
+    f = fake_cuda(256, 0)
     f.half()
     f.to(torch.float64)
     assert _alloc(hooked, "cuda:0") == 512 + 2048
@@ -285,7 +285,7 @@ def test_non_blocking_cuda_standin_source_is_credited(hooked):
     """Without a CUDA runtime there is no event to wait on: the free is credited at once.
     With one, it is credited at the latest at poll()."""
     h = hooked.hook_into_torch()
-    f = cuda_standin(512, 0)
+    f = fake_cuda(512, 0)
     f.to("cpu", non_blocking=True)
     if not torch.cuda.is_available():
         assert h.pending() == 0
@@ -298,10 +298,10 @@ def test_non_blocking_cuda_standin_source_is_credited(hooked):
 def test_hook_free_drives_auto_gc():
     lord = MemLord(auto_gc_bytes=4096)
     with lord.hook_into_torch():
-        cuda_standin(512, 0).to("cpu")  # 2 KiB freed on cuda:0: below the threshold
+        fake_cuda(512, 0).to("cpu")  # 2 KiB freed on cuda:0: below the threshold
         assert lord.stats()["cuda:0"]["gc_runs"] == 0
         assert lord.freed("cuda:0")[0] == 2048
-        cuda_standin(1024, 0).to("cpu")  # 4 KiB more: 6 KiB >= 4 KiB
+        fake_cuda(1024, 0).to("cpu")  # 4 KiB more: 6 KiB >= 4 KiB
         s = lord.stats()["cuda:0"]
     assert s["gc_runs"] == 1
     assert s["freed"] == 0  # freed since the last GC resets at GC
@@ -311,7 +311,7 @@ def test_hook_free_drives_auto_gc():
 def test_hook_auto_gc_is_per_device_index():
     lord = MemLord(auto_gc_bytes=4096)
     with lord.hook_into_torch():
-        cuda_standin(2048, 1).to("cpu")
+        fake_cuda(2048, 1).to("cpu")
     stats = lord.stats()
     assert stats["cuda:1"]["gc_runs"] == 1
     assert stats.get("cuda:0", {}).get("gc_runs", 0) == 0
@@ -726,7 +726,7 @@ def test_three_lords_each_receive_every_event():
     lords = [MemLord(auto_gc_bytes=None) for _ in range(3)]
     handles = [lo.hook_into_torch() for lo in lords]
     try:
-        cuda_standin(100, 0).to("cpu")
+        fake_cuda(100, 0).to("cpu")
         torch.empty(8).to("meta")
         for lo in lords:
             assert _alloc(lo, "cpu") == 400
@@ -740,7 +740,7 @@ def test_three_lords_each_receive_every_event():
 def test_lords_keep_their_own_auto_gc():
     eager, lazy = MemLord(auto_gc_bytes=1024), MemLord(auto_gc_bytes=None)
     with eager.hook_into_torch(), lazy.hook_into_torch():
-        cuda_standin(512, 0).to("cpu")
+        fake_cuda(512, 0).to("cpu")
     assert eager.stats()["cuda:0"]["gc_runs"] == 1
     assert lazy.stats()["cuda:0"]["gc_runs"] == 0
     assert lazy.freed("cuda:0")[0] == 2048
@@ -769,7 +769,7 @@ def test_debug_lines_are_labelled_hook(hooked, memlog, monkeypatch):
 def test_debug_cuda_standin_move_logs_both_devices(hooked, memlog, monkeypatch):
     monkeypatch.setenv("DEBUG", "1")
     monkeypatch.setenv("NO_COLOR", "1")
-    cuda_standin(256, 0).to("cpu")
+    fake_cuda(256, 0).to("cpu")
     out = memlog.text()
     assert "[allocate] (hook) cpu +1 KiB" in out, out
     assert "[free] (hook) cuda:0 -1 KiB" in out, out
@@ -778,7 +778,7 @@ def test_debug_cuda_standin_move_logs_both_devices(hooked, memlog, monkeypatch):
 def test_no_output_without_debug(hooked, capsys, memlog):
     torch.empty(256).half()
     torch.empty(64).to("meta")
-    cuda_standin(64, 0).to("cpu")
+    fake_cuda(64, 0).to("cpu")
     nn.Linear(4, 4).to(torch.float64)
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == ""
@@ -792,7 +792,7 @@ def test_alloc_site_is_the_callers_line(hooked):
 
 
 def test_free_site_is_the_callers_line(hooked):
-    f = cuda_standin(256, 0)
+    f = fake_cuda(256, 0)
     f.to("cpu"); line = here()  # fmt: skip # noqa: E702
     assert hooked.top_free_site() == (CUDA0, f"{HERE}:{line}", 1024)
     assert hooked.top_alloc_site() == (CPU, f"{HERE}:{line}", 1024)
@@ -818,7 +818,7 @@ def test_no_sites_when_callsite_tracking_is_off():
 def test_refcounts_unchanged_after_many_hooked_calls(lord):
     t = torch.empty(16)
     m = nn.Linear(4, 4)
-    f = cuda_standin(8, 0)
+    f = fake_cuda(8, 0)
     dtype, dev = torch.float64, torch.device("cpu")
     h = lord.hook_into_torch()
     hook = torch.Tensor.__dict__["to"]
