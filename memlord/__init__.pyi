@@ -9,7 +9,6 @@ from typing import Any, Literal, TypeVar, final, overload
 
 import numpy
 import torch
-from typing_extensions import Self
 
 from ._types import (
     AutoGCBand,

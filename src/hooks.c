@@ -735,6 +735,29 @@ static inline PyObject *run_original(const HookObject *self, PyObject *const *ar
  * them with torch function disabled, so that overrides see only the calls
  * the program made.  Returns the entered guard, or NULL (no error) when
  * torch has none. */
+/* Whether a TorchFunctionMode is active: then even a plain tensor's
+ * untyped_storage() (which lifetime tracking reads for its key) would be seen
+ * by the mode, so accounting runs with torch function disabled. */
+static int tf_mode_active(void)
+{
+    static PyObject *fn;
+    if (fn == NULL) {
+        fn = ml_import_attr("torch._C", "_is_torch_function_mode_enabled");
+        if (fn == NULL) {
+            PyErr_Clear();
+            return 1; /* cannot tell: stay quiet */
+        }
+    }
+    PyObject *r = PyObject_CallNoArgs(fn);
+    if (r == NULL) {
+        PyErr_Clear();
+        return 1;
+    }
+    int on = r == Py_True;
+    Py_DECREF(r);
+    return on;
+}
+
 static PyObject *quiet_enter(void)
 {
     if (disp.disable_tf == NULL) {
@@ -826,7 +849,11 @@ static PyObject *hook_tensor(PyObject *callable, PyObject *const *args, size_t n
         return result;
     }
     int nb = self->kind == HK_MOVE && is_non_blocking(args, nargs, kwnames);
-    PyObject *guard = read_in_c(st, result) && read_in_c(st, args[0]) ? NULL : quiet_enter();
+    /* with python hooks on, tracking reads storages through torch's methods */
+    PyObject *guard = read_in_c(st, result) && read_in_c(st, args[0]) &&
+                              (disp.py_lord_refs == NULL || !tf_mode_active())
+                          ? NULL
+                          : quiet_enter();
     int rc = account_conversion(st, lords, args[0], result, self->kind, nb);
     Py_DECREF(lords);
     ml_safe_point();
@@ -897,7 +924,7 @@ static PyObject *hook_factory(PyObject *callable, PyObject *const *args, size_t 
         report_failure(callable);
         return result;
     }
-    PyObject *guard = read_in_c(st, result) ? NULL : quiet_enter();
+    PyObject *guard = read_in_c(st, result) && !tf_mode_active() ? NULL : quiet_enter();
     if (track_new_tensor(st, lords, result, "(factory)") < 0) {
         report_failure(callable);
     }
@@ -928,7 +955,7 @@ static PyObject *hook_param(PyObject *callable, PyObject *const *args, size_t na
         report_failure(callable);
         return result;
     }
-    PyObject *guard = read_in_c(st, result) ? NULL : quiet_enter();
+    PyObject *guard = read_in_c(st, result) && !tf_mode_active() ? NULL : quiet_enter();
     if (track_new_tensor(st, lords, result, "(param)") < 0) {
         report_failure(callable);
     }

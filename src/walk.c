@@ -530,9 +530,10 @@ int ml_walk_tensor(ml_state *st, ml_walk *w, PyObject *t)
     }
     if (as_uintptr(call_fast(&st->f_data_ptr, storage, st->s_data_ptr, st->d_data_ptr), &ptr) < 0) {
         Py_DECREF(storage);
-        if (PyErr_ExceptionMatches(PyExc_RuntimeError)) {
+        if (w->opaque_ok && PyErr_ExceptionMatches(PyExc_RuntimeError)) {
             /* an invalid storage (a functional tensor's while torch.compile
-             * traces): no memory of its own */
+             * traces): no memory of its own.  allocate()/free() of such a
+             * tensor (a jagged NestedTensor) is an error naming it instead. */
             PyErr_Clear();
             return 0;
         }

@@ -47,11 +47,11 @@ class World:
 
     # -- bookkeeping
     @staticmethod
-    def _tensors(obj):
+    def _tensors(obj, grads=True):
         if isinstance(obj, nn.Module):
-            # a Module conversion converts gradients too
-            grads = [p.grad for p in obj.parameters() if p.grad is not None]
-            return [*obj.parameters(), *obj.buffers(), *grads]
+            # a Module conversion converts gradients too (free() walks no gradients)
+            g = [p.grad for p in obj.parameters() if p.grad is not None] if grads else []
+            return [*obj.parameters(), *obj.buffers(), *g]
         if isinstance(obj, torch.optim.Optimizer):
             return [v for s in obj.state.values() for v in s.values() if torch.is_tensor(v)]
         return [obj]
@@ -68,8 +68,9 @@ class World:
                     self.book[id(s)] = (weakref.ref(s), s.nbytes())
 
     def freed(self, *objs):
+        """free(obj) credited these objects' storages (a module's parameters and buffers)."""
         for obj in objs:
-            for t in self._tensors(obj):
+            for t in self._tensors(obj, grads=False):
                 s = t.untyped_storage()
                 entry = self.book.get(id(s))
                 if entry is not None and entry[0]() is s:
@@ -242,7 +243,10 @@ def op_swap(w, i, j):
     if len(plain) >= 2:
         a, b = plain[i % len(plain)], plain[j % len(plain)]
         if a is not b and a._base is not b and b._base is not a:
-            torch.utils.swap_tensors(a, b)
+            try:
+                torch.utils.swap_tensors(a, b)
+            except RuntimeError:
+                pass  # torch refuses some pairs (e.g. a tensor viewed by another), hooked or not
 
 
 def op_vmap(w, i, j):

@@ -389,12 +389,6 @@ def conversion_preserves_names():
 # --------------------------------------------------------------------------- modules
 
 
-SWAP_XFAIL = {
-    "python": "issue 10: storage trackers (memlord's weak reference on the tensor)",
-    "both": "issue 10: storage trackers (memlord's weak reference on the tensor)",
-}
-
-
 def small_net():
     torch.manual_seed(1)
     return nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 2))
@@ -449,7 +443,7 @@ def module_to_tied_weights():
     return [m[0].weight is m[1].weight, m]
 
 
-@row(xfail=SWAP_XFAIL)
+@row
 def module_to_with_swap_on_conversion():
     torch.__future__.set_swap_module_params_on_conversion(True)
     try:
@@ -544,14 +538,14 @@ def lazy_parameter_direct_conversion():
 # --------------------------------------------------------------------------- swap_tensors
 
 
-@row(xfail=SWAP_XFAIL)
+@row
 def swap_tensors_plain():
     a, b = torch.zeros(2), torch.ones(3)
     torch.utils.swap_tensors(a, b)
     return [a, b]
 
 
-@row(xfail={"both": SWAP_XFAIL["both"]})
+@row
 def swap_tensors_of_converted():
     a = torch.zeros(2).double()
     b = torch.ones(2).double()
