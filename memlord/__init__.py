@@ -26,7 +26,7 @@ except ImportError:
         raise
     raise _missing from None  # no built extension here: say exactly what to run
 from . import _backend, _log
-from ._core import PythonHooks, TorchHooks, format_bytes
+from ._core import Hooks, PythonHooks, TorchHooks, format_bytes
 from ._types import (
     AutoGCBand,
     AutoGCMetric,
@@ -44,6 +44,7 @@ __all__ = [
     "AutoGCThreshold",
     "CapacitySource",
     "DeviceStats",
+    "Hooks",
     "MemLord",
     "PythonHooks",
     "TorchHooks",

@@ -9,6 +9,7 @@
  * A conversion is sized in storage bytes (the storage a tensor views, 0 for
  * meta and fake storages); the hook never touches data. */
 #include "hooks.h"
+#include "handles.h"
 #include "autogc.h"
 #include "lifetime.h"
 #include "ml_cuda.h"
@@ -60,12 +61,6 @@ static inline PyObject *call_original(const HookObject *self, PyObject *const *a
 {
     return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
 }
-
-typedef struct {
-    PyObject_HEAD
-    MemLordObject *lord; /* strong */
-    int enabled;
-} HandleObject;
 
 /* One patched attribute. */
 typedef struct {
@@ -1724,21 +1719,17 @@ int ml_hooks_py_unsubscribe(MemLordObject *lord)
     return 0;
 }
 
-/* ---- the handle -------------------------------------------------------- */
+/* ---- the handle's torch side ------------------------------------------------ */
 
 PyObject *ml_hooks_enable(MemLordObject *lord)
 {
-    if (lord->torch_handle != NULL && ((HandleObject *)lord->torch_handle)->enabled) {
+    if (lord->torch_handle != NULL && ((ml_handle *)lord->torch_handle)->enabled) {
         return Py_NewRef(lord->torch_handle); /* enabling again is a no-op */
     }
-    ml_state *st = ml_lord_state(lord);
-    HandleObject *h = PyObject_GC_New(HandleObject, st->handle_type);
+    ml_handle *h = ml_handle_new(lord, ML_HANDLE_TORCH);
     if (h == NULL) {
         return NULL;
     }
-    h->lord = (MemLordObject *)Py_NewRef(lord);
-    h->enabled = 0;
-    PyObject_GC_Track(h);
     PyObject *lords =
         ensure_death_callback() < 0 ? NULL : lords_with(disp.lord_refs, (PyObject *)lord, 1);
     if (lords == NULL) {
@@ -1756,14 +1747,11 @@ PyObject *ml_hooks_enable(MemLordObject *lord)
     return (PyObject *)h;
 }
 
-static PyObject *handle_disable(HandleObject *self, PyObject *Py_UNUSED(ignored))
+int ml_hooks_disable_torch(ml_handle *self)
 {
-    if (!self->enabled) {
-        Py_RETURN_NONE;
-    }
     PyObject *lords = lords_with(disp.lord_refs, (PyObject *)self->lord, 0);
     if (lords == NULL) {
-        return NULL;
+        return -1;
     }
     self->enabled = 0;
     Py_XSETREF(disp.lord_refs, lords);
@@ -1777,120 +1765,20 @@ static PyObject *handle_disable(HandleObject *self, PyObject *Py_UNUSED(ignored)
     if (self->lord->torch_handle == (PyObject *)self) {
         Py_CLEAR(self->lord->torch_handle);
     }
-    Py_RETURN_NONE;
+    ml_safe_point();
+    return 0;
 }
 
-static PyObject *handle_poll(HandleObject *Py_UNUSED(self), PyObject *Py_UNUSED(ignored))
+void ml_hooks_poll(void)
 {
     pending_drain(0, NULL, 0);
     ml_safe_point();
-    Py_RETURN_NONE;
 }
 
-static PyObject *handle_pending(HandleObject *self, PyObject *const *args, Py_ssize_t nargs,
-                                PyObject *kwnames)
+int64_t ml_hooks_pending_bytes(const MemLordObject *lord, const ml_selector *sel)
 {
-    PyObject *device;
-    if (ml_device_arg("pending", args, nargs, kwnames, 0, &device) < 0) {
-        return NULL;
-    }
-    ml_selector sel;
-    if (ml_selector_parse(ml_lord_state(self->lord), device, &sel) < 0) {
-        return NULL;
-    }
-    return PyLong_FromLongLong(pending_bytes((PyObject *)self->lord, &sel));
+    return pending_bytes((const PyObject *)lord, sel);
 }
-
-static PyObject *handle_enter(HandleObject *self, PyObject *Py_UNUSED(ignored))
-{
-    return Py_NewRef(self);
-}
-
-static PyObject *handle_exit(HandleObject *self, PyObject *Py_UNUSED(args))
-{
-    PyObject *r = handle_disable(self, NULL);
-    if (r == NULL) {
-        return NULL;
-    }
-    Py_DECREF(r);
-    Py_RETURN_FALSE;
-}
-
-static PyObject *handle_get_enabled(HandleObject *self, void *Py_UNUSED(closure))
-{
-    return PyBool_FromLong(self->enabled);
-}
-
-static PyObject *handle_get_lord(HandleObject *self, void *Py_UNUSED(closure))
-{
-    return Py_NewRef(self->lord);
-}
-
-static PyObject *handle_repr(HandleObject *self)
-{
-    return PyUnicode_FromFormat("<memlord torch hooks %s>", self->enabled ? "enabled" : "disabled");
-}
-
-static int handle_traverse(HandleObject *self, visitproc visit, void *arg)
-{
-    Py_VISIT(Py_TYPE(self));
-    Py_VISIT(self->lord);
-    return 0;
-}
-
-static int handle_clear(HandleObject *self)
-{
-    Py_CLEAR(self->lord);
-    return 0;
-}
-
-static void handle_dealloc(HandleObject *self)
-{
-    PyTypeObject *tp = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    handle_clear(self);
-    tp->tp_free(self);
-    Py_DECREF(tp);
-}
-
-static PyMethodDef handle_methods[] = {
-    {"disable", (PyCFunction)handle_disable, METH_NOARGS,
-     "disable($self, /)\n--\n\nUnsubscribe this lord; the last one out restores torch's "
-     "originals."},
-    {"poll", (PyCFunction)handle_poll, METH_NOARGS,
-     "poll($self, /)\n--\n\nCredit the deferred frees whose CUDA events have completed."},
-    {"pending", (PyCFunction)(void (*)(void))handle_pending, METH_FASTCALL | METH_KEYWORDS,
-     "pending($self, /, device=None)\n--\n\nBytes of deferred frees still waiting for their "
-     "copies."},
-    {"__enter__", (PyCFunction)handle_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)handle_exit, METH_VARARGS, NULL},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyGetSetDef handle_getset[] = {
-    {"enabled", (getter)handle_get_enabled, NULL, "Whether this lord receives hook events.", NULL},
-    {"lord", (getter)handle_get_lord, NULL, "The MemLord this handle subscribes.", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-static PyType_Slot handle_slots[] = {
-    {Py_tp_doc, "What MemLord.hook_into_torch() returns: disable(), enabled, poll(), "
-                "pending(); a context manager."},
-    {Py_tp_methods, handle_methods},
-    {Py_tp_getset, handle_getset},
-    {Py_tp_repr, handle_repr},
-    {Py_tp_traverse, handle_traverse},
-    {Py_tp_clear, handle_clear},
-    {Py_tp_dealloc, handle_dealloc},
-    {0, NULL},
-};
-
-PyType_Spec ml_handle_spec = {
-    .name = "memlord.TorchHooks",
-    .basicsize = sizeof(HandleObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_DISALLOW_INSTANTIATION,
-    .slots = handle_slots,
-};
 
 PyObject *ml_hooks_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(unused))
 {

@@ -7,7 +7,6 @@
 
 extern PyType_Spec ml_hook_spec;    /* the wrapper installed in torch's classes */
 extern PyType_Spec ml_fn_hook_spec; /* ... and in torch's modules (no __get__) */
-extern PyType_Spec ml_handle_spec;  /* what hook_into_torch() returns */
 
 /* Subscribe lord to the factory wrappers of hook_into_python(). */
 int ml_hooks_py_subscribe(MemLordObject *lord);

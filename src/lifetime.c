@@ -23,6 +23,7 @@
  * removals happen between calls that may allocate (and so run the cyclic
  * GC, finalizers, other threads), never across them. */
 #include "lifetime.h"
+#include "handles.h"
 #include "hooks.h"
 
 #include <string.h>
@@ -559,38 +560,26 @@ Py_ssize_t ml_life_tracked(MemLordObject *lord)
     return lord->registry ? ((RegistryObject *)lord->registry)->n : 0;
 }
 
-/* ---- the handle --------------------------------------------------------- */
-
-typedef struct {
-    PyObject_HEAD
-    MemLordObject *lord; /* strong */
-    int enabled;
-    int factories;
-    int deep;
-} PyHandleObject;
+/* ---- the handle's python side ------------------------------------------------ */
 
 PyObject *ml_life_enable(MemLordObject *lord, int factories, int deep)
 {
     if (lord->py_handle != NULL) {
-        PyHandleObject *h = (PyHandleObject *)lord->py_handle;
+        const ml_handle *h = (const ml_handle *)lord->py_handle;
         if (h->factories != factories || h->deep != deep) {
             PyErr_SetString(PyExc_ValueError,
                             "hook_into_python(): already enabled with other options; "
                             "disable() it first");
             return NULL;
         }
-        return Py_NewRef(h); /* enabling again is a no-op */
+        return Py_NewRef(lord->py_handle); /* enabling again is a no-op */
     }
-    ml_state *st = ml_lord_state(lord);
-    PyHandleObject *h = PyObject_GC_New(PyHandleObject, st->pyhandle_type);
+    ml_handle *h = ml_handle_new(lord, ML_HANDLE_PYTHON);
     if (h == NULL) {
         return NULL;
     }
-    h->lord = (MemLordObject *)Py_NewRef(lord);
-    h->enabled = 0;
     h->factories = factories;
     h->deep = deep;
-    PyObject_GC_Track(h);
     if (factories && ml_hooks_py_subscribe(lord) < 0) {
         Py_DECREF(h);
         return NULL;
@@ -601,114 +590,16 @@ PyObject *ml_life_enable(MemLordObject *lord, int factories, int deep)
     return (PyObject *)h;
 }
 
-static PyObject *pyhandle_disable(PyHandleObject *self, PyObject *Py_UNUSED(ignored))
+int ml_life_disable(ml_handle *self)
 {
-    if (!self->enabled) {
-        Py_RETURN_NONE;
+    MemLordObject *lord = self->lord;
+    if (self->factories && ml_hooks_py_unsubscribe(lord) < 0) {
+        return -1;
     }
     self->enabled = 0;
-    MemLordObject *lord = self->lord;
     lord->deep_autowrap = 0;
-    if (self->factories && ml_hooks_py_unsubscribe(lord) < 0) {
-        return NULL;
-    }
     if (lord->py_handle == (PyObject *)self) {
         Py_CLEAR(lord->py_handle);
     }
-    Py_RETURN_NONE;
-}
-
-static PyObject *pyhandle_enter(PyHandleObject *self, PyObject *Py_UNUSED(ignored))
-{
-    return Py_NewRef(self);
-}
-
-static PyObject *pyhandle_exit(PyHandleObject *self, PyObject *Py_UNUSED(args))
-{
-    PyObject *r = pyhandle_disable(self, NULL);
-    if (r == NULL) {
-        return NULL;
-    }
-    Py_DECREF(r);
-    Py_RETURN_FALSE;
-}
-
-static PyObject *pyhandle_get_enabled(PyHandleObject *self, void *Py_UNUSED(closure))
-{
-    return PyBool_FromLong(self->enabled);
-}
-
-static PyObject *pyhandle_get_lord(PyHandleObject *self, void *Py_UNUSED(closure))
-{
-    return Py_NewRef(self->lord);
-}
-
-static PyObject *pyhandle_get_tracked(PyHandleObject *self, void *Py_UNUSED(closure))
-{
-    return PyLong_FromSsize_t(ml_life_tracked(self->lord));
-}
-
-static PyObject *pyhandle_repr(PyHandleObject *self)
-{
-    return PyUnicode_FromFormat("<memlord python hooks %s, factories=%s, deep_autowrap=%s>",
-                                self->enabled ? "enabled" : "disabled",
-                                self->factories ? "on" : "off", self->deep ? "on" : "off");
-}
-
-static int pyhandle_traverse(PyHandleObject *self, visitproc visit, void *arg)
-{
-    Py_VISIT(Py_TYPE(self));
-    Py_VISIT(self->lord);
     return 0;
 }
-
-static int pyhandle_clear(PyHandleObject *self)
-{
-    Py_CLEAR(self->lord);
-    return 0;
-}
-
-static void pyhandle_dealloc(PyHandleObject *self)
-{
-    PyTypeObject *tp = Py_TYPE(self);
-    PyObject_GC_UnTrack(self);
-    pyhandle_clear(self);
-    tp->tp_free(self);
-    Py_DECREF(tp);
-}
-
-static PyMethodDef pyhandle_methods[] = {
-    {"disable", (PyCFunction)pyhandle_disable, METH_NOARGS,
-     "disable($self, /)\n--\n\nStop tracking new storages and restore the wrapped factories. "
-     "Storages already tracked still credit their bytes when they die."},
-    {"__enter__", (PyCFunction)pyhandle_enter, METH_NOARGS, NULL},
-    {"__exit__", (PyCFunction)pyhandle_exit, METH_VARARGS, NULL},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyGetSetDef pyhandle_getset[] = {
-    {"enabled", (getter)pyhandle_get_enabled, NULL, "Whether new objects are registered.", NULL},
-    {"lord", (getter)pyhandle_get_lord, NULL, "The MemLord this handle belongs to.", NULL},
-    {"tracked", (getter)pyhandle_get_tracked, NULL,
-     "Storages tracked and still alive (their free not yet credited).", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-static PyType_Slot pyhandle_slots[] = {
-    {Py_tp_doc, "What MemLord.hook_into_python() returns: disable(), enabled, tracked; a "
-                "context manager."},
-    {Py_tp_methods, pyhandle_methods},
-    {Py_tp_getset, pyhandle_getset},
-    {Py_tp_repr, pyhandle_repr},
-    {Py_tp_traverse, pyhandle_traverse},
-    {Py_tp_clear, pyhandle_clear},
-    {Py_tp_dealloc, pyhandle_dealloc},
-    {0, NULL},
-};
-
-PyType_Spec ml_pyhandle_spec = {
-    .name = "memlord.PythonHooks",
-    .basicsize = sizeof(PyHandleObject),
-    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_DISALLOW_INSTANTIATION,
-    .slots = pyhandle_slots,
-};

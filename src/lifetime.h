@@ -9,7 +9,6 @@
 
 extern PyType_Spec ml_tracker_spec;  /* weakref.ref subclass on a storage object */
 extern PyType_Spec ml_registry_spec; /* per-lord callback and table of its trackers */
-extern PyType_Spec ml_pyhandle_spec; /* what hook_into_python() returns */
 
 /* 1 when lord tracks new storages (hook_into_python is enabled). */
 static inline int ml_life_active(const MemLordObject *lord)

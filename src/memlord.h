@@ -78,10 +78,9 @@ typedef struct {
     PyTypeObject *lord_type;
     PyTypeObject *hook_type;    /* wrapper installed in torch classes (a descriptor) */
     PyTypeObject *fn_hook_type; /* wrapper installed in torch modules (torch.zeros) */
-    PyTypeObject *handle_type;  /* hook_into_torch() handle */
+    PyTypeObject *handle_type;  /* handles.c: what hook_into_torch/python() return */
     PyTypeObject *tracker_type; /* lifetime.c */
     PyTypeObject *registry_type;
-    PyTypeObject *pyhandle_type;
     PyObject *tensor_type;    /* torch.Tensor */
     PyObject *module_type;    /* torch.nn.Module */
     PyObject *parameter_type; /* torch.nn.Parameter */

@@ -4,6 +4,7 @@
  * torch objects, and reads their types and singletons once here. */
 #include "lord.h"
 #include "autogc.h"
+#include "handles.h"
 #include "hooks.h"
 #include "logsink.h"
 #include "sites.h"
@@ -150,15 +151,16 @@ static int core_exec(PyObject *module)
         return -1;
     }
     st->handle_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_handle_spec, NULL);
-    if (st->handle_type == NULL || PyModule_AddType(module, st->handle_type) < 0) {
+    if (st->handle_type == NULL || PyModule_AddType(module, st->handle_type) < 0 ||
+        /* the names the handles had when each hook kind had its own type */
+        PyModule_AddObjectRef(module, "TorchHooks", (PyObject *)st->handle_type) < 0 ||
+        PyModule_AddObjectRef(module, "PythonHooks", (PyObject *)st->handle_type) < 0) {
         return -1;
     }
     st->tracker_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_tracker_spec,
                                                                 (PyObject *)&_PyWeakref_RefType);
     st->registry_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_registry_spec, NULL);
-    st->pyhandle_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_pyhandle_spec, NULL);
-    if (st->tracker_type == NULL || st->registry_type == NULL || st->pyhandle_type == NULL ||
-        PyModule_AddType(module, st->pyhandle_type) < 0) {
+    if (st->tracker_type == NULL || st->registry_type == NULL) {
         return -1;
     }
     return 0;
@@ -320,7 +322,6 @@ static size_t state_objects(ml_state *st, PyObject ***out)
         (PyObject **)&st->handle_type,
         (PyObject **)&st->tracker_type,
         (PyObject **)&st->registry_type,
-        (PyObject **)&st->pyhandle_type,
         &st->tensor_type,
         &st->module_type,
         &st->functorch_is_wrapped,

@@ -606,7 +606,7 @@ def test_hooks_info_consistency():
 
 def test_handle_basics(lord):
     h = lord.hook_into_torch()
-    assert type(h).__name__ == "TorchHooks"
+    assert type(h).__name__ == "Hooks" and h.kind == "torch"
     assert h.enabled is True
     assert h.lord is lord
     assert "enabled" in repr(h)
@@ -658,7 +658,7 @@ def test_double_enable_returns_same_handle(lord):
 
 def test_context_manager(lord):
     with lord.hook_into_torch() as h:
-        assert type(h).__name__ == "TorchHooks" and h.enabled
+        assert type(h).__name__ == "Hooks" and h.kind == "torch" and h.enabled
         torch.empty(256).half()
     assert not h.enabled
     _assert_originals_back()
