@@ -82,11 +82,12 @@ typedef struct {
     PyTypeObject *tracker_type; /* lifetime.c */
     PyTypeObject *registry_type;
     PyTypeObject *pyhandle_type;
-    PyObject *tensor_type;    /* torch.Tensor */
-    PyObject *module_type;    /* torch.nn.Module */
-    PyObject *parameter_type; /* torch.nn.Parameter */
-    PyObject *device_type;    /* torch.device */
-    PyObject *storage_type;   /* torch.UntypedStorage */
+    PyTypeObject *region_type; /* regions.c */
+    PyObject *tensor_type;     /* torch.Tensor */
+    PyObject *module_type;     /* torch.nn.Module */
+    PyObject *parameter_type;  /* torch.nn.Parameter */
+    PyObject *device_type;     /* torch.device */
+    PyObject *storage_type;    /* torch.UntypedStorage */
     /* torch's own descriptors, called directly when a type has not
      * overridden them (saves a method lookup per tensor) */
     ml_fast f_untyped_storage, f_device, f_data_ptr, f_nbytes, f_storage_device, f_tensor_nbytes,

@@ -3,6 +3,7 @@
  * The module imports torch and numpy when it is executed: memlord counts
  * torch objects, and reads their types and singletons once here. */
 #include "lord.h"
+#include "regions.h"
 #include "autogc.h"
 #include "hooks.h"
 #include "logsink.h"
@@ -147,6 +148,10 @@ static int core_exec(PyObject *module)
     st->pyhandle_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_pyhandle_spec, NULL);
     if (st->tracker_type == NULL || st->registry_type == NULL || st->pyhandle_type == NULL ||
         PyModule_AddType(module, st->pyhandle_type) < 0 || ml_life_selftest(st->tracker_type) < 0) {
+        return -1;
+    }
+    st->region_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_region_spec, NULL);
+    if (st->region_type == NULL || PyModule_AddType(module, st->region_type) < 0) {
         return -1;
     }
     return 0;
@@ -308,6 +313,7 @@ static size_t state_objects(ml_state *st, PyObject ***out)
         (PyObject **)&st->tracker_type,
         (PyObject **)&st->registry_type,
         (PyObject **)&st->pyhandle_type,
+        (PyObject **)&st->region_type,
         &st->tensor_type,
         &st->module_type,
         &st->parameter_type,
