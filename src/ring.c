@@ -117,10 +117,12 @@ PyObject *ml_lord_record_events(PyObject *self, PyObject *capacity)
     }
     ml_rec *buf = NULL;
     if (cap > 0) {
-        buf = PyMem_Calloc((size_t)cap, sizeof(ml_rec));
+        buf = PyMem_Malloc((size_t)cap * sizeof(ml_rec));
         if (buf == NULL) {
             return PyErr_NoMemory();
         }
+        /* touch every page now: recording must not page-fault in the event path */
+        memset(buf, 0, (size_t)cap * sizeof(ml_rec));
     }
     struct ml_ring *r = lord->ring;
     ml_rec *old = r->buf;
