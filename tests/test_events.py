@@ -148,3 +148,16 @@ def test_bad_arguments_change_nothing():
     assert lord.events_capacity == 3 and len(lord.events()) == 1
     with pytest.raises(IndexError):
         lord.event_kind(9)
+
+
+@pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor:UserWarning")
+def test_device_codes_decode_per_device():
+    from conftest import fake_cuda
+
+    lord = MemLord()
+    lord.record_events(8)
+    lord.allocate((u8(3), fake_cuda(4, 1)))
+    e = lord.events()
+    assert sorted(lord.event_device(d) for d in e["device"]) == ["cpu", "cuda:1"]
+    by_dev = {lord.event_device(d): b for d, b in zip(e["device"], e["bytes"], strict=True)}
+    assert by_dev == {"cpu": 3, "cuda:1": 16}

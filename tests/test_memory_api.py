@@ -224,3 +224,19 @@ def test_cuda_empty_cache_and_peak_reset():
     lord.reset_peak_memory_stats("cuda:0")
     assert lord.max_memory_allocated("cuda:0") == 0
     assert torch.cuda.max_memory_allocated(0) == torch.cuda.memory_allocated(0)
+
+
+@pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor:UserWarning")
+def test_per_device_selection_and_sums():
+    from conftest import fake_cuda
+
+    lord = MemLord(auto_gc_bytes=None)
+    lord.allocate((u8(KiB), fake_cuda(256, 0), fake_cuda(512, 1)))  # 1 KiB, 1 KiB, 2 KiB
+    assert lord.memory_allocated() == 4 * KiB
+    assert lord.memory_allocated("cuda") == 3 * KiB
+    assert lord.max_memory_allocated("cuda:1") == 2 * KiB
+    assert lord.memory_stats("cuda")["num_allocations"] == 2
+    lord.reset_peak_memory_stats("cuda:1")
+    assert lord.max_memory_allocated() == 4 * KiB  # nothing was freed: peaks are live bytes
+    text = lord.memory_summary()
+    assert "cuda:0" in text and "cuda:1" in text and "cpu" in text

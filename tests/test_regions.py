@@ -380,3 +380,27 @@ def test_region_repr_and_type():
     assert not r.open
     with pytest.raises(TypeError):
         memlord.Region()
+
+
+@pytest.mark.filterwarnings("ignore:Accessing the data pointer of FakeTensor:UserWarning")
+def test_region_stats_per_device():
+    from conftest import fake_cuda
+
+    lord = MemLord()
+    g0, g1 = fake_cuda(1024, 0), fake_cuda(512, 1)  # 4 KiB on cuda:0, 2 KiB on cuda:1
+    lord.allocate(g1)
+    with lord.region("multi") as r:
+        lord.allocate((u8(KiB), g0))
+        lord.free(g1)
+    assert r.stats == {
+        "cpu": {"delta": KiB, "peak": KiB, "peak_delta": KiB, "allocs": 1, "frees": 0},
+        "cuda:0": {
+            "delta": 4 * KiB,
+            "peak": 4 * KiB,
+            "peak_delta": 4 * KiB,
+            "allocs": 1,
+            "frees": 0,
+        },
+        "cuda:1": {"delta": -2 * KiB, "peak": 2 * KiB, "peak_delta": 0, "allocs": 0, "frees": 1},
+    }
+    assert set(lord.regions()["multi"]["devices"]) == {"cpu", "cuda:0", "cuda:1"}
