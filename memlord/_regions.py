@@ -38,48 +38,67 @@ class _Aggregate:
     list is folded in here under a lock when read, or when many are waiting."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # Re-entrant: a finalizer run by the cyclic GC in the middle of a fold may close
+        # a region, and a region's exit may ask for a fold; that nested fold returns at
+        # once (the items wait for the next one), so a drain is never interleaved.
+        self._lock = threading.RLock()
+        self._folding = False
         self._by_name: dict[str, list] = {}
 
     def fold(self, done: list) -> None:
         with self._lock:
-            by_name = self._by_name
-            for name, (duration_ns, rows) in _drain(done):
-                agg = by_name.get(name)
-                if agg is None:
-                    agg = by_name[name] = [0, 0, {}]  # count, total ns, devices
-                agg[0] += 1
-                agg[1] += duration_ns
-                devices = agg[2]
-                for dev, _entry, net, peak_net, _allocs, _frees in rows:
-                    d = devices.get(dev)
-                    if d is None:
-                        devices[dev] = [net, net, peak_net]  # total, max, max peak
-                    else:
-                        d[0] += net
-                        d[1] = max(d[1], net)
-                        d[2] = max(d[2], peak_net)
+            if self._folding:
+                return
+            self._folding = True
+            try:
+                self._fold_locked(done)
+            finally:
+                self._folding = False
+
+    def _fold_locked(self, done: list) -> None:
+        by_name = self._by_name
+        for name, (duration_ns, rows) in _drain(done):
+            agg = by_name.get(name)
+            if agg is None:
+                agg = by_name[name] = [0, 0, {}]  # count, total ns, devices
+            agg[0] += 1
+            agg[1] += duration_ns
+            devices = agg[2]
+            for dev, _entry, net, peak_net, _allocs, _frees in rows:
+                d = devices.get(dev)
+                if d is None:
+                    devices[dev] = [net, net, peak_net]  # total, max, max peak
+                else:
+                    d[0] += net
+                    d[1] = max(d[1], net)
+                    d[2] = max(d[2], peak_net)
 
     def result(self, done: list, clear: bool) -> dict[str, dict[str, Any]]:
-        self.fold(done)
         with self._lock:
-            out = {}
-            for name, (count, total_ns, devs) in self._by_name.items():
-                devices = {
-                    dev: {
-                        "total_delta": total,
-                        # over every run of the region (a run that did not touch the
-                        # device counts 0)
-                        "avg_delta": total / count,
-                        "max_delta": mx,
-                        "max_peak_delta": mpeak,
+            if self._folding:  # asked from a finalizer in the middle of a fold
+                raise RuntimeError("memlord: regions() called while regions are being folded")
+            self._folding = True
+            try:
+                self._fold_locked(done)
+                out = {}
+                for name, (count, total_ns, devs) in self._by_name.items():
+                    devices = {
+                        dev: {
+                            "total_delta": total,
+                            # over every run of the region (a run that did not touch
+                            # the device counts 0)
+                            "avg_delta": total / count,
+                            "max_delta": mx,
+                            "max_peak_delta": mpeak,
+                        }
+                        for dev, (total, mx, mpeak) in devs.items()
                     }
-                    for dev, (total, mx, mpeak) in devs.items()
-                }
-                out[name] = {"count": count, "total_s": total_ns / 1e9, "devices": devices}
-            if clear:
-                self._by_name.clear()
-            return out
+                    out[name] = {"count": count, "total_s": total_ns / 1e9, "devices": devices}
+                if clear:
+                    self._by_name = {}
+                return out
+            finally:
+                self._folding = False
 
 
 def _decorate(region: Region, fn: Callable) -> Callable:

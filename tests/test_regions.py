@@ -404,3 +404,37 @@ def test_region_stats_per_device():
         "cuda:1": {"delta": -2 * KiB, "peak": 2 * KiB, "peak_delta": 0, "allocs": 0, "frees": 1},
     }
     assert set(lord.regions()["multi"]["devices"]) == {"cpu", "cuda:0", "cuda:1"}
+
+
+def test_regions_folded_while_threads_close_them():
+    lord = MemLord()
+    t = u8(16)
+    stop = threading.Event()
+
+    def work() -> None:
+        for _ in range(3000):
+            with lord.region("w"):
+                lord.allocate(t)
+                lord.free(t)
+
+    def read() -> None:
+        while not stop.is_set():
+            lord.regions()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    workers = [threading.Thread(target=work) for _ in range(4)]
+    for th in workers:
+        th.start()
+    for th in workers:
+        th.join()
+    stop.set()
+    reader.join()
+    agg = lord.regions()["w"]
+    assert agg["count"] == 12000
+    assert agg["devices"]["cpu"] == {
+        "total_delta": 0,
+        "avg_delta": 0,
+        "max_delta": 0,
+        "max_peak_delta": 16,
+    }
