@@ -197,6 +197,8 @@ class MemLord:
 
     # the floor of the query benchmarks: a method that does nothing
     def _bench_noop(self, *args: object, **kwargs: object) -> None: ...
+    # bench/bench_events.py: n one-byte cpu events through the event seam (changes the ledger)
+    def _bench_emit(self, n: int, /) -> None: ...
 
 # ---- regions and memory profiles --------------------------------------------------------
 
