@@ -27,6 +27,9 @@ except ImportError:
     raise _missing from None  # no built extension here: say exactly what to run
 from . import _backend, _log
 from ._core import Hooks, PythonHooks, TorchHooks, format_bytes
+from ._events import EVENT_DTYPE, EVENT_KINDS, EVENT_SOURCES
+from ._memapi import MemoryProfile
+from ._regions import ModuleTracker, Region
 from ._types import (
     AutoGCBand,
     AutoGCMetric,
@@ -44,14 +47,23 @@ __all__ = [
     "AutoGCThreshold",
     "CapacitySource",
     "DeviceStats",
+    "EVENT_DTYPE",
+    "EVENT_KINDS",
+    "EVENT_SOURCES",
     "Hooks",
     "MemLord",
+    "MemoryProfile",
+    "ModuleTracker",
     "PythonHooks",
+    "Region",
     "TorchHooks",
     "format_bytes",
     "__version__",
 ]
 __version__ = "0.1.0"
+
+if _core.Lord()._events_info()[3] != EVENT_DTYPE.itemsize:  # pragma: no cover
+    raise ImportError("memlord: the C event record does not match EVENT_DTYPE; rebuild memlord")
 
 _core._configure(
     release_cache=_backend.release_cache,

@@ -12,6 +12,9 @@ from typing import Any
 import torch
 
 from . import _config, _core
+from ._events import EventsMixin
+from ._memapi import MemoryAPIMixin
+from ._regions import RegionsMixin, _Aggregate
 from ._sites import relative_path, site_location
 
 _NOT_GIVEN: Any = ...
@@ -26,7 +29,7 @@ class _DefaultAuto(str):
 _AUTO: Any = _DefaultAuto("auto")
 
 
-class MemLord(_core.Lord):
+class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, _core.Lord):
     """A per-device ledger of the memory a program allocated and freed.
 
     ``MemLord(auto_gc_bytes="auto", *, auto_gc_strategy=..., track_callsite=True)``
@@ -52,6 +55,7 @@ class MemLord(_core.Lord):
         auto_gc_strategy: dict | None = _NOT_GIVEN,
         track_callsite: bool = True,
     ) -> None:
+        self._region_aggregate = _Aggregate()
         bytes_given = auto_gc_bytes is not _AUTO
         if isinstance(auto_gc_bytes, dict):
             if auto_gc_strategy is not _NOT_GIVEN:

@@ -6,6 +6,8 @@
 #include "autogc.h"
 #include "lifetime.h"
 #include "logsink.h"
+#include "regions.h"
+#include "ring.h"
 #include "walk.h"
 
 #include <stdio.h>
@@ -508,6 +510,39 @@ static PyObject *lord_set_callsite_tracking(MemLordObject *self, PyObject *value
     Py_RETURN_NONE;
 }
 
+static PyObject *lord_region_done(MemLordObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return Py_NewRef(self->region_done);
+}
+
+static PyObject *lord_region_names(MemLordObject *self, PyObject *Py_UNUSED(ignored))
+{
+    return PyList_GetSlice(self->region_names, 0, PyList_GET_SIZE(self->region_names));
+}
+
+/* _bench_emit(n): n events (1-byte cpu allocations and frees, alternating)
+ * through the seam, one ml_emit each: the floor and subject of the event
+ * ring's per-record benchmark (bench/bench_events.py). */
+static PyObject *lord_bench_emit(MemLordObject *self, PyObject *arg)
+{
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        ml_event ev = {0};
+        ev.kind = (uint8_t)((i & 1) ? ML_EV_FREE : ML_EV_ALLOC);
+        ev.source = ML_SRC_EXPLICIT;
+        ev.dev = ML_DEV(ML_TYPE_CPU, -1);
+        ev.bytes = 1;
+        ev.count = 1;
+        if (ml_emit(self, &ev, 1, &(ml_emit_ctx){NULL, NULL}) < 0) {
+            return NULL;
+        }
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *lord_bench_noop(PyObject *Py_UNUSED(self), PyObject *const *Py_UNUSED(args),
                                  Py_ssize_t Py_UNUSED(nargs), PyObject *Py_UNUSED(kwnames))
 {
@@ -657,8 +692,23 @@ static PyObject *lord_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObjec
     self->policy = policy;
     self->track_callsite = track;
     self->nsinks = 0;
+    self->regions = ml_regions_new();
+    self->region_done = self->regions != NULL ? PyList_New(0) : NULL;
+    self->ring = self->region_done != NULL ? ml_ring_new() : NULL;
+    self->region_name_ix = self->ring != NULL ? PyDict_New() : NULL;
+    /* index 0 is "no region": an empty name, never interned */
+    self->region_names = self->region_name_ix != NULL ? Py_BuildValue("[s]", "") : NULL;
+    if (self->region_names == NULL) {
+        Py_DECREF(self);
+        return NULL;
+    }
+    ml_sink regions = ml_region_sink_proto;
+    regions.data = self->regions;
+    ml_sink ring = ml_ring_sink_proto;
+    ring.data = self->ring;
     if (ml_sink_add(self, &ml_hotspot_sink) < 0 || ml_sink_add(self, &ml_log_sink) < 0 ||
-        ml_sink_add(self, &ml_autogc_sink) < 0) {
+        ml_sink_add(self, &ml_autogc_sink) < 0 || ml_sink_add(self, &regions) < 0 ||
+        ml_sink_add(self, &ring) < 0) {
         Py_DECREF(self);
         return NULL;
     }
@@ -672,6 +722,9 @@ static int lord_traverse(MemLordObject *self, visitproc visit, void *arg)
     Py_VISIT(self->torch_handle);
     Py_VISIT(self->py_handle);
     Py_VISIT(self->capacity.source);
+    Py_VISIT(self->region_done);
+    Py_VISIT(self->region_name_ix);
+    Py_VISIT(self->region_names);
     return 0;
 }
 
@@ -682,6 +735,9 @@ static int lord_clear(MemLordObject *self)
     clear_qcache(self);
     Py_CLEAR(self->torch_handle);
     Py_CLEAR(self->py_handle);
+    Py_CLEAR(self->region_done);
+    Py_CLEAR(self->region_name_ix);
+    Py_CLEAR(self->region_names);
     ml_capacity_clear(&self->capacity);
     ml_hotspots_clear(&self->alloc_sites);
     ml_hotspots_clear(&self->free_sites);
@@ -699,6 +755,10 @@ static void lord_dealloc(MemLordObject *self)
     lord_clear(self);
     ml_ledger_free(&self->ledger);
     ml_strategy_free(&self->strategy);
+    ml_regions_free(self->regions);
+    self->regions = NULL;
+    ml_ring_free(self->ring);
+    self->ring = NULL;
     tp->tp_free(self);
     Py_DECREF(tp);
 }
@@ -752,6 +812,34 @@ static PyMethodDef lord_methods[] = {
      "allocate() first sees it, and credit it when the storage dies; count tensors made by "
      "torch factories and Tensor.clone.  Returns a handle (disable(), "
      "enabled, tracked; context manager)."},
+    {"region", (PyCFunction)ml_lord_region, METH_O,
+     "region($self, name, /)\n--\n\nA named region: a context manager and a decorator; after exit "
+     "its stats (per device: delta, peak, peak_delta, allocs, frees) and duration_s."},
+    {"_region_with_sink", (PyCFunction)(void (*)(void))ml_lord_region_with_sink, METH_FASTCALL,
+     "_region_with_sink($self, name, sink, /)\n--\n\nA region that also appends its result to "
+     "sink (a list)."},
+    {"_region_done", (PyCFunction)lord_region_done, METH_NOARGS,
+     "_region_done($self, /)\n--\n\nThe list closed regions append (name, raw) to."},
+    {"_reset_peak", (PyCFunction)(void (*)(void))ml_lord_reset_peak, FASTKW,
+     "_reset_peak($self, /, device=None)\n--\n\nEach selected device's peak becomes its live "
+     "bytes."},
+    {"_reset_accumulated", (PyCFunction)(void (*)(void))ml_lord_reset_accumulated, FASTKW,
+     "_reset_accumulated($self, /, device=None)\n--\n\nZero the cumulative counters and reset "
+     "the peaks of the selected devices."},
+    {"_record_events", (PyCFunction)ml_lord_record_events, METH_O,
+     "_record_events($self, capacity, /)\n--\n\nRecord events into a fresh ring of capacity "
+     "records (0 stops)."},
+    {"_events_bytes", (PyCFunction)ml_lord_events_bytes, METH_O,
+     "_events_bytes($self, clear, /)\n--\n\nThe ring's records, oldest first, as a bytearray."},
+    {"_events_info", (PyCFunction)ml_lord_events_info, METH_NOARGS,
+     "_events_info($self, /)\n--\n\n(capacity, size, dropped, record size)."},
+    {"_region_names", (PyCFunction)lord_region_names, METH_NOARGS,
+     "_region_names($self, /)\n--\n\nThe event ring's region names, by index."},
+    {"_device_name", (PyCFunction)ml_lord_device_name, METH_O,
+     "_device_name($self, key, /)\n--\n\nThe device string of a device key."},
+    {"_bench_emit", (PyCFunction)lord_bench_emit, METH_O,
+     "_bench_emit($self, n, /)\n--\n\nEmit n one-byte cpu events (alloc, free, ...): "
+     "benchmarks only."},
     {"_bench_noop", (PyCFunction)(void (*)(void))lord_bench_noop, FASTKW,
      "A no-op method: the floor of the query benchmarks."},
     {NULL, NULL, 0, NULL},

@@ -45,6 +45,11 @@ typedef struct MemLordObject {
     int deep_autowrap;           /* register conversion results of the torch hooks */
     ml_sink sinks[ML_MAX_SINKS]; /* event.h: hotspots, log, auto-GC, ... */
     int nsinks;
+    struct ml_regions *regions; /* regions.c: open regions (sink data), owned */
+    PyObject *region_done;      /* list: (name, raw) of closed regions, for Python to fold */
+    struct ml_ring *ring;       /* ring.c: the event ring (sink data), owned */
+    PyObject *region_name_ix;   /* dict: region name -> index in region_names (the ring) */
+    PyObject *region_names;     /* list: index -> name; [0] is "" (no region) */
     PyObject *weakreflist;
 } MemLordObject;
 

@@ -81,11 +81,12 @@ typedef struct {
     PyTypeObject *handle_type;  /* handles.c: what hook_into_torch/python() return */
     PyTypeObject *tracker_type; /* lifetime.c */
     PyTypeObject *registry_type;
-    PyObject *tensor_type;    /* torch.Tensor */
-    PyObject *module_type;    /* torch.nn.Module */
-    PyObject *parameter_type; /* torch.nn.Parameter */
-    PyObject *device_type;    /* torch.device */
-    PyObject *storage_type;   /* torch.UntypedStorage */
+    PyTypeObject *region_type; /* regions.c */
+    PyObject *tensor_type;     /* torch.Tensor */
+    PyObject *module_type;     /* torch.nn.Module */
+    PyObject *parameter_type;  /* torch.nn.Parameter */
+    PyObject *device_type;     /* torch.device */
+    PyObject *storage_type;    /* torch.UntypedStorage */
     /* torch._C._functorch.is_functorch_wrapped_tensor / get_unwrapped, or
      * NULL in a torch without them */
     PyObject *functorch_is_wrapped;

@@ -3,6 +3,7 @@
  * The module imports torch and numpy when it is executed: memlord counts
  * torch objects, and reads their types and singletons once here. */
 #include "lord.h"
+#include "regions.h"
 #include "autogc.h"
 #include "handles.h"
 #include "hooks.h"
@@ -161,6 +162,10 @@ static int core_exec(PyObject *module)
                                                                 (PyObject *)&_PyWeakref_RefType);
     st->registry_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_registry_spec, NULL);
     if (st->tracker_type == NULL || st->registry_type == NULL) {
+        return -1;
+    }
+    st->region_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_region_spec, NULL);
+    if (st->region_type == NULL || PyModule_AddType(module, st->region_type) < 0) {
         return -1;
     }
     return 0;
@@ -322,6 +327,7 @@ static size_t state_objects(ml_state *st, PyObject ***out)
         (PyObject **)&st->handle_type,
         (PyObject **)&st->tracker_type,
         (PyObject **)&st->registry_type,
+        (PyObject **)&st->region_type,
         &st->tensor_type,
         &st->module_type,
         &st->functorch_is_wrapped,

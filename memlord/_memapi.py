@@ -1,0 +1,278 @@
+"""The device memory API of MemLord, named as ``torch.accelerator.memory`` names things.
+
+Allocated bytes come from memlord's ledger.  Reserved and cached bytes come from the
+backend's allocator where torch exposes one (CUDA: the caching allocator); a backend
+without a cache (cpu) reports ``cached == 0`` and ``reserved == allocated``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import _backend
+from ._core import format_bytes
+
+
+def _cuda_ready() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def _dev_index(dev: str) -> int:
+    return torch.device(dev).index or 0
+
+
+class MemoryProfile:
+    """What ``lord.profile_memory()`` yields: a region over the block (so the global peak
+    is left alone) with ``peak_memory(device=None)`` and ``memory_summary()``."""
+
+    def __init__(self, lord: Any) -> None:
+        self._lord = lord
+        self._region = lord.region("profile_memory")
+
+    def __enter__(self) -> MemoryProfile:
+        self._region.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._region.__exit__(None, None, None)
+
+    @property
+    def stats(self) -> dict[str, dict[str, int]]:
+        """The region's per-device stats (see lord.region)."""
+        return self._region.stats
+
+    @property
+    def duration_s(self) -> float:
+        return self._region.duration_s
+
+    def peak_memory(self, device: Any = None) -> int:
+        """The highest allocated bytes reached inside the block, summed over the selected
+        devices (None: all); a device the block never touched counts its allocated
+        bytes now."""
+        devs = self._lord._select(device, "peak_memory")
+        total = 0
+        for dev in devs:
+            s = self._region.stats.get(dev)
+            total += s["peak"] if s is not None else self._lord.allocated(dev)[0]
+        return total
+
+    def memory_summary(self) -> str:
+        """A table of the block: per device delta, peak, peak delta, allocations, frees."""
+        lines = [f"memlord profile_memory: {self._region.duration_s:.6f} s"]
+        lines.append(
+            f"{'device':<10}{'delta':>14}{'peak':>14}{'peak delta':>14}{'allocs':>9}{'frees':>9}"
+        )
+        for dev, s in sorted(self._region.stats.items()):
+            lines.append(
+                f"{dev:<10}{_signed(s['delta']):>14}{format_bytes(s['peak']):>14}"
+                f"{format_bytes(s['peak_delta']):>14}{s['allocs']:>9}{s['frees']:>9}"
+            )
+        if not self._region.stats:
+            lines.append("(nothing allocated or freed inside)")
+        return "\n".join(lines)
+
+
+def _signed(n: int) -> str:
+    return ("-" if n < 0 else "+") + format_bytes(abs(n))
+
+
+class MemoryAPIMixin:
+    """memory_allocated & co. on MemLord."""
+
+    # ---- which devices a query covers ----------------------------------------------
+
+    def _select(self, device: Any, fname: str) -> list[str]:
+        """The device strings a device argument covers: the ledger's devices, plus the
+        initialised CUDA devices the selector names; validates like the queries do."""
+        try:
+            ledger = list(self.stats(device))  # type: ignore[attr-defined]
+        except (TypeError, ValueError) as e:
+            raise type(e)(str(e).replace("stats()", f"{fname}()")) from None
+        out = set(ledger)
+        if _cuda_ready():
+            sel = None if device is None else torch.device(device)
+            if sel is None or sel.type == "cuda":
+                for i in range(torch.cuda.device_count()):
+                    if sel is None or sel.index is None or sel.index == i:
+                        out.add(f"cuda:{i}")
+        return sorted(out)
+
+    def _backend_reserved(self, dev: str) -> int | None:
+        if dev.startswith("cuda") and _cuda_ready():
+            return torch.cuda.memory_reserved(_dev_index(dev))
+        return None
+
+    def _ledger(self, dev: str) -> dict[str, int]:
+        s = self.stats(dev)  # type: ignore[attr-defined]
+        return s.get(dev) or dict.fromkeys(
+            (
+                "allocated",
+                "freed",
+                "allocated_total",
+                "freed_total",
+                "peak_allocated",
+                "allocs",
+                "frees",
+                "gc_runs",
+            ),
+            0,
+        )
+
+    # ---- the ints ---------------------------------------------------------------------
+
+    def memory_allocated(self, device: Any = None) -> int:
+        """Live bytes memlord counts on the selected devices (the ledger)."""
+        return self.allocated(device)[0]  # type: ignore[attr-defined]
+
+    def max_memory_allocated(self, device: Any = None) -> int:
+        """The peak of live bytes since the last reset, summed over the selected devices
+        (each device's own peak)."""
+        return sum(
+            self._ledger(d)["peak_allocated"] for d in self._select(device, "max_memory_allocated")
+        )
+
+    def memory_reserved(self, device: Any = None) -> int:
+        """Bytes the backend's allocator reserves (CUDA: torch.cuda.memory_reserved); a
+        device without a cache (cpu) reports its allocated bytes."""
+        total = 0
+        for dev in self._select(device, "memory_reserved"):
+            r = self._backend_reserved(dev)
+            total += r if r is not None else self._ledger(dev)["allocated"]
+        return total
+
+    def memory_cached(self, device: Any = None) -> int:
+        """Bytes held in the allocator's cache: reserved minus allocated (CUDA, both from
+        the caching allocator); 0 for a device without a cache (cpu)."""
+        total = 0
+        for dev in self._select(device, "memory_cached"):
+            if dev.startswith("cuda") and _cuda_ready():
+                i = _dev_index(dev)
+                total += torch.cuda.memory_reserved(i) - torch.cuda.memory_allocated(i)
+        return total
+
+    def max_memory_cached(self, device: Any = None) -> int:
+        """The allocator's peak reserved bytes (CUDA: torch.cuda.max_memory_reserved,
+        which torch once called max_memory_cached); 0 for a device without a cache."""
+        total = 0
+        for dev in self._select(device, "max_memory_cached"):
+            if dev.startswith("cuda") and _cuda_ready():
+                total += torch.cuda.max_memory_reserved(_dev_index(dev))
+        return total
+
+    def drift(self, device: Any = None) -> int | None:
+        """Bytes the backend's allocator holds as allocated that memlord does not count
+        (autograd buffers, untracked tensors): allocator allocated minus memlord's
+        allocated.  None where the backend does not say (cpu, an uninitialised CUDA)."""
+        devs = self._select(device, "drift")
+        if not devs or not all(d.startswith("cuda") for d in devs) or not _cuda_ready():
+            return None
+        return sum(
+            torch.cuda.memory_allocated(_dev_index(d)) - self._ledger(d)["allocated"] for d in devs
+        )
+
+    # ---- stats and the summary ---------------------------------------------------------
+
+    def memory_stats(self, device: Any = None) -> dict[str, Any]:
+        """A flat dict over the selected devices (sums): the ledger's numbers and, where
+        every selected device is an initialised CUDA device, the caching allocator's
+        (else those keys are None).  See docs/api.md for each key."""
+        devs = self._select(device, "memory_stats")
+        led = [self._ledger(d) for d in devs]
+        cuda = bool(devs) and all(d.startswith("cuda") for d in devs) and _cuda_ready()
+        out: dict[str, Any] = {
+            "allocated_bytes": sum(s["allocated"] for s in led),
+            "peak_allocated": sum(s["peak_allocated"] for s in led),
+            "cached_bytes": self.memory_cached(device),
+            "reserved_bytes": self.memory_reserved(device),
+            "peak_cached": self.max_memory_cached(device),
+            "pending_free_bytes": sum(s["freed"] for s in led),
+            "num_allocations": sum(s["allocs"] for s in led),
+            "num_frees": sum(s["frees"] for s in led),
+            "num_gc_runs": sum(s["gc_runs"] for s in led),
+            "allocator_allocated_bytes": None,
+            "active_bytes": None,
+            "inactive_split_bytes": None,
+            "num_alloc_retries": None,
+            "num_ooms": None,
+            "cache_hit_rate": None,
+        }
+        if cuda:
+            keys = {
+                "allocator_allocated_bytes": "allocated_bytes.all.current",
+                "active_bytes": "active_bytes.all.current",
+                "inactive_split_bytes": "inactive_split_bytes.all.current",
+                "num_alloc_retries": "num_alloc_retries",
+                "num_ooms": "num_ooms",
+            }
+            requests = mallocs = 0
+            for k in keys:
+                out[k] = 0
+            for d in devs:
+                ts = torch.cuda.memory_stats(_dev_index(d))
+                for k, tk in keys.items():
+                    out[k] += int(ts.get(tk, 0))
+                requests += int(ts.get("allocation.all.allocated", 0))
+                mallocs += int(ts.get("segment.all.allocated", 0))
+            out["cache_hit_rate"] = 1.0 - mallocs / requests if requests else None
+        return out
+
+    def memory_summary(self, device: Any = None) -> str:
+        """A human table per device: the ledger, the backend and the drift between them."""
+        devs = self._select(device, "memory_summary")
+        head = (
+            f"{'device':<10}{'allocated':>12}{'peak':>12}{'reserved':>12}{'cached':>12}"
+            f"{'backend alloc':>15}{'drift':>12}{'allocs':>9}{'frees':>9}{'gc':>5}"
+        )
+        lines = ["memlord memory summary", head, "-" * len(head)]
+        for dev in devs:
+            s = self.memory_stats(dev)
+            back = s["allocator_allocated_bytes"]
+            drift = self.drift(dev)
+            lines.append(
+                f"{dev:<10}{format_bytes(s['allocated_bytes']):>12}"
+                f"{format_bytes(s['peak_allocated']):>12}{format_bytes(s['reserved_bytes']):>12}"
+                f"{format_bytes(s['cached_bytes']):>12}"
+                f"{'n/a' if back is None else format_bytes(back):>15}"
+                f"{'n/a' if drift is None else _signed(drift):>12}"
+                f"{s['num_allocations']:>9}{s['num_frees']:>9}{s['num_gc_runs']:>5}"
+            )
+        if not devs:
+            lines.append("(no device seen)")
+        lines.append("drift: bytes the backend's allocator holds that memlord does not count")
+        return "\n".join(lines)
+
+    # ---- actions ---------------------------------------------------------------------------
+
+    def empty_cache(self, device: Any = None) -> None:
+        """Release the backend's cache of the selected devices (cpu: nothing to do)."""
+        for dev in self._select(device, "empty_cache"):
+            d = torch.device(dev)
+            if d.type != "cpu":
+                _backend.release_cache(d.type, -1 if d.index is None else d.index)
+
+    def reset_peak_memory_stats(self, device: Any = None) -> None:
+        """Each selected device's peak becomes its live bytes now (the ledger's, and the
+        CUDA allocator's).  Open regions keep their own peaks."""
+        devs = self._select(device, "reset_peak_memory_stats")
+        self._reset_peak(device)  # type: ignore[attr-defined]
+        for dev in devs:
+            if dev.startswith("cuda") and _cuda_ready():
+                torch.cuda.reset_peak_memory_stats(_dev_index(dev))
+
+    def reset_memory_stats(self, device: Any = None) -> None:
+        """Reset the peaks and zero the cumulative counters (allocated_total, freed_total,
+        allocs, frees, gc_runs) of the selected devices, and the CUDA allocator's; live
+        bytes and the auto-GC counters are kept."""
+        devs = self._select(device, "reset_memory_stats")
+        self._reset_accumulated(device)  # type: ignore[attr-defined]
+        for dev in devs:
+            if dev.startswith("cuda") and _cuda_ready():
+                torch.cuda.reset_peak_memory_stats(_dev_index(dev))
+                torch.cuda.reset_accumulated_memory_stats(_dev_index(dev))
+
+    def profile_memory(self) -> MemoryProfile:
+        """``with lord.profile_memory() as p: ...`` then ``p.peak_memory()`` and
+        ``p.memory_summary()``; a region underneath, so the global peak is kept."""
+        return MemoryProfile(self)

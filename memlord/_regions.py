@@ -1,0 +1,244 @@
+"""Regions and module breakdowns: ``lord.region(name)``, ``lord.regions()``,
+``lord.track_modules(model)``.
+
+The counting is a C sink (``src/regions.c``): every allocation or free event of a
+region's thread updates that region's per-device net bytes, running peak and counts, in
+the event's apply phase.  The Region object (``lord.region(name)``) is a C type too, so
+entering and leaving cost a few hundred nanoseconds; Python aggregates closed regions by
+name, decorates functions and hooks modules.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ._core import Region
+
+_FOLD_AT = 4096
+
+
+def _drain(done: list) -> list:
+    """Take the items at the head of a list that closing regions append to: safe
+    against appends from other threads meanwhile."""
+    n = len(done)
+    items = done[:n]
+    del done[:n]
+    return items
+
+
+class _Aggregate:
+    """Per region name: count, total ns and per device total, max delta, max peak delta.
+
+    Closing a region (C) only appends ``(name, (duration_ns, rows))`` to a list; the
+    list is folded in here under a lock when read, or when many are waiting."""
+
+    def __init__(self) -> None:
+        # Re-entrant: a finalizer run by the cyclic GC in the middle of a fold may close
+        # a region, and a region's exit may ask for a fold; that nested fold returns at
+        # once (the items wait for the next one), so a drain is never interleaved.
+        self._lock = threading.RLock()
+        self._folding = False
+        self._by_name: dict[str, list] = {}
+
+    def fold(self, done: list) -> None:
+        with self._lock:
+            if self._folding:
+                return
+            self._folding = True
+            try:
+                self._fold_locked(done)
+            finally:
+                self._folding = False
+
+    def _fold_locked(self, done: list) -> None:
+        by_name = self._by_name
+        for name, (duration_ns, rows) in _drain(done):
+            agg = by_name.get(name)
+            if agg is None:
+                agg = by_name[name] = [0, 0, {}]  # count, total ns, devices
+            agg[0] += 1
+            agg[1] += duration_ns
+            devices = agg[2]
+            for dev, _entry, net, peak_net, _allocs, _frees in rows:
+                d = devices.get(dev)
+                if d is None:
+                    devices[dev] = [net, net, peak_net]  # total, max, max peak
+                else:
+                    d[0] += net
+                    d[1] = max(d[1], net)
+                    d[2] = max(d[2], peak_net)
+
+    def result(self, done: list, clear: bool) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            if self._folding:  # asked from a finalizer in the middle of a fold
+                raise RuntimeError("memlord: regions() called while regions are being folded")
+            self._folding = True
+            try:
+                self._fold_locked(done)
+                out = {}
+                for name, (count, total_ns, devs) in self._by_name.items():
+                    devices = {
+                        dev: {
+                            "total_delta": total,
+                            # over every run of the region (a run that did not touch
+                            # the device counts 0)
+                            "avg_delta": total / count,
+                            "max_delta": mx,
+                            "max_peak_delta": mpeak,
+                        }
+                        for dev, (total, mx, mpeak) in devs.items()
+                    }
+                    out[name] = {"count": count, "total_s": total_ns / 1e9, "devices": devices}
+                if clear:
+                    self._by_name = {}
+                return out
+            finally:
+                self._folding = False
+
+
+def _decorate(region: Region, fn: Callable) -> Callable:
+    """``@lord.region(name)``: a fresh region of that name around every call."""
+    if not callable(fn):
+        raise TypeError(f"region(): a decorator takes a function, not {type(fn).__name__}")
+    lord, name, sink = region._lord, region.name, region._sink
+
+    if sink is None:
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with lord.region(name):
+                return fn(*args, **kwargs)
+
+    else:
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with lord._region_with_sink(name, sink):
+                return fn(*args, **kwargs)
+
+    return wrapper
+
+
+class ModuleTracker:
+    """What ``lord.track_modules(model)`` returns: one region per submodule call, named
+    by the qualified name (the root by its class name) and ``"<name> (backward)"`` for
+    its backward.  ``disable()`` removes the hooks; a context manager disables on exit.
+    ``regions(clear=False)`` aggregates the regions it opened, as ``lord.regions()``.
+    """
+
+    def __init__(self, lord: Any, model: torch.nn.Module, backward: bool = True) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(
+                "track_modules(): argument 'model' must be a torch.nn.Module, not "
+                + type(model).__name__
+            )
+        if not isinstance(backward, bool):
+            raise TypeError(
+                "track_modules(): argument 'backward' must be a bool, not "
+                + type(backward).__name__
+            )
+        self._lord = lord
+        self._aggregate = _Aggregate()
+        self._done: list = []
+        self._local = threading.local()
+        self._handles: list[Any] = []
+        root = type(model).__name__
+        try:
+            for qname, mod in model.named_modules():
+                name = qname or root
+                bname = name + " (backward)"
+                self._handles.append(mod.register_forward_pre_hook(self._opener(name)))
+                self._handles.append(
+                    mod.register_forward_hook(self._closer(name), always_call=True)
+                )
+                if backward:
+                    self._handles.append(mod.register_full_backward_pre_hook(self._opener(bname)))
+                    self._handles.append(mod.register_full_backward_hook(self._closer(bname)))
+        except BaseException:
+            self.disable()
+            raise
+
+    def _stack(self) -> list[tuple[str, Region]]:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+    def _opener(self, name: str) -> Callable:
+        def hook(*_: Any) -> None:
+            region = self._lord._region_with_sink(name, self._done)
+            region.__enter__()
+            self._stack().append((name, region))
+
+        return hook
+
+    def _closer(self, name: str) -> Callable:
+        def hook(*_: Any) -> None:
+            stack = self._stack()
+            if not any(n == name for n, _ in stack):
+                return
+            # close what a failed or re-entered call left open above this one
+            while stack:
+                n, region = stack.pop()
+                region.__exit__(None, None, None)
+                if n == name:
+                    break
+            if len(self._done) > _FOLD_AT:
+                self._aggregate.fold(self._done)
+
+        return hook
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._handles)
+
+    def disable(self) -> None:
+        """Remove every hook and close the regions this thread still has open."""
+        handles, self._handles = self._handles, []
+        for h in handles:
+            h.remove()
+        stack = self._stack()
+        while stack:
+            stack.pop()[1].__exit__(None, None, None)
+
+    def regions(self, clear: bool = False) -> dict[str, dict[str, Any]]:
+        """The regions this tracker opened, aggregated per name (as lord.regions())."""
+        return self._aggregate.result(self._done, clear)
+
+    def __enter__(self) -> ModuleTracker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.disable()
+
+    def __repr__(self) -> str:
+        return f"<memlord ModuleTracker {'enabled' if self.enabled else 'disabled'}>"
+
+
+class RegionsMixin:
+    """The region methods of MemLord."""
+
+    _region_aggregate: _Aggregate
+
+    def regions(self, clear: bool = False) -> dict[str, dict[str, Any]]:
+        """Every closed region aggregated per name: ``{name: {"count", "total_s",
+        "devices": {device: {"total_delta", "avg_delta", "max_delta",
+        "max_peak_delta"}}}}``; ``clear=True`` empties the aggregate after reading."""
+        if not isinstance(clear, bool):
+            raise TypeError(
+                "regions(): argument 'clear' must be a bool, not " + type(clear).__name__
+            )
+        return self._region_aggregate.result(self._region_done(), clear)
+
+    def _region_fold(self) -> None:
+        """Called by the C core when many closed regions wait to be aggregated."""
+        self._region_aggregate.fold(self._region_done())
+
+    def track_modules(self, model: torch.nn.Module, *, backward: bool = True) -> ModuleTracker:
+        """Open a region per submodule forward (and backward) call; returns the handle."""
+        return ModuleTracker(self, model, backward)
