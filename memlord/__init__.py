@@ -73,4 +73,5 @@ _core._configure(
     debug_env=_log._debug_env_changed,
     log_event=_log._event,
     log_gc=_log._auto_gc,
+    module_grads=_backend.module_grads,
 )

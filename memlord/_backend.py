@@ -33,3 +33,12 @@ def release_cache(device_type: str, index: int) -> bool:
     else:
         empty_cache()
     return True
+
+
+def module_grads(module: torch.nn.Module) -> list:
+    """The gradients a Module conversion converts with its parameters (the core counts the
+    new ones after Module._apply, as it counts the parameters)."""
+    try:
+        return [p.grad for p in module.parameters() if p.grad is not None]
+    except Exception:  # a broken module: its parameters were already walked
+        return []

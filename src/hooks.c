@@ -997,6 +997,17 @@ static PyObject *hook_module_apply(PyObject *callable, PyObject *const *args, si
     w.collect_keys = 1;
     w.opaque_ok = 1;
     int rc = ml_walk_object(st, &w, args[0], "_apply");
+    if (rc == 0 && st->module_grads != NULL) {
+        /* _apply converts gradients too; a module walk does not visit them */
+        PyObject *grads = PyObject_CallOneArg(st->module_grads, args[0]);
+        rc = grads != NULL && PyList_Check(grads) ? 0 : -1;
+        for (Py_ssize_t i = 0; rc == 0 && i < PyList_GET_SIZE(grads); i++) {
+            PyObject *g = Py_NewRef(PyList_GET_ITEM(grads, i)); /* held across the walk */
+            rc = ml_walk_tensor(st, &w, g);
+            Py_DECREF(g);
+        }
+        Py_XDECREF(grads);
+    }
     if (rc < 0) {
         report_failure(callable);
     } else if (w.n > 0) {

@@ -116,6 +116,7 @@ typedef struct {
     PyObject *s_write, *s_flush, *s_main_py;
     /* configured from Python (memlord/__init__.py) */
     PyObject *release_cache; /* callable(type_name, index) or NULL */
+    PyObject *module_grads;  /* callable(module) -> its parameters' gradients, or NULL */
     PyObject *torch_prefix;  /* directory of the torch package, with trailing slash */
     PyObject *memlord_prefix;
     PyObject *last_code; /* sites.c: last code object classified, strong */

@@ -175,11 +175,12 @@ static int core_exec(PyObject *module)
  * memlord/__init__.py, where Python is the natural place to find paths. */
 static PyObject *core_configure(PyObject *module, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"release_cache", "torch_prefix", "memlord_prefix", "logger",
-                             "debug_env",     "log_event",    "log_gc",         NULL};
-    PyObject *release, *tp, *mp, *logger, *env, *on_event, *on_gc;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OUUOOOO:_configure", kwlist, &release, &tp, &mp,
-                                     &logger, &env, &on_event, &on_gc)) {
+    static char *kwlist[] = {"release_cache", "torch_prefix", "memlord_prefix",
+                             "logger",        "debug_env",    "log_event",
+                             "log_gc",        "module_grads", NULL};
+    PyObject *release, *tp, *mp, *logger, *env, *on_event, *on_gc, *grads = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OUUOOOO|O:_configure", kwlist, &release, &tp, &mp,
+                                     &logger, &env, &on_event, &on_gc, &grads)) {
         return NULL;
     }
     if (ml_log_configure(ml_state_of_module(module), logger, env, on_event, on_gc) < 0) {
@@ -193,6 +194,9 @@ static PyObject *core_configure(PyObject *module, PyObject *args, PyObject *kwds
     Py_XSETREF(st->release_cache, release == Py_None ? NULL : Py_NewRef(release));
     Py_XSETREF(st->torch_prefix, Py_NewRef(tp));
     Py_XSETREF(st->memlord_prefix, Py_NewRef(mp));
+    if (grads != Py_None) {
+        Py_XSETREF(st->module_grads, Py_NewRef(grads));
+    }
     Py_RETURN_NONE;
 }
 
@@ -372,6 +376,7 @@ static size_t state_objects(ml_state *st, PyObject ***out)
         &st->torch_prefix,
         &st->memlord_prefix,
         &st->last_code,
+        &st->module_grads,
     };
     size_t n = sizeof(objs) / sizeof(objs[0]);
     for (size_t i = 0; i < n && i < ML_STATE_OBJECTS; i++) {

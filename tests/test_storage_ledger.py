@@ -632,3 +632,18 @@ def test_lord_dropped_while_its_storages_live():
     )
     assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
     assert r.stdout.strip() == "ok"
+
+
+def test_module_type_conversion_counts_converted_gradients():
+    """Module._apply converts gradients with the parameters; spellings that go through no
+    hooked conversion (type, _apply) still count the new gradient storages."""
+    lord = MemLord(auto_gc_bytes=None)
+    with lord.hook_into_python(), lord.hook_into_torch():
+        m = nn.Linear(6, 4)
+        for p in m.parameters():
+            p.grad = torch.ones_like(p)
+        m.type(torch.float64)
+        live = sum(
+            p.untyped_storage().nbytes() + p.grad.untyped_storage().nbytes() for p in m.parameters()
+        )
+        assert lord.allocated("cpu")[0] == live == 2 * 2 * (24 + 4) * 8 // 2
