@@ -13,6 +13,17 @@ import tempfile
 import time
 from pathlib import Path
 
+
+def _browser_env() -> dict[str, str]:
+    """The environment for the browser: without a preloaded sanitizer runtime (a process
+    run under ASan would hand it to chromium, which then crawls or hangs)."""
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k != "LD_PRELOAD" and not k.startswith(("ASAN_", "LSAN_", "UBSAN_"))
+    }
+
+
 NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 _CONSOLE = re.compile(r":CONSOLE(?::\d+|\(\d+\))\]\s*(.*)")
 _READY = re.compile(r'data-memlord-ready="([0-9.]+)"')
@@ -78,7 +89,9 @@ def load_page(
             url,
         ]
         t0 = time.perf_counter()
-        proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
+        proc = subprocess.run(
+            args, capture_output=True, text=True, timeout=timeout_s, env=_browser_env()
+        )
         elapsed = time.perf_counter() - t0
         if proc.returncode != 0:
             raise RuntimeError(f"chromium exited with {proc.returncode}: {proc.stderr[-2000:]}")
@@ -91,7 +104,9 @@ def load_page(
                 f"--screenshot={os.fspath(screenshot)}",
                 url,
             ]
-            done = subprocess.run(shot, capture_output=True, text=True, timeout=timeout_s)
+            done = subprocess.run(
+                shot, capture_output=True, text=True, timeout=timeout_s, env=_browser_env()
+            )
             if done.returncode != 0:
                 raise RuntimeError(f"chromium screenshot failed: {done.stderr[-2000:]}")
     ready = _READY.search(proc.stdout)
