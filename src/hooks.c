@@ -890,6 +890,25 @@ static PyObject *hook_module_to(PyObject *callable, PyObject *const *args, size_
     return result;
 }
 
+/* The end of a factory or parameter hook: result counted and tracked for
+ * every lord of the python hooks; returned unchanged whatever happens. */
+static PyObject *track_result(PyObject *callable, ml_state *st, PyObject *result, const char *label)
+{
+    PyObject *lords = live_lords(disp.py_lord_refs); /* a snapshot: subscribers may change */
+    if (lords == NULL) {
+        report_failure(callable);
+        return result;
+    }
+    PyObject *guard = read_in_c(st, result) && !tf_mode_active() ? NULL : quiet_enter();
+    if (track_new_tensor(st, lords, result, label) < 0) {
+        report_failure(callable);
+    }
+    quiet_exit(guard);
+    Py_DECREF(lords);
+    ml_safe_point();
+    return result;
+}
+
 /* torch.empty(...) and friends, Tensor.clone: the result is counted and
  * registered for every lord with hook_into_python on, unless out= was
  * given (the memory already existed). */
@@ -914,19 +933,7 @@ static PyObject *hook_factory(PyObject *callable, PyObject *const *args, size_t 
     if (!PyObject_TypeCheck(result, (PyTypeObject *)st->tensor_type) || uncounted(st, result)) {
         return result;
     }
-    PyObject *lords = live_lords(disp.py_lord_refs); /* a snapshot: subscribers may change */
-    if (lords == NULL) {
-        report_failure(callable);
-        return result;
-    }
-    PyObject *guard = read_in_c(st, result) && !tf_mode_active() ? NULL : quiet_enter();
-    if (track_new_tensor(st, lords, result, "(factory)") < 0) {
-        report_failure(callable);
-    }
-    quiet_exit(guard);
-    Py_DECREF(lords);
-    ml_safe_point();
-    return result;
+    return track_result(callable, st, result, "(factory)");
 }
 
 /* nn.Parameter(data): a parameter is memory the model holds.  Its storage
@@ -945,19 +952,7 @@ static PyObject *hook_param(PyObject *callable, PyObject *const *args, size_t na
     if (!PyObject_TypeCheck(result, (PyTypeObject *)st->tensor_type) || uncounted(st, result)) {
         return result;
     }
-    PyObject *lords = live_lords(disp.py_lord_refs);
-    if (lords == NULL) {
-        report_failure(callable);
-        return result;
-    }
-    PyObject *guard = read_in_c(st, result) && !tf_mode_active() ? NULL : quiet_enter();
-    if (track_new_tensor(st, lords, result, "(param)") < 0) {
-        report_failure(callable);
-    }
-    quiet_exit(guard);
-    Py_DECREF(lords);
-    ml_safe_point();
-    return result;
+    return track_result(callable, st, result, "(param)");
 }
 
 /* Module._apply (to, half, float, double, bfloat16, cuda, cpu, type,
