@@ -890,8 +890,9 @@ static PyObject *hook_module_to(PyObject *callable, PyObject *const *args, size_
     return result;
 }
 
-/* The end of a factory or parameter hook: result counted and tracked for
- * every lord of the python hooks; returned unchanged whatever happens. */
+/* The end of a factory or parameter hook: a tensor result (not fake or
+ * functional) is counted and tracked for every lord of the python hooks;
+ * result is returned unchanged whatever happens. */
 static PyObject *track_result(PyObject *callable, ml_state *st, PyObject *result, const char *label)
 {
     PyObject *lords = live_lords(disp.py_lord_refs); /* a snapshot: subscribers may change */
@@ -929,11 +930,7 @@ static PyObject *hook_factory(PyObject *callable, PyObject *const *args, size_t 
     if (out != NULL && out != Py_None) {
         return result;
     }
-    ml_state *st = ml_state_of_module(disp.module);
-    if (!PyObject_TypeCheck(result, (PyTypeObject *)st->tensor_type) || uncounted(st, result)) {
-        return result;
-    }
-    return track_result(callable, st, result, "(factory)");
+    return track_result(callable, ml_state_of_module(disp.module), result, "(factory)");
 }
 
 /* nn.Parameter(data): a parameter is memory the model holds.  Its storage
@@ -948,11 +945,7 @@ static PyObject *hook_param(PyObject *callable, PyObject *const *args, size_t na
     if (result == NULL || disp.py_lord_refs == NULL || disp.module == NULL) {
         return result;
     }
-    ml_state *st = ml_state_of_module(disp.module);
-    if (!PyObject_TypeCheck(result, (PyTypeObject *)st->tensor_type) || uncounted(st, result)) {
-        return result;
-    }
-    return track_result(callable, st, result, "(param)");
+    return track_result(callable, ml_state_of_module(disp.module), result, "(param)");
 }
 
 /* Module._apply (to, half, float, double, bfloat16, cuda, cpu, type,
