@@ -110,14 +110,14 @@ static void apply(MemLordObject *lord, ml_event *ev, int n)
 
 static void notify(MemLordObject *lord, const ml_event *ev, int n, const ml_emit_ctx *ctx)
 {
-    /* A private copy of the sink table: a notify may run Python that adds a
-     * sink, and the lord is held by the caller. */
-    ml_sink sinks[ML_MAX_SINKS];
-    int nsinks = lord->nsinks;
-    memcpy(sinks, lord->sinks, (size_t)nsinks * sizeof(ml_sink));
-    for (int i = 0; i < nsinks; i++) {
-        if (sinks[i].notify != NULL) {
-            sinks[i].notify(sinks[i].data, lord, ev, n, ctx);
+    /* The table is read afresh at every step: a notify may run Python that
+     * adds a sink (or clears the lord's sinks); the table lives inside the
+     * lord, which the caller holds. */
+    for (int i = 0; i < lord->nsinks && i < ML_MAX_SINKS; i++) {
+        void (*fn)(void *, MemLordObject *, const ml_event *, int, const ml_emit_ctx *) =
+            lord->sinks[i].notify;
+        if (fn != NULL) {
+            fn(lord->sinks[i].data, lord, ev, n, ctx);
             if (PyErr_Occurred()) {
                 PyErr_WriteUnraisable((PyObject *)lord);
             }
@@ -148,8 +148,11 @@ int ml_emit(MemLordObject *lord, ml_event *ev, int n, const ml_emit_ctx *ctx)
         return 0; /* applied; only the notifications are lost */
     }
     memcpy(copy, ev, (size_t)n * sizeof(ml_event));
-    PyObject *exc_type, *exc_value, *exc_tb;
-    PyErr_Fetch(&exc_type, &exc_value, &exc_tb); /* a source may emit with an error pending */
+    PyObject *exc_type = NULL, *exc_value = NULL, *exc_tb = NULL;
+    int saved = PyErr_Occurred() != NULL; /* a source may emit with an error pending */
+    if (saved) {
+        PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+    }
     if (ev[0].source == ML_SRC_DEATH) {
         /* Inside a deallocator: nothing heavy here.  The sinks run at the
          * next safe point (autogc.c). */
@@ -159,7 +162,11 @@ int ml_emit(MemLordObject *lord, ml_event *ev, int n, const ml_emit_ctx *ctx)
          * lord it serves: a device is then released once per event. */
         notify(lord, copy, n, ctx);
     }
-    PyErr_Restore(exc_type, exc_value, exc_tb);
+    if (saved) {
+        PyErr_Restore(exc_type, exc_value, exc_tb);
+    } else if (PyErr_Occurred()) {
+        PyErr_Clear(); /* the sinks report their own errors; none reaches the source */
+    }
     if (copy != local) {
         PyMem_Free(copy);
     }

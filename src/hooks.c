@@ -546,6 +546,13 @@ static PyObject *plain_lords(PyObject *lords, Py_ssize_t nplain)
  * source is credited when its storage dies.  The others keep the plain
  * rule: the result is counted, a moved source is credited at the move (or
  * when the copy's CUDA event completes), and stops being tracked. */
+static inline void walk_clear_if(ml_walk *w, int inited)
+{
+    if (inited) {
+        ml_walk_clear(w);
+    }
+}
+
 static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyObject *dst, int kind,
                               int non_blocking)
 {
@@ -563,25 +570,29 @@ static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyOb
     }
     ml_dev sdev = 0, ddev = 0;
     int64_t sbytes = 0, dbytes = 0;
+    /* The destination's storages, walked only when a lord tracks them (most
+     * conversions need none: the walk's set-up is a measurable part of a cast). */
     ml_walk dw;
-    ml_walk_init(&dw);
+    if (ndeep > 0) {
+        ml_walk_init(&dw);
+    }
     if (ndeep > 0 && storages_of(st, dst, &dw) < 0) {
         return -1;
     }
     if (nplain > 0 ? ml_tensor_storage_bytes(st, dst, &ddev, &dbytes) < 0
                    : ml_tensor_device(st, dst, &ddev) < 0) {
-        ml_walk_clear(&dw);
+        walk_clear_if(&dw, ndeep > 0);
         return -1;
     }
     int moved = 0;
     if (kind == HK_MOVE) {
         if (ml_tensor_device(st, src, &sdev) < 0) {
-            ml_walk_clear(&dw);
+            walk_clear_if(&dw, ndeep > 0);
             return -1;
         }
         moved = sdev != ddev;
         if (moved && nplain > 0 && ml_tensor_storage_bytes(st, src, &sdev, &sbytes) < 0) {
-            ml_walk_clear(&dw);
+            walk_clear_if(&dw, ndeep > 0);
             return -1;
         }
     }
@@ -595,7 +606,7 @@ static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyOb
     if (ndeep > 0) {
         track_for(lords, &dw, &site, "(hook)", 1);
     }
-    ml_walk_clear(&dw);
+    walk_clear_if(&dw, ndeep > 0);
     int queued = 0;
     if (nplain > 0) {
         PyObject *plain = ndeep == 0 ? Py_NewRef(lords) : plain_lords(lords, nplain);
