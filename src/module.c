@@ -2,17 +2,17 @@
  *
  * The module imports torch and numpy when it is executed: memlord counts
  * torch objects, and reads their types and singletons once here. */
-#include "lord.h"
-#include "regions.h"
-#include "autogc.h"
-#include "handles.h"
-#include "hooks.h"
-#include "logsink.h"
-#include "sites.h"
-#include "lifetime.h"
-#include "ml_cuda.h"
-#include "tensorabi.h"
-#include "walk.h"
+#include "api/lord.h"
+#include "sinks/regions.h"
+#include "core/autogc.h"
+#include "api/handles.h"
+#include "hooks/hooks.h"
+#include "core/logsink.h"
+#include "core/sites.h"
+#include "hooks/lifetime.h"
+#include "platform/ml_cuda.h"
+#include "torch/tensorabi.h"
+#include "torch/walk.h"
 
 #define PY_ARRAY_UNIQUE_SYMBOL memlord_ARRAY_API
 #include <numpy/arrayobject.h>
