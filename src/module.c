@@ -17,11 +17,6 @@
 #define PY_ARRAY_UNIQUE_SYMBOL memlord_ARRAY_API
 #include <numpy/arrayobject.h>
 
-ml_state *ml_state_of_module(PyObject *module)
-{
-    return (ml_state *)PyModule_GetState(module);
-}
-
 static int intern(PyObject **slot, const char *s)
 {
     *slot = PyUnicode_InternFromString(s);
@@ -44,17 +39,6 @@ static int load_interned(ml_state *st)
             intern(&st->s_main_py, "__main__.py"))
                ? -1
                : 0;
-}
-
-PyObject *ml_import_attr(const char *module, const char *attr)
-{
-    PyObject *m = PyImport_ImportModule(module);
-    if (m == NULL) {
-        return NULL;
-    }
-    PyObject *a = PyObject_GetAttrString(m, attr);
-    Py_DECREF(m);
-    return a;
 }
 
 /* *out = the descriptor type lookup finds for name (new reference), left

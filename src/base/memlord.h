@@ -133,9 +133,12 @@ typedef struct {
     int last_code_internal;
 } ml_state;
 
+/* ---- small helpers (util.c) ------------------------------------------- */
 ml_state *ml_state_of_module(PyObject *module); /* borrowed module */
 /* getattr(import(module), attr) */
 PyObject *ml_import_attr(const char *module, const char *attr);
+/* *out = int(o), stealing o (NULL: an error is already set); -1 on error. */
+int ml_as_int64(PyObject *o, int64_t *out);
 
 /* ---- devices (device.c) ----------------------------------------------- */
 int ml_device_register_types(ml_state *st);

@@ -21,7 +21,6 @@
  * nn.Parameter: a subclass may override device or layout in Python
  * (FakeTensor does), and then its getters are the truth. */
 #include "torch/tensorabi.h"
-#include "torch/walk.h"
 
 #include <stdlib.h>
 #include <string.h>

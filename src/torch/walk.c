@@ -207,20 +207,6 @@ static void stack_clear(ml_stack *s)
     PyMem_Free(s->items);
 }
 
-int ml_as_int64(PyObject *o, int64_t *out)
-{
-    if (o == NULL) {
-        return -1;
-    }
-    long long v = PyLong_AsLongLong(o);
-    Py_DECREF(o);
-    if (v == -1 && PyErr_Occurred()) {
-        return -1;
-    }
-    *out = (int64_t)v;
-    return 0;
-}
-
 static int as_uintptr(PyObject *o, uintptr_t *out)
 {
     if (o == NULL) {

@@ -52,8 +52,6 @@ int ml_tensor_storage_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nby
 PyObject *ml_tensor_untyped_storage(ml_state *st, PyObject *t);
 /* The device of a tensor. */
 int ml_tensor_device(ml_state *st, PyObject *t, ml_dev *dev);
-/* *out = int(o), stealing o (NULL: an error is already set); -1 on error. */
-int ml_as_int64(PyObject *o, int64_t *out);
 /* Walk a single tensor (no type check). */
 int ml_walk_tensor(ml_state *st, ml_walk *w, PyObject *t);
 
