@@ -12,7 +12,7 @@
 #include "hooks/lifetime.h"
 #include "platform/ml_cuda.h"
 #include "torch/tensorabi.h"
-#include "torch/walk.h"
+#include "torch/sizing.h"
 
 #define PY_ARRAY_UNIQUE_SYMBOL memlord_ARRAY_API
 #include <numpy/arrayobject.h>

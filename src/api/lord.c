@@ -8,7 +8,7 @@
 #include "core/logsink.h"
 #include "sinks/regions.h"
 #include "sinks/ring.h"
-#include "torch/walk.h"
+#include "torch/sizing.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -13,8 +13,7 @@
 #include "core/autogc.h"
 #include "hooks/lifetime.h"
 #include "platform/ml_cuda.h"
-#include "torch/tensorabi.h"
-#include "torch/walk.h"
+#include "torch/sizing.h"
 
 #include <string.h>
 #include <structmember.h>

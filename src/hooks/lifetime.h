@@ -5,7 +5,7 @@
 #define MEMLORD_LIFETIME_H
 
 #include "api/lord.h"
-#include "torch/walk.h"
+#include "torch/sizing.h"
 
 extern PyType_Spec ml_tracker_spec;  /* weakref.ref subclass on a storage object */
 extern PyType_Spec ml_registry_spec; /* per-lord callback and table of its trackers */

@@ -4,8 +4,7 @@
  * device).  Modules are walked through their own registries (_parameters,
  * _buffers, _modules in the instance dict): the data nn.Module.parameters()
  * reads, without a Python generator per tensor. */
-#include "torch/walk.h"
-#include "torch/tensorabi.h"
+#include "torch/sizing.h"
 
 #define NO_IMPORT_ARRAY
 #define PY_ARRAY_UNIQUE_SYMBOL memlord_ARRAY_API

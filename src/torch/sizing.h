@@ -1,8 +1,12 @@
-/* Collect the storages an argument holds, each once per call. */
-#ifndef MEMLORD_WALK_H
-#define MEMLORD_WALK_H
+/* Sizing: the one owner of "how big is this tensor" and of collecting the
+ * storages an argument holds, each once per call.  The stable-ABI reader
+ * (tensorabi.h) is its fast path, beneath it: the sources and the Lord ask
+ * here, and only the torch layer and the module's init include tensorabi.h
+ * itself (tools/check_includes.py). */
+#ifndef MEMLORD_SIZING_H
+#define MEMLORD_SIZING_H
 
-#include "base/memlord.h"
+#include "torch/tensorabi.h"
 
 typedef struct {
     ml_dev dev;
