@@ -2,13 +2,13 @@
 #include "api/handles.h"
 #include "hooks/lifetime.h"
 
-ml_handle *ml_handle_new(MemLordObject *lord, int kind)
+ml_handle *ml_handle_new(ml_book *lord, int kind)
 {
     ml_handle *h = PyObject_GC_New(ml_handle, ml_lord_state(lord)->handle_type);
     if (h == NULL) {
         return NULL;
     }
-    h->lord = (MemLordObject *)Py_NewRef(lord);
+    h->lord = (ml_book *)Py_NewRef(lord);
     h->kind = kind;
     h->enabled = 0;
     h->factories = h->deep = 0;

@@ -4,14 +4,14 @@
 #ifndef MEMLORD_HANDLES_H
 #define MEMLORD_HANDLES_H
 
-#include "api/lord.h"
+#include "core/book.h"
 
 enum { ML_HANDLE_TORCH = 0, ML_HANDLE_PYTHON = 1 };
 
 typedef struct {
     PyObject_HEAD
-    MemLordObject *lord; /* strong */
-    int kind;            /* ML_HANDLE_* */
+    ml_book *lord; /* strong */
+    int kind;      /* ML_HANDLE_* */
     int enabled;
     int factories, deep; /* ML_HANDLE_PYTHON: hook_into_python's options */
 } ml_handle;
@@ -19,7 +19,7 @@ typedef struct {
 extern PyType_Spec ml_handle_spec;
 
 /* A new, not yet enabled handle of lord (GC-tracked). */
-ml_handle *ml_handle_new(MemLordObject *lord, int kind);
+ml_handle *ml_handle_new(ml_book *lord, int kind);
 
 /* What disable() does for each kind (hooks.c, lifetime.c): 0, or -1 with an
  * exception set and the handle still enabled. */
@@ -27,6 +27,6 @@ int ml_hooks_disable_torch(ml_handle *h);
 int ml_life_disable(ml_handle *h);
 /* handle.poll() and handle.pending() (hooks.c) */
 void ml_hooks_poll(void);
-int64_t ml_hooks_pending_bytes(const MemLordObject *lord, const ml_selector *sel);
+int64_t ml_hooks_pending_bytes(const ml_book *lord, const ml_selector *sel);
 
 #endif

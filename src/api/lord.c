@@ -1,6 +1,7 @@
 /* The MemLord type: argument parsing and orchestration.  The counting
- * itself lives in walk.c (what an object holds), ledger.c (per-device
- * counters), sites.c (hotspots) and policy.c (auto-GC). */
+ * itself lives in torch/sizing.c (what an object holds), core/emit.c (the
+ * seam), ledger.c (per-device counters), sites.c (hotspots) and policy.c
+ * (auto-GC). */
 #include "api/lord.h"
 #include "hooks/hooks.h"
 #include "core/autogc.h"
@@ -66,72 +67,14 @@ static int deltas_add(ml_deltas *ds, ml_dev dev, int64_t bytes, int64_t count)
     return 0;
 }
 
-static int source_of_label(const char *label)
-{
-    if (label == NULL) {
-        return ML_SRC_EXPLICIT;
-    }
-    if (strcmp(label, "(factory)") == 0) {
-        return ML_SRC_FACTORY;
-    }
-    if (strcmp(label, "(del)") == 0) {
-        return ML_SRC_DEATH;
-    }
-    if (strcmp(label, "(hook, deferred)") == 0) {
-        return ML_SRC_DEFERRED;
-    }
-    if (strcmp(label, "(param)") == 0) {
-        return ML_SRC_PARAM;
-    }
-    return ML_SRC_CONVERT;
-}
-
-int ml_record(MemLordObject *lord, int kind, int source, const ml_delta *d, int n,
-              const ml_site *site, const ml_emit_ctx *ctx)
-{
-    ml_event inline_ev[ML_DELTAS_INLINE];
-    ml_event *ev = n <= ML_DELTAS_INLINE ? inline_ev : PyMem_Malloc((size_t)n * sizeof(ml_event));
-    if (ev == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    uint32_t sid = 0;
-    if (lord->track_callsite && site != NULL && site->code != NULL) {
-        sid = ml_site_intern(&ml_lord_state(lord)->sites, site);
-    }
-    for (int i = 0; i < n; i++) {
-        memset(&ev[i], 0, sizeof(ml_event));
-        ev[i].kind = (uint8_t)kind;
-        ev[i].source = (uint8_t)source;
-        ev[i].dev = d[i].dev;
-        ev[i].bytes = d[i].bytes;
-        ev[i].count = d[i].count;
-        ev[i].site = sid;
-    }
-    static const ml_emit_ctx none = {NULL, NULL};
-    int rc = ml_emit(lord, ev, n, ctx != NULL ? ctx : &none);
-    if (ev != inline_ev) {
-        PyMem_Free(ev);
-    }
-    return rc;
-}
-
-int ml_lord_record(MemLordObject *self, int flags, const ml_delta *d, int n, const ml_site *site,
-                   const char *label, const char *what)
-{
-    ml_emit_ctx ctx = {NULL, (flags & ML_REC_SUMMARY) ? what : NULL};
-    return ml_record(self, (flags & ML_REC_FREE) ? ML_EV_FREE : ML_EV_ALLOC, source_of_label(label),
-                     d, n, site, &ctx);
-}
-
 static PyObject *record_object(MemLordObject *self, PyObject *obj, int is_free)
 {
-    ml_state *st = ml_lord_state(self);
+    ml_state *st = ml_lord_state(&self->book);
     const char *what = is_free ? "free" : "allocate";
     /* Lifetime tracking: allocate counts and tracks what the lord does not
      * track yet; free credits each storage once and stops tracking it. */
-    int track = !is_free && ml_life_active(self);
-    int untrack = is_free && self->registry != NULL;
+    int track = !is_free && ml_life_active(&self->book);
+    int untrack = is_free && self->book.registry != NULL;
     ml_walk w;
     ml_deltas ds;
     ml_site site = {NULL, 0};
@@ -142,12 +85,12 @@ static PyObject *record_object(MemLordObject *self, PyObject *obj, int is_free)
     if (ml_walk_object(st, &w, obj, what) < 0) {
         goto done;
     }
-    if (self->track_callsite) {
+    if (self->book.track_callsite) {
         ml_site_capture(st, &site);
     }
     if (track) {
         /* storages the lord tracks already add nothing */
-        if (ml_life_count_walk(self, &w, ML_REC_SUMMARY, &site, NULL, what) < 0) {
+        if (ml_life_count_walk(&self->book, &w, ML_REC_SUMMARY, &site, NULL, what) < 0) {
             goto done;
         }
         result = Py_NewRef(Py_None);
@@ -158,19 +101,19 @@ static PyObject *record_object(MemLordObject *self, PyObject *obj, int is_free)
             goto done;
         }
     }
-    if (self->track_callsite) {
+    if (self->book.track_callsite) {
         ml_site_capture(st, &site);
     }
     ml_emit_ctx ctx = {obj, what};
-    if (ml_record(self, is_free ? ML_EV_FREE : ML_EV_ALLOC, ML_SRC_EXPLICIT, ds.d, ds.n, &site,
-                  &ctx) < 0) {
+    if (ml_record(&self->book, is_free ? ML_EV_FREE : ML_EV_ALLOC, ML_SRC_EXPLICIT, ds.d, ds.n,
+                  &site, &ctx) < 0) {
         goto done;
     }
     if (untrack) {
         /* credited just now: their deaths credit nothing more (the walk
          * holds the keys, so none died in between) */
         for (Py_ssize_t i = 0; i < w.n; i++) {
-            ml_life_untrack(self, w.keys[i]);
+            ml_life_untrack(&self->book, w.keys[i]);
         }
     }
     result = Py_NewRef(Py_None);
@@ -211,7 +154,7 @@ static int parse_device_arg(MemLordObject *self, const char *fname, PyObject *co
             *sel = self->last_sel;
             return 0;
         }
-        if (ml_selector_parse(ml_lord_state(self), arg, sel) < 0) {
+        if (ml_selector_parse(ml_lord_state(&self->book), arg, sel) < 0) {
             return -1;
         }
         if (len > 0 && len <= (Py_ssize_t)sizeof(self->last_sel_text)) {
@@ -221,7 +164,7 @@ static int parse_device_arg(MemLordObject *self, const char *fname, PyObject *co
         }
         return 0;
     }
-    return ml_selector_parse(ml_lord_state(self), arg, sel);
+    return ml_selector_parse(ml_lord_state(&self->book), arg, sel);
 }
 
 static int same_sel(const ml_selector *a, const ml_selector *b)
@@ -263,26 +206,26 @@ static PyObject *bytes_query(MemLordObject *self, int kind, const char *fname,
     /* Unchanged ledger, same question: the same (immutable) answer. */
     for (int i = 0; i < ML_QCACHE; i++) {
         ml_qcache *c = &self->qcache[i];
-        if (c->result != NULL && c->version == self->version && c->kind == kind &&
+        if (c->result != NULL && c->version == self->book.version && c->kind == kind &&
             same_sel(&c->sel, &sel)) {
             return Py_NewRef(c->result);
         }
     }
-    uint64_t version = self->version;
-    int64_t v = kind == 0 ? ml_ledger_sum_allocated(&self->ledger, &sel)
-                          : ml_ledger_sum_freed(&self->ledger, &sel);
+    uint64_t version = self->book.version;
+    int64_t v = kind == 0 ? ml_ledger_sum_allocated(&self->book.ledger, &sel)
+                          : ml_ledger_sum_freed(&self->book.ledger, &sel);
     /* Building the answer allocates, which may run the cyclic GC and with it
      * tracker callbacks (or let another thread in) that change the ledger:
      * the answer then describes the ledger before; it is returned (it was
      * true when asked) but never cached under the newer version. */
     PyObject *result = bytes_pair(v);
-    if (result == NULL || self->version != version) {
+    if (result == NULL || self->book.version != version) {
         return result;
     }
     ml_qcache *c = &self->qcache[self->qnext];
     self->qnext = (self->qnext + 1) % ML_QCACHE;
     Py_XSETREF(c->result, Py_NewRef(result));
-    c->version = self->version;
+    c->version = self->book.version;
     c->kind = kind;
     c->sel = sel;
     return result;
@@ -336,21 +279,21 @@ static PyObject *lord_stats(MemLordObject *self, PyObject *const *args, Py_ssize
     if (parse_device_arg(self, "stats", args, nargs, kwnames, &sel) < 0) {
         return NULL;
     }
-    ml_state *st = ml_lord_state(self);
+    ml_state *st = ml_lord_state(&self->book);
     PyObject *out = PyDict_New();
     if (out == NULL) {
         return NULL;
     }
     /* Copy first: building dicts runs the allocator, which may run GC
      * callbacks that change the ledger. */
-    int n = self->ledger.n;
+    int n = self->book.ledger.n;
     ml_slot *copy = PyMem_Malloc((size_t)(n ? n : 1) * sizeof(ml_slot));
     if (copy == NULL) {
         Py_DECREF(out);
         return PyErr_NoMemory();
     }
     if (n > 0) {
-        memcpy(copy, self->ledger.slots, (size_t)n * sizeof(ml_slot));
+        memcpy(copy, self->book.ledger.slots, (size_t)n * sizeof(ml_slot));
     }
     for (int i = 0; i < n; i++) {
         if (!ml_selector_match(&sel, copy[i].dev)) {
@@ -390,7 +333,7 @@ static PyObject *lord_hotspots(MemLordObject *self, PyObject *const *args, Py_ss
     }
     /* Copy first: building the list allocates, which may run Python that
      * records into this lord. */
-    const ml_hotspots *h = is_free ? &self->free_sites : &self->alloc_sites;
+    const ml_hotspots *h = is_free ? &self->book.free_sites : &self->book.alloc_sites;
     Py_ssize_t cap = h->cap;
     ml_hot *copy = PyMem_Malloc((size_t)(cap ? cap : 1) * sizeof(ml_hot));
     if (copy == NULL) {
@@ -399,7 +342,7 @@ static PyObject *lord_hotspots(MemLordObject *self, PyObject *const *args, Py_ss
     if (cap > 0) {
         memcpy(copy, h->entries, (size_t)cap * sizeof(ml_hot));
     }
-    ml_state *st = ml_lord_state(self);
+    ml_state *st = ml_lord_state(&self->book);
     PyObject *out = PyList_New(0);
     for (Py_ssize_t i = 0; out != NULL && i < cap; i++) {
         if (copy[i].site == 0 || !ml_selector_match(&sel, copy[i].dev)) {
@@ -431,12 +374,12 @@ static PyObject *lord_reset(MemLordObject *self, PyObject *Py_UNUSED(ignored))
     ml_event ev = {0};
     ev.kind = ML_EV_RESET;
     ev.source = ML_SRC_POLICY;
-    if (ml_emit(self, &ev, 1, &(ml_emit_ctx){NULL, NULL}) < 0) {
+    if (ml_emit(&self->book, &ev, 1, &(ml_emit_ctx){NULL, NULL}) < 0) {
         return NULL;
     }
     /* Objects registered before the reset were counted before it: their
      * deaths no longer credit anything. */
-    ml_life_detach(self);
+    ml_life_detach(&self->book);
     clear_qcache(self);
     ml_safe_point();
     Py_RETURN_NONE;
@@ -452,11 +395,11 @@ static PyObject *lord_set_bytes(MemLordObject *self, PyObject *value)
     }
     ml_policy p;
     ml_policy_from_bytes(v, &p);
-    ml_strategy old = self->strategy;
-    self->policy = p;
-    self->gc_mode = ML_GC_BYTES;
-    self->strategy = (ml_strategy){NULL, 0};
-    self->version++;
+    ml_strategy old = self->book.strategy;
+    self->book.policy = p;
+    self->book.gc_mode = ML_GC_BYTES;
+    self->book.strategy = (ml_strategy){NULL, 0};
+    self->book.version++;
     ml_strategy_free(&old);
     Py_RETURN_NONE;
 }
@@ -468,10 +411,10 @@ static PyObject *lord_set_bands(MemLordObject *self, PyObject *bands)
     if (ml_strategy_from_tuples(bands, &s) < 0) {
         return NULL;
     }
-    ml_strategy old = self->strategy;
-    self->strategy = s;
-    self->gc_mode = ML_GC_STRATEGY;
-    self->version++;
+    ml_strategy old = self->book.strategy;
+    self->book.strategy = s;
+    self->book.gc_mode = ML_GC_STRATEGY;
+    self->book.version++;
     ml_strategy_free(&old);
     Py_RETURN_NONE;
 }
@@ -483,17 +426,17 @@ static PyObject *lord_device_memory(MemLordObject *self, PyObject *const *args, 
     if (ml_device_arg("device_memory", args, nargs, kwnames, 1, &arg) < 0) {
         return NULL;
     }
-    ml_state *st = ml_lord_state(self);
+    ml_state *st = ml_lord_state(&self->book);
     ml_dev dev;
-    if (ml_capacity_parse_device(st, &self->capacity, arg, &dev) < 0) {
+    if (ml_capacity_parse_device(st, &self->book.capacity, arg, &dev) < 0) {
         return NULL;
     }
-    return ml_capacity_query(st, &self->capacity, dev);
+    return ml_capacity_query(st, &self->book.capacity, dev);
 }
 
 static PyObject *lord_set_capacity_source(MemLordObject *self, PyObject *fn)
 {
-    if (ml_capacity_set_source(&self->capacity, fn) < 0) {
+    if (ml_capacity_set_source(&self->book.capacity, fn) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;
@@ -506,18 +449,18 @@ static PyObject *lord_set_callsite_tracking(MemLordObject *self, PyObject *value
                      Py_TYPE(value)->tp_name);
         return NULL;
     }
-    self->track_callsite = value == Py_True;
+    self->book.track_callsite = value == Py_True;
     Py_RETURN_NONE;
 }
 
 static PyObject *lord_region_done(MemLordObject *self, PyObject *Py_UNUSED(ignored))
 {
-    return Py_NewRef(self->region_done);
+    return Py_NewRef(self->book.region_done);
 }
 
 static PyObject *lord_region_names(MemLordObject *self, PyObject *Py_UNUSED(ignored))
 {
-    return PyList_GetSlice(self->region_names, 0, PyList_GET_SIZE(self->region_names));
+    return PyList_GetSlice(self->book.region_names, 0, PyList_GET_SIZE(self->book.region_names));
 }
 
 /* _bench_emit(n): n events (1-byte cpu allocations and frees, alternating)
@@ -536,7 +479,7 @@ static PyObject *lord_bench_emit(MemLordObject *self, PyObject *arg)
         ev.dev = ML_DEV(ML_TYPE_CPU, -1);
         ev.bytes = 1;
         ev.count = 1;
-        if (ml_emit(self, &ev, 1, &(ml_emit_ctx){NULL, NULL}) < 0) {
+        if (ml_emit(&self->book, &ev, 1, &(ml_emit_ctx){NULL, NULL}) < 0) {
             return NULL;
         }
     }
@@ -551,7 +494,7 @@ static PyObject *lord_bench_noop(PyObject *Py_UNUSED(self), PyObject *const *Py_
 
 static PyObject *lord_hook_into_torch(MemLordObject *self, PyObject *Py_UNUSED(ignored))
 {
-    return ml_hooks_enable(self);
+    return ml_hooks_enable(&self->book);
 }
 
 static int parse_bool(PyObject *v, const char *name, int *out)
@@ -576,57 +519,58 @@ static PyObject *lord_hook_into_python(MemLordObject *self, PyObject *args, PyOb
         parse_bool(deep, "enable_deep_autowrap", &d) < 0) {
         return NULL;
     }
-    return ml_life_enable(self, f, d);
+    return ml_life_enable(&self->book, f, d);
 }
 
 static PyObject *lord_get_auto_gc_bytes(MemLordObject *self, void *Py_UNUSED(closure))
 {
-    ml_policy_resolve(&self->policy);
-    if (self->gc_mode != ML_GC_BYTES || !self->policy.enabled) {
+    ml_policy_resolve(&self->book.policy);
+    if (self->book.gc_mode != ML_GC_BYTES || !self->book.policy.enabled) {
         Py_RETURN_NONE;
     }
-    return PyLong_FromLongLong(self->policy.threshold);
+    return PyLong_FromLongLong(self->book.policy.threshold);
 }
 
 static PyObject *lord_get_gc_mode(MemLordObject *self, void *Py_UNUSED(closure))
 {
-    return PyUnicode_FromString(self->gc_mode == ML_GC_STRATEGY ? "strategy" : "bytes");
+    return PyUnicode_FromString(self->book.gc_mode == ML_GC_STRATEGY ? "strategy" : "bytes");
 }
 
 static PyObject *lord_get_capacity_source(MemLordObject *self, void *Py_UNUSED(closure))
 {
-    return Py_NewRef(self->capacity.source ? self->capacity.source : Py_None);
+    return Py_NewRef(self->book.capacity.source ? self->book.capacity.source : Py_None);
 }
 
 static PyObject *lord_get_gc_runs(MemLordObject *self, void *Py_UNUSED(closure))
 {
-    return PyLong_FromLongLong(self->ledger.gc_total);
+    return PyLong_FromLongLong(self->book.ledger.gc_total);
 }
 
 static PyObject *lord_get_track_callsite(MemLordObject *self, void *Py_UNUSED(closure))
 {
-    return PyBool_FromLong(self->track_callsite);
+    return PyBool_FromLong(self->book.track_callsite);
 }
 
 static PyObject *lord_repr(MemLordObject *self)
 {
-    ml_state *st = ml_lord_state(self);
+    ml_state *st = ml_lord_state(&self->book);
     char thr[ML_FMT_BYTES_MAX + 32] = "off";
-    if (self->gc_mode == ML_GC_STRATEGY) {
-        snprintf(thr, sizeof(thr), "strategy (%d band%s)", self->strategy.n,
-                 self->strategy.n == 1 ? "" : "s");
-    } else if (self->policy.is_auto && !self->policy.resolved) {
+    if (self->book.gc_mode == ML_GC_STRATEGY) {
+        snprintf(thr, sizeof(thr), "strategy (%d band%s)", self->book.strategy.n,
+                 self->book.strategy.n == 1 ? "" : "s");
+    } else if (self->book.policy.is_auto && !self->book.policy.resolved) {
         snprintf(thr, sizeof(thr), "auto (read at first use)"); /* repr never loads the driver */
-    } else if (self->policy.enabled) {
-        ml_format_bytes(self->policy.threshold, thr, sizeof(thr));
+    } else if (self->book.policy.enabled) {
+        ml_format_bytes(self->book.policy.threshold, thr, sizeof(thr));
     }
     PyObject *out = PyUnicode_FromFormat(
         "<MemLord auto_gc=%s%s, %d device%s>", thr,
-        self->gc_mode == ML_GC_BYTES && self->policy.is_auto && self->policy.resolved ? " (auto)"
-                                                                                      : "",
-        self->ledger.n, self->ledger.n == 1 ? "" : "s");
-    for (int i = 0; out != NULL && i < self->ledger.n; i++) {
-        const ml_slot *s = &self->ledger.slots[i];
+        self->book.gc_mode == ML_GC_BYTES && self->book.policy.is_auto && self->book.policy.resolved
+            ? " (auto)"
+            : "",
+        self->book.ledger.n, self->book.ledger.n == 1 ? "" : "s");
+    for (int i = 0; out != NULL && i < self->book.ledger.n; i++) {
+        const ml_slot *s = &self->book.ledger.slots[i];
         char dev[64], a[ML_FMT_BYTES_MAX], f[ML_FMT_BYTES_MAX], p[ML_FMT_BYTES_MAX];
         ml_dev_name(st, s->dev, dev, sizeof(dev));
         ml_format_bytes(s->allocated, a, sizeof(a));
@@ -681,34 +625,35 @@ static PyObject *lord_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObjec
         ml_strategy_free(&strategy);
         return NULL;
     }
-    self->strategy = strategy;
-    self->gc_mode = ML_GC_BYTES;
-    ml_capacity_init(&self->capacity);
-    self->module = Py_NewRef(module);
-    self->st = ml_state_of_module(module);
-    ml_ledger_init(&self->ledger);
-    ml_hotspots_init(&self->alloc_sites);
-    ml_hotspots_init(&self->free_sites);
-    self->policy = policy;
-    self->track_callsite = track;
-    self->nsinks = 0;
-    self->regions = ml_regions_new();
-    self->region_done = self->regions != NULL ? PyList_New(0) : NULL;
-    self->ring = self->region_done != NULL ? ml_ring_new() : NULL;
-    self->region_name_ix = self->ring != NULL ? PyDict_New() : NULL;
+    self->book.strategy = strategy;
+    self->book.gc_mode = ML_GC_BYTES;
+    ml_capacity_init(&self->book.capacity);
+    self->book.module = Py_NewRef(module);
+    self->book.st = ml_state_of_module(module);
+    ml_ledger_init(&self->book.ledger);
+    ml_hotspots_init(&self->book.alloc_sites);
+    ml_hotspots_init(&self->book.free_sites);
+    self->book.policy = policy;
+    self->book.track_callsite = track;
+    self->book.nsinks = 0;
+    self->book.regions = ml_regions_new();
+    self->book.region_done = self->book.regions != NULL ? PyList_New(0) : NULL;
+    self->book.ring = self->book.region_done != NULL ? ml_ring_new() : NULL;
+    self->book.region_name_ix = self->book.ring != NULL ? PyDict_New() : NULL;
     /* index 0 is "no region": an empty name, never interned */
-    self->region_names = self->region_name_ix != NULL ? Py_BuildValue("[s]", "") : NULL;
-    if (self->region_names == NULL) {
+    self->book.region_names = self->book.region_name_ix != NULL ? Py_BuildValue("[s]", "") : NULL;
+    if (self->book.region_names == NULL) {
         Py_DECREF(self);
         return NULL;
     }
     ml_sink regions = ml_region_sink_proto;
-    regions.data = self->regions;
+    regions.data = self->book.regions;
     ml_sink ring = ml_ring_sink_proto;
-    ring.data = self->ring;
-    if (ml_sink_add(self, &ml_hotspot_sink) < 0 || ml_sink_add(self, &ml_log_sink) < 0 ||
-        ml_sink_add(self, &ml_autogc_sink) < 0 || ml_sink_add(self, &regions) < 0 ||
-        ml_sink_add(self, &ring) < 0) {
+    ring.data = self->book.ring;
+    if (ml_sink_add(&self->book, &ml_hotspot_sink) < 0 ||
+        ml_sink_add(&self->book, &ml_log_sink) < 0 ||
+        ml_sink_add(&self->book, &ml_autogc_sink) < 0 || ml_sink_add(&self->book, &regions) < 0 ||
+        ml_sink_add(&self->book, &ring) < 0) {
         Py_DECREF(self);
         return NULL;
     }
@@ -718,30 +663,30 @@ static PyObject *lord_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObjec
 static int lord_traverse(MemLordObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(self));
-    Py_VISIT(self->module);
-    Py_VISIT(self->torch_handle);
-    Py_VISIT(self->py_handle);
-    Py_VISIT(self->capacity.source);
-    Py_VISIT(self->region_done);
-    Py_VISIT(self->region_name_ix);
-    Py_VISIT(self->region_names);
+    Py_VISIT(self->book.module);
+    Py_VISIT(self->book.torch_handle);
+    Py_VISIT(self->book.py_handle);
+    Py_VISIT(self->book.capacity.source);
+    Py_VISIT(self->book.region_done);
+    Py_VISIT(self->book.region_name_ix);
+    Py_VISIT(self->book.region_names);
     return 0;
 }
 
 static int lord_clear(MemLordObject *self)
 {
     /* First: from here on no tracker callback reaches this lord. */
-    ml_life_detach(self);
+    ml_life_detach(&self->book);
     clear_qcache(self);
-    Py_CLEAR(self->torch_handle);
-    Py_CLEAR(self->py_handle);
-    Py_CLEAR(self->region_done);
-    Py_CLEAR(self->region_name_ix);
-    Py_CLEAR(self->region_names);
-    ml_capacity_clear(&self->capacity);
-    ml_hotspots_clear(&self->alloc_sites);
-    ml_hotspots_clear(&self->free_sites);
-    Py_CLEAR(self->module);
+    Py_CLEAR(self->book.torch_handle);
+    Py_CLEAR(self->book.py_handle);
+    Py_CLEAR(self->book.region_done);
+    Py_CLEAR(self->book.region_name_ix);
+    Py_CLEAR(self->book.region_names);
+    ml_capacity_clear(&self->book.capacity);
+    ml_hotspots_clear(&self->book.alloc_sites);
+    ml_hotspots_clear(&self->book.free_sites);
+    Py_CLEAR(self->book.module);
     return 0;
 }
 
@@ -753,12 +698,12 @@ static void lord_dealloc(MemLordObject *self)
         PyObject_ClearWeakRefs((PyObject *)self);
     }
     lord_clear(self);
-    ml_ledger_free(&self->ledger);
-    ml_strategy_free(&self->strategy);
-    ml_regions_free(self->regions);
-    self->regions = NULL;
-    ml_ring_free(self->ring);
-    self->ring = NULL;
+    ml_ledger_free(&self->book.ledger);
+    ml_strategy_free(&self->book.strategy);
+    ml_regions_free(self->book.regions);
+    self->book.regions = NULL;
+    ml_ring_free(self->book.ring);
+    self->book.ring = NULL;
     tp->tp_free(self);
     Py_DECREF(tp);
 }

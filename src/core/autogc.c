@@ -7,12 +7,12 @@
 #include "core/autogc.h"
 #include "core/capacity.h"
 #include "core/logsink.h"
-#include "api/lord.h"
+#include "core/book.h"
 
 #include <string.h>
 
 typedef struct {
-    MemLordObject *lord; /* strong */
+    ml_book *lord; /* strong */
     ml_event ev;
 } ml_deferred;
 
@@ -74,13 +74,13 @@ void ml_safe_point_add_task(void (*fn)(void))
 
 /* ---- the decision (a notify sink) ------------------------------------------ */
 
-static int auto_gc_configured(const MemLordObject *lord)
+static int auto_gc_configured(const ml_book *lord)
 {
     return lord->gc_mode == ML_GC_STRATEGY ? lord->strategy.n > 0
                                            : lord->policy.enabled || lord->policy.is_auto;
 }
 
-static void request_release(MemLordObject *lord, ml_dev dev, const ml_gc_why *why, int64_t runs)
+static void request_release(ml_book *lord, ml_dev dev, const ml_gc_why *why, int64_t runs)
 {
     for (int i = 0; i < q.nreleases; i++) {
         if (q.releases[i].dev == dev) {
@@ -102,7 +102,7 @@ static void request_release(MemLordObject *lord, ml_dev dev, const ml_gc_why *wh
 
 /* Whether dev is due for lord now; fills why.  May run Python (a user
  * capacity source). */
-static int due(MemLordObject *lord, ml_dev dev, ml_gc_why *why)
+static int due(ml_book *lord, ml_dev dev, ml_gc_why *why)
 {
     ml_state *st = ml_lord_state(lord);
     if (lord->gc_mode == ML_GC_STRATEGY) {
@@ -135,7 +135,7 @@ static int due(MemLordObject *lord, ml_dev dev, ml_gc_why *why)
     return 1;
 }
 
-static void autogc_notify(void *Py_UNUSED(data), MemLordObject *lord, const ml_event *ev, int n,
+static void autogc_notify(void *Py_UNUSED(data), ml_book *lord, const ml_event *ev, int n,
                           const ml_emit_ctx *Py_UNUSED(ctx))
 {
     if (!auto_gc_configured(lord)) {
@@ -175,7 +175,7 @@ const ml_sink ml_autogc_sink = {"auto_gc", NULL, NULL, autogc_notify, NULL};
 
 /* ---- deferral out of deallocators ------------------------------------------- */
 
-void ml_defer_notify(MemLordObject *lord, const ml_event *ev, int n)
+void ml_defer_notify(ml_book *lord, const ml_event *ev, int n)
 {
     const ml_state *st = ml_lord_state(lord);
     int want = ml_log_cached_wants(st, ML_LOG_DEBUG);
@@ -200,7 +200,7 @@ void ml_defer_notify(MemLordObject *lord, const ml_event *ev, int n)
             q.deferred = d;
             q.cap = cap;
         }
-        q.deferred[q.ndeferred].lord = (MemLordObject *)Py_NewRef((PyObject *)lord);
+        q.deferred[q.ndeferred].lord = (ml_book *)Py_NewRef((PyObject *)lord);
         q.deferred[q.ndeferred].ev = ev[i];
         q.ndeferred++;
     }

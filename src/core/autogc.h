@@ -17,7 +17,7 @@ extern const ml_sink ml_autogc_sink;
 
 /* Events from a deallocator: their sinks run at the next safe point (only
  * when a sink can want them: the DEBUG log on, or auto-GC configured). */
-void ml_defer_notify(struct MemLordObject *lord, const ml_event *ev, int n);
+void ml_defer_notify(struct ml_book *lord, const ml_event *ev, int n);
 /* Run what is waiting: deferred notifications, then cache releases.  Call
  * where Python may run and no ledger update is in progress. */
 void ml_safe_point(void);
@@ -29,6 +29,6 @@ void ml_safe_point_add_task(void (*fn)(void));
 /* Drop everything waiting (module teardown). */
 void ml_safe_point_clear(void);
 
-void ml_emit_notify_deferred(struct MemLordObject *lord, const ml_event *ev, int n);
+void ml_emit_notify_deferred(struct ml_book *lord, const ml_event *ev, int n);
 
 #endif

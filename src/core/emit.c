@@ -1,9 +1,10 @@
 /* The event seam (event.h): one entry point for every source, applied in
  * phases, then handed to the sinks. */
 #include "core/event.h"
+#include "core/book.h"
 #include "core/autogc.h"
 #include "core/logsink.h"
-#include "api/lord.h"
+#include "core/book.h"
 
 #include <string.h>
 #include <time.h>
@@ -29,7 +30,7 @@ const char *ml_ev_source_name(int source)
     return source >= 0 && source < ML_SRC_NSOURCES ? source_names[source] : "?";
 }
 
-int ml_sink_add(MemLordObject *lord, const ml_sink *sink)
+int ml_sink_add(ml_book *lord, const ml_sink *sink)
 {
     if (lord->nsinks >= ML_MAX_SINKS) {
         PyErr_SetString(PyExc_RuntimeError, "memlord: too many event sinks on one lord");
@@ -41,7 +42,7 @@ int ml_sink_add(MemLordObject *lord, const ml_sink *sink)
 
 /* ---- phase 0 ------------------------------------------------------------- */
 
-static int reserve(MemLordObject *lord, const ml_event *ev, int n)
+static int reserve(ml_book *lord, const ml_event *ev, int n)
 {
     ml_ledger *l = &lord->ledger;
     for (int i = 0; i < n; i++) {
@@ -63,7 +64,7 @@ static int reserve(MemLordObject *lord, const ml_event *ev, int n)
 
 /* ---- phase 1: no Python, no failure -------------------------------------- */
 
-static void apply(MemLordObject *lord, ml_event *ev, int n)
+static void apply(ml_book *lord, ml_event *ev, int n)
 {
     ml_ledger *l = &lord->ledger;
     for (int i = 0; i < n; i++) {
@@ -108,7 +109,7 @@ static void apply(MemLordObject *lord, ml_event *ev, int n)
 
 /* ---- phase 2 ------------------------------------------------------------- */
 
-static void notify(MemLordObject *lord, const ml_event *ev, int n, const ml_emit_ctx *ctx)
+static void notify(ml_book *lord, const ml_event *ev, int n, const ml_emit_ctx *ctx)
 {
     /* A private copy of the sink table: a notify may run Python that adds a
      * sink, and the lord is held by the caller. */
@@ -125,7 +126,7 @@ static void notify(MemLordObject *lord, const ml_event *ev, int n, const ml_emit
     }
 }
 
-int ml_emit(MemLordObject *lord, ml_event *ev, int n, const ml_emit_ctx *ctx)
+int ml_emit(ml_book *lord, ml_event *ev, int n, const ml_emit_ctx *ctx)
 {
     if (n <= 0) {
         return 0;
@@ -168,15 +169,78 @@ int ml_emit(MemLordObject *lord, ml_event *ev, int n, const ml_emit_ctx *ctx)
 
 /* Called from the safe-point queue for events deferred out of a
  * deallocator. */
-void ml_emit_notify_deferred(MemLordObject *lord, const ml_event *ev, int n)
+void ml_emit_notify_deferred(ml_book *lord, const ml_event *ev, int n)
 {
     ml_emit_ctx ctx = {NULL, NULL};
     notify(lord, ev, n, &ctx);
 }
 
+/* ---- recording: what the sources call ------------------------------------ */
+
+/* events of one call held without allocating */
+#define ML_DELTAS_INLINE 8
+
+static int source_of_label(const char *label)
+{
+    if (label == NULL) {
+        return ML_SRC_EXPLICIT;
+    }
+    if (strcmp(label, "(factory)") == 0) {
+        return ML_SRC_FACTORY;
+    }
+    if (strcmp(label, "(del)") == 0) {
+        return ML_SRC_DEATH;
+    }
+    if (strcmp(label, "(hook, deferred)") == 0) {
+        return ML_SRC_DEFERRED;
+    }
+    if (strcmp(label, "(param)") == 0) {
+        return ML_SRC_PARAM;
+    }
+    return ML_SRC_CONVERT;
+}
+
+int ml_record(ml_book *lord, int kind, int source, const ml_delta *d, int n, const ml_site *site,
+              const ml_emit_ctx *ctx)
+{
+    ml_event inline_ev[ML_DELTAS_INLINE];
+    ml_event *ev = n <= ML_DELTAS_INLINE ? inline_ev : PyMem_Malloc((size_t)n * sizeof(ml_event));
+    if (ev == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    uint32_t sid = 0;
+    if (lord->track_callsite && site != NULL && site->code != NULL) {
+        sid = ml_site_intern(&ml_lord_state(lord)->sites, site);
+    }
+    for (int i = 0; i < n; i++) {
+        memset(&ev[i], 0, sizeof(ml_event));
+        ev[i].kind = (uint8_t)kind;
+        ev[i].source = (uint8_t)source;
+        ev[i].dev = d[i].dev;
+        ev[i].bytes = d[i].bytes;
+        ev[i].count = d[i].count;
+        ev[i].site = sid;
+    }
+    static const ml_emit_ctx none = {NULL, NULL};
+    int rc = ml_emit(lord, ev, n, ctx != NULL ? ctx : &none);
+    if (ev != inline_ev) {
+        PyMem_Free(ev);
+    }
+    return rc;
+}
+
+int ml_lord_record(ml_book *self, int flags, const ml_delta *d, int n, const ml_site *site,
+                   const char *label, const char *what)
+{
+    ml_emit_ctx ctx = {NULL, (flags & ML_REC_SUMMARY) ? what : NULL};
+    return ml_record(self, (flags & ML_REC_FREE) ? ML_EV_FREE : ML_EV_ALLOC, source_of_label(label),
+                     d, n, site, &ctx);
+}
+
 /* ---- the hotspot sink: cumulative bytes per (device, site) --------------- */
 
-static int hot_reserve(void *Py_UNUSED(data), MemLordObject *lord, const ml_event *ev, int n)
+static int hot_reserve(void *Py_UNUSED(data), ml_book *lord, const ml_event *ev, int n)
 {
     Py_ssize_t na = 0, nf = 0;
     for (int i = 0; i < n; i++) {
@@ -192,7 +256,7 @@ static int hot_reserve(void *Py_UNUSED(data), MemLordObject *lord, const ml_even
     return 0;
 }
 
-static void hot_apply(void *Py_UNUSED(data), MemLordObject *lord, ml_event *ev, int n)
+static void hot_apply(void *Py_UNUSED(data), ml_book *lord, ml_event *ev, int n)
 {
     for (int i = 0; i < n; i++) {
         if (ev[i].kind == ML_EV_ALLOC) {

@@ -59,7 +59,7 @@ typedef struct {
     const char *what;  /* "allocate" / "free" for explicit calls (summary line), or NULL */
 } ml_emit_ctx;
 
-struct MemLordObject;
+struct ml_book; /* book.h: a lord as the seam sees it */
 
 /* A consumer of events.  reserve (optional) may fail with an exception set
  * and must not run Python; apply must neither fail nor run Python (nor
@@ -67,9 +67,9 @@ struct MemLordObject;
  * leave an exception set.  `data` belongs to the sink's owner. */
 typedef struct {
     const char *name;
-    int (*reserve)(void *data, struct MemLordObject *lord, const ml_event *ev, int n);
-    void (*apply)(void *data, struct MemLordObject *lord, ml_event *ev, int n);
-    void (*notify)(void *data, struct MemLordObject *lord, const ml_event *ev, int n,
+    int (*reserve)(void *data, struct ml_book *lord, const ml_event *ev, int n);
+    void (*apply)(void *data, struct ml_book *lord, ml_event *ev, int n);
+    void (*notify)(void *data, struct ml_book *lord, const ml_event *ev, int n,
                    const ml_emit_ctx *ctx);
     void *data;
 } ml_sink;
@@ -79,10 +79,10 @@ typedef struct {
 /* Apply n events to lord (see the phases above).  The caller holds a strong
  * reference to lord for the duration.  Returns 0, or -1 with an exception
  * set when phase 0 failed (then nothing changed). */
-int ml_emit(struct MemLordObject *lord, ml_event *ev, int n, const ml_emit_ctx *ctx);
+int ml_emit(struct ml_book *lord, ml_event *ev, int n, const ml_emit_ctx *ctx);
 
 /* Add a sink to lord (at most ML_MAX_SINKS); -1 with an exception set. */
-int ml_sink_add(struct MemLordObject *lord, const ml_sink *sink);
+int ml_sink_add(struct ml_book *lord, const ml_sink *sink);
 
 /* Monotonic nanoseconds. */
 int64_t ml_now_ns(void);

@@ -1,6 +1,6 @@
 /* The DEBUG log sink and the [auto_gc] record, through memlord/_log.py. */
 #include "core/logsink.h"
-#include "api/lord.h"
+#include "core/book.h"
 
 #include <stdlib.h>
 
@@ -161,7 +161,7 @@ int ml_log_cached_wants(const ml_state *st, int level)
 }
 
 /* One DEBUG record per event, or a summary of an explicit call. */
-static void log_notify(void *Py_UNUSED(data), MemLordObject *lord, const ml_event *ev, int n,
+static void log_notify(void *Py_UNUSED(data), ml_book *lord, const ml_event *ev, int n,
                        const ml_emit_ctx *ctx)
 {
     ml_state *st = ml_lord_state(lord);

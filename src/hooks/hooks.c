@@ -171,7 +171,7 @@ static void credit(ml_pending *p, const char *label)
 {
     ml_delta d = {p->dev, p->bytes, 1};
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(p->lords); i++) {
-        MemLordObject *lord = (MemLordObject *)PyTuple_GET_ITEM(p->lords, i);
+        ml_book *lord = (ml_book *)PyTuple_GET_ITEM(p->lords, i);
         if (ml_lord_record(lord, ML_REC_FREE, &d, 1, &p->site, label, NULL) < 0) {
             PyErr_WriteUnraisable((PyObject *)lord);
         }
@@ -339,7 +339,7 @@ static int64_t pending_bytes(const PyObject *lord, const ml_selector *sel)
 static int any_tracks_callsite(PyObject *lords)
 {
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
-        if (((MemLordObject *)PyTuple_GET_ITEM(lords, i))->track_callsite) {
+        if (((ml_book *)PyTuple_GET_ITEM(lords, i))->track_callsite) {
             return 1;
         }
     }
@@ -353,7 +353,7 @@ static void record_all(PyObject *lords, int flags, ml_dev dev, int64_t bytes, co
     ml_delta d = {dev, bytes, 1};
     ml_emit_ctx ctx = {subject, NULL};
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
-        MemLordObject *lord = (MemLordObject *)PyTuple_GET_ITEM(lords, i);
+        ml_book *lord = (ml_book *)PyTuple_GET_ITEM(lords, i);
         if (ml_record(lord, (flags & ML_REC_FREE) ? ML_EV_FREE : ML_EV_ALLOC, ML_SRC_CONVERT, &d, 1,
                       site, &ctx) < 0) {
             PyErr_WriteUnraisable((PyObject *)lord);
@@ -494,7 +494,7 @@ static void track_items(PyObject *lords, const ml_life_item *items, Py_ssize_t n
                         const ml_site *site, const char *label, int deep_only)
 {
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
-        MemLordObject *lord = (MemLordObject *)PyTuple_GET_ITEM(lords, i);
+        ml_book *lord = (ml_book *)PyTuple_GET_ITEM(lords, i);
         if (deep_only ? !ml_life_deep(lord) : !ml_life_active(lord)) {
             continue;
         }
@@ -512,7 +512,7 @@ static void track_for(PyObject *lords, const ml_walk *w, const ml_site *site, co
                       int deep_only)
 {
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
-        MemLordObject *lord = (MemLordObject *)PyTuple_GET_ITEM(lords, i);
+        ml_book *lord = (ml_book *)PyTuple_GET_ITEM(lords, i);
         if (deep_only ? !ml_life_deep(lord) : !ml_life_active(lord)) {
             continue;
         }
@@ -532,7 +532,7 @@ static PyObject *plain_lords(PyObject *lords, Py_ssize_t nplain)
     }
     Py_ssize_t k = 0;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords) && k < nplain; i++) {
-        MemLordObject *lord = (MemLordObject *)PyTuple_GET_ITEM(lords, i);
+        ml_book *lord = (ml_book *)PyTuple_GET_ITEM(lords, i);
         if (!ml_life_deep(lord)) {
             PyTuple_SET_ITEM(out, k++, Py_NewRef(lord));
         }
@@ -552,7 +552,7 @@ static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyOb
     Py_ssize_t ndeep = 0, nplain = 0;
     int untrack = 0;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
-        const MemLordObject *lord = (const MemLordObject *)PyTuple_GET_ITEM(lords, i);
+        const ml_book *lord = (const ml_book *)PyTuple_GET_ITEM(lords, i);
         if (ml_life_deep(lord)) {
             ndeep++;
         } else {
@@ -634,7 +634,7 @@ static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyOb
             ml_walk_init(&sw);
             if (storages_of(st, src, &sw) == 0) {
                 for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(plain); i++) {
-                    MemLordObject *lord = (MemLordObject *)PyTuple_GET_ITEM(plain, i);
+                    ml_book *lord = (ml_book *)PyTuple_GET_ITEM(plain, i);
                     for (Py_ssize_t j = 0; j < sw.n; j++) {
                         ml_life_untrack(lord, sw.keys[j]);
                     }
@@ -972,7 +972,7 @@ static PyObject *hook_module_apply(PyObject *callable, PyObject *const *args, si
     }
     int any = 0;
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
-        any |= ml_life_deep((MemLordObject *)PyTuple_GET_ITEM(lords, i));
+        any |= ml_life_deep((ml_book *)PyTuple_GET_ITEM(lords, i));
     }
     ml_state *st = ml_state_of_module(disp.module);
     if (!any || !PyObject_TypeCheck(args[0], (PyTypeObject *)st->module_type)) {
@@ -1683,7 +1683,7 @@ static int ensure_death_callback(void)
     return disp.on_lord_death != NULL ? 0 : -1;
 }
 
-int ml_hooks_py_subscribe(MemLordObject *lord)
+int ml_hooks_py_subscribe(ml_book *lord)
 {
     if (ensure_death_callback() < 0) {
         return -1;
@@ -1700,7 +1700,7 @@ int ml_hooks_py_subscribe(MemLordObject *lord)
     return 0;
 }
 
-int ml_hooks_py_unsubscribe(MemLordObject *lord)
+int ml_hooks_py_unsubscribe(ml_book *lord)
 {
     if (!refs_contain(disp.py_lord_refs, (PyObject *)lord)) {
         return 0;
@@ -1719,7 +1719,7 @@ int ml_hooks_py_unsubscribe(MemLordObject *lord)
 
 /* ---- the handle's torch side ------------------------------------------------ */
 
-PyObject *ml_hooks_enable(MemLordObject *lord)
+PyObject *ml_hooks_enable(ml_book *lord)
 {
     if (lord->torch_handle != NULL && ((ml_handle *)lord->torch_handle)->enabled) {
         return Py_NewRef(lord->torch_handle); /* enabling again is a no-op */
@@ -1773,7 +1773,7 @@ void ml_hooks_poll(void)
     ml_safe_point();
 }
 
-int64_t ml_hooks_pending_bytes(const MemLordObject *lord, const ml_selector *sel)
+int64_t ml_hooks_pending_bytes(const ml_book *lord, const ml_selector *sel)
 {
     return pending_bytes((const PyObject *)lord, sel);
 }

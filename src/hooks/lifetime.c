@@ -112,7 +112,7 @@ PyType_Spec ml_tracker_spec = {
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    MemLordObject *lord;        /* borrowed; NULL once the lord detached it */
+    ml_book *lord;              /* borrowed; NULL once the lord detached it */
     PyTypeObject *tracker_type; /* strong: what its callbacks accept */
     /* Open addressing, linear probing: each slot NULL or a tracker the
      * table owns a reference to.  nslots is 0 or a power of two. */
@@ -268,7 +268,7 @@ static PyObject *registry_vectorcall(PyObject *callable, PyObject *const *args, 
         Py_RETURN_NONE; /* still alive, or not (any more) ours */
     }
     /* From here this function owns the table's reference to tr. */
-    MemLordObject *lord = reg->lord;
+    ml_book *lord = reg->lord;
     if (lord != NULL && !finalizing()) {
         Py_INCREF(lord); /* before anything that can allocate */
         ml_delta d = {tracker_dev(tr), tracker_bytes(tr), 1};
@@ -327,7 +327,7 @@ PyType_Spec ml_registry_spec = {
 };
 
 /* lord's registry, created on first use: a new reference. */
-static RegistryObject *get_registry(MemLordObject *lord)
+static RegistryObject *get_registry(ml_book *lord)
 {
     if (lord->registry == NULL) {
         ml_state *st = ml_lord_state(lord);
@@ -389,7 +389,7 @@ static int add_delta(ml_delta *d, int *nd, ml_dev dev, int64_t bytes)
     return 0;
 }
 
-int ml_life_count(MemLordObject *lord, const ml_life_item *items, Py_ssize_t n, int flags,
+int ml_life_count(ml_book *lord, const ml_life_item *items, Py_ssize_t n, int flags,
                   const ml_site *site, const char *label, const char *what)
 {
     TrackerObject *tr_inline[ML_LIFE_INLINE] = {NULL};
@@ -497,7 +497,7 @@ done:
     return rc;
 }
 
-int ml_life_count_walk(MemLordObject *lord, const ml_walk *w, int flags, const ml_site *site,
+int ml_life_count_walk(ml_book *lord, const ml_walk *w, int flags, const ml_site *site,
                        const char *label, const char *what)
 {
     ml_life_item inline_items[ML_LIFE_INLINE] = {{NULL, 0, 0}};
@@ -521,13 +521,13 @@ int ml_life_count_walk(MemLordObject *lord, const ml_walk *w, int flags, const m
     return rc;
 }
 
-int ml_life_tracks(const MemLordObject *lord, const PyObject *key)
+int ml_life_tracks(const ml_book *lord, const PyObject *key)
 {
     const RegistryObject *reg = (const RegistryObject *)lord->registry;
     return reg != NULL && key != NULL && table_find(reg, (uintptr_t)key) != NULL;
 }
 
-int ml_life_untrack(MemLordObject *lord, const PyObject *key)
+int ml_life_untrack(ml_book *lord, const PyObject *key)
 {
     RegistryObject *reg = (RegistryObject *)lord->registry;
     if (reg == NULL || key == NULL) {
@@ -541,7 +541,7 @@ int ml_life_untrack(MemLordObject *lord, const PyObject *key)
     return 1;
 }
 
-void ml_life_detach(MemLordObject *lord)
+void ml_life_detach(ml_book *lord)
 {
     RegistryObject *reg = (RegistryObject *)lord->registry;
     if (reg == NULL) {
@@ -555,14 +555,14 @@ void ml_life_detach(MemLordObject *lord)
     Py_DECREF(reg);
 }
 
-Py_ssize_t ml_life_tracked(MemLordObject *lord)
+Py_ssize_t ml_life_tracked(ml_book *lord)
 {
     return lord->registry ? ((RegistryObject *)lord->registry)->n : 0;
 }
 
 /* ---- the handle's python side ------------------------------------------------ */
 
-PyObject *ml_life_enable(MemLordObject *lord, int factories, int deep)
+PyObject *ml_life_enable(ml_book *lord, int factories, int deep)
 {
     if (lord->py_handle != NULL) {
         const ml_handle *h = (const ml_handle *)lord->py_handle;
@@ -592,7 +592,7 @@ PyObject *ml_life_enable(MemLordObject *lord, int factories, int deep)
 
 int ml_life_disable(ml_handle *self)
 {
-    MemLordObject *lord = self->lord;
+    ml_book *lord = self->lord;
     if (self->factories && ml_hooks_py_unsubscribe(lord) < 0) {
         return -1;
     }

@@ -4,21 +4,21 @@
 #ifndef MEMLORD_LIFETIME_H
 #define MEMLORD_LIFETIME_H
 
-#include "api/lord.h"
+#include "core/book.h"
 #include "torch/sizing.h"
 
 extern PyType_Spec ml_tracker_spec;  /* weakref.ref subclass on a storage object */
 extern PyType_Spec ml_registry_spec; /* per-lord callback and table of its trackers */
 
 /* 1 when lord tracks new storages (hook_into_python is enabled). */
-static inline int ml_life_active(const MemLordObject *lord)
+static inline int ml_life_active(const ml_book *lord)
 {
     return lord->py_handle != NULL;
 }
 
 /* 1 when lord also tracks conversion results (enable_deep_autowrap): its
  * moves then credit the source when the source storage dies. */
-static inline int ml_life_deep(const MemLordObject *lord)
+static inline int ml_life_deep(const ml_book *lord)
 {
     return lord->py_handle != NULL && lord->deep_autowrap;
 }
@@ -37,22 +37,22 @@ typedef struct {
  * is credited when its storage dies.  Items lord already tracks add
  * nothing; items without a key that weak references reach are counted and
  * not tracked.  The caller holds a reference to lord and to every key. */
-int ml_life_count(MemLordObject *lord, const ml_life_item *items, Py_ssize_t n, int flags,
+int ml_life_count(ml_book *lord, const ml_life_item *items, Py_ssize_t n, int flags,
                   const ml_site *site, const char *label, const char *what);
 /* ml_life_count over the blocks of a walk made with collect_keys. */
-int ml_life_count_walk(MemLordObject *lord, const ml_walk *w, int flags, const ml_site *site,
+int ml_life_count_walk(ml_book *lord, const ml_walk *w, int flags, const ml_site *site,
                        const char *label, const char *what);
 /* 1 when lord tracks the storage key identifies.  Runs no Python. */
-int ml_life_tracks(const MemLordObject *lord, const PyObject *key);
+int ml_life_tracks(const ml_book *lord, const PyObject *key);
 /* Stop tracking key (its free was just credited some other way); 1 when it
  * was tracked.  Runs no Python. */
-int ml_life_untrack(MemLordObject *lord, const PyObject *key);
+int ml_life_untrack(ml_book *lord, const PyObject *key);
 /* Forget every tracked storage of lord (reset, dealloc): their deaths
  * credit nothing.  Runs no Python. */
-void ml_life_detach(MemLordObject *lord);
+void ml_life_detach(ml_book *lord);
 /* lord.hook_into_python(...) */
-PyObject *ml_life_enable(MemLordObject *lord, int factories, int deep);
+PyObject *ml_life_enable(ml_book *lord, int factories, int deep);
 /* Storages lord tracks (for tests and the memory benchmark). */
-Py_ssize_t ml_life_tracked(MemLordObject *lord);
+Py_ssize_t ml_life_tracked(ml_book *lord);
 
 #endif

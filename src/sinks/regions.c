@@ -6,7 +6,7 @@
  * from memlord/_regions.py; leaving copies the region out of the table
  * before any Python object is built. */
 #include "sinks/regions.h"
-#include "api/lord.h"
+#include "core/book.h"
 #include "sinks/ring.h"
 
 #include <string.h>
@@ -80,7 +80,7 @@ uint32_t ml_regions_current(const struct ml_regions *r, uint64_t thread)
 
 /* ---- the sink ------------------------------------------------------------ */
 
-static int reg_reserve(void *data, MemLordObject *lord, const ml_event *ev, int n)
+static int reg_reserve(void *data, ml_book *lord, const ml_event *ev, int n)
 {
     struct ml_regions *r = data;
     if (r->n == 0) {
@@ -117,7 +117,7 @@ static int reg_reserve(void *data, MemLordObject *lord, const ml_event *ev, int 
     return 0;
 }
 
-static void reg_apply(void *data, MemLordObject *Py_UNUSED(lord), ml_event *ev, int n)
+static void reg_apply(void *data, ml_book *Py_UNUSED(lord), ml_event *ev, int n)
 {
     struct ml_regions *r = data;
     for (int k = 0; k < r->n; k++) {
@@ -153,7 +153,7 @@ const ml_sink ml_region_sink_proto = {"regions", reg_reserve, reg_apply, NULL, N
  * allocs, frees), ...]): close region id (any thread's; usually the
  * caller's).  The region is detached from the table before any Python
  * object is built. */
-static PyObject *region_close(MemLordObject *lord, int64_t id)
+static PyObject *region_close(ml_book *lord, int64_t id)
 {
     struct ml_regions *r = lord->regions;
     int k = 0;
@@ -202,7 +202,7 @@ static int parse_sel(PyObject *self, const char *fname, PyObject *const *args, P
     if (ml_device_arg(fname, args, nargs, kwnames, 0, &arg) < 0) {
         return -1;
     }
-    return ml_selector_parse(ml_lord_state((MemLordObject *)self), arg, sel);
+    return ml_selector_parse(ml_lord_state((ml_book *)self), arg, sel);
 }
 
 /* _reset_peak(device=None): each selected device's peak becomes its
@@ -210,7 +210,7 @@ static int parse_sel(PyObject *self, const char *fname, PyObject *const *args, P
 PyObject *ml_lord_reset_peak(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                              PyObject *kwnames)
 {
-    MemLordObject *lord = (MemLordObject *)self;
+    ml_book *lord = (ml_book *)self;
     ml_selector sel;
     if (parse_sel(self, "reset_peak_memory_stats", args, nargs, kwnames, &sel) < 0) {
         return NULL;
@@ -232,7 +232,7 @@ PyObject *ml_lord_reset_peak(PyObject *self, PyObject *const *args, Py_ssize_t n
 PyObject *ml_lord_reset_accumulated(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                     PyObject *kwnames)
 {
-    MemLordObject *lord = (MemLordObject *)self;
+    ml_book *lord = (ml_book *)self;
     ml_selector sel;
     if (parse_sel(self, "reset_memory_stats", args, nargs, kwnames, &sel) < 0) {
         return NULL;
@@ -267,7 +267,7 @@ typedef struct {
     int64_t id;      /* open: the region id; 0 when closed */
 } RegionObject;
 
-static int region_open(MemLordObject *lord, int64_t *id_out)
+static int region_open(ml_book *lord, int64_t *id_out)
 {
     struct ml_regions *r = lord->regions;
     if (r->n == r->cap) {
@@ -296,10 +296,10 @@ PyObject *ml_lord_region(PyObject *self, PyObject *name)
                      Py_TYPE(name)->tp_name);
         return NULL;
     }
-    return ml_region_new((MemLordObject *)self, name, NULL);
+    return ml_region_new((ml_book *)self, name, NULL);
 }
 
-PyObject *ml_region_new(MemLordObject *lord, PyObject *name, PyObject *sink)
+PyObject *ml_region_new(ml_book *lord, PyObject *name, PyObject *sink)
 {
     PyTypeObject *tp = ml_lord_state(lord)->region_type;
     RegionObject *g = PyObject_GC_New(RegionObject, tp);
@@ -324,11 +324,11 @@ static PyObject *region_enter(RegionObject *self, PyObject *Py_UNUSED(ignored))
         return NULL;
     }
     int64_t id;
-    if (region_open((MemLordObject *)self->lord, &id) < 0) {
+    if (region_open((ml_book *)self->lord, &id) < 0) {
         return NULL;
     }
     self->id = id;
-    MemLordObject *lord = (MemLordObject *)self->lord;
+    ml_book *lord = (ml_book *)self->lord;
     if (ml_ring_active(lord)) {
         /* the event ring names the innermost region of each event: intern the
          * name (best effort: an unnamed region decodes as "") */
@@ -352,7 +352,7 @@ static PyObject *region_exit(RegionObject *self, PyObject *const *Py_UNUSED(args
         Py_RETURN_NONE;
     }
     self->id = 0;
-    MemLordObject *lord = (MemLordObject *)self->lord;
+    ml_book *lord = (ml_book *)self->lord;
     PyObject *raw = region_close(lord, id);
     if (raw == NULL) {
         return NULL;
@@ -512,7 +512,7 @@ static void region_dealloc(RegionObject *self)
     PyObject_GC_UnTrack(self);
     if (self->id != 0 && self->lord != NULL) {
         /* dropped while open (a generator never resumed): close it in C */
-        struct ml_regions *r = ((MemLordObject *)self->lord)->regions;
+        struct ml_regions *r = ((ml_book *)self->lord)->regions;
         for (int k = 0; k < r->n; k++) {
             if (r->open[k].id == self->id) {
                 PyMem_Free(r->open[k].devs);
@@ -570,5 +570,5 @@ PyObject *ml_lord_region_with_sink(PyObject *self, PyObject *const *args, Py_ssi
         PyErr_SetString(PyExc_TypeError, "_region_with_sink(name: str, sink: list)");
         return NULL;
     }
-    return ml_region_new((MemLordObject *)self, args[0], args[1]);
+    return ml_region_new((ml_book *)self, args[0], args[1]);
 }

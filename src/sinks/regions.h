@@ -16,10 +16,10 @@ void ml_regions_free(struct ml_regions *r);
 uint32_t ml_regions_current(const struct ml_regions *r, uint64_t thread);
 
 /* Methods of the Lord type (lord.c lists them). */
-struct MemLordObject;
+struct ml_book;
 PyObject *ml_lord_region(PyObject *self, PyObject *name);
 PyObject *ml_lord_region_with_sink(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
-PyObject *ml_region_new(struct MemLordObject *lord, PyObject *name, PyObject *sink);
+PyObject *ml_region_new(struct ml_book *lord, PyObject *name, PyObject *sink);
 extern PyType_Spec ml_region_spec;
 PyObject *ml_lord_reset_peak(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                              PyObject *kwnames);

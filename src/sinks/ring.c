@@ -4,7 +4,7 @@
  * Reading copies the ring into a private buffer before any Python object is
  * built (the allocation may run Python that records more events). */
 #include "sinks/ring.h"
-#include "api/lord.h"
+#include "core/book.h"
 #include "sinks/regions.h"
 
 #include <string.h>
@@ -33,12 +33,12 @@ void ml_ring_free(struct ml_ring *r)
     }
 }
 
-int ml_ring_active(const MemLordObject *lord)
+int ml_ring_active(const ml_book *lord)
 {
     return lord->ring != NULL && lord->ring->cap > 0;
 }
 
-static void ring_apply(void *data, MemLordObject *lord, ml_event *ev, int n)
+static void ring_apply(void *data, ml_book *lord, ml_event *ev, int n)
 {
     struct ml_ring *r = data;
     if (r->cap == 0) {
@@ -74,7 +74,7 @@ static void ring_apply(void *data, MemLordObject *lord, ml_event *ev, int n)
 
 const ml_sink ml_ring_sink_proto = {"event_ring", NULL, ring_apply, NULL, NULL};
 
-uint32_t ml_ring_intern_name(MemLordObject *lord, PyObject *name)
+uint32_t ml_ring_intern_name(ml_book *lord, PyObject *name)
 {
     if (lord->region_name_ix == NULL || lord->region_names == NULL) {
         return 0; /* cleared by the cyclic GC */
@@ -106,7 +106,7 @@ uint32_t ml_ring_intern_name(MemLordObject *lord, PyObject *name)
  * records (0 stops); the old ring and its dropped count are discarded. */
 PyObject *ml_lord_record_events(PyObject *self, PyObject *capacity)
 {
-    MemLordObject *lord = (MemLordObject *)self;
+    ml_book *lord = (ml_book *)self;
     long long cap = PyLong_AsLongLong(capacity);
     if (cap == -1 && PyErr_Occurred()) {
         return NULL;
@@ -136,7 +136,7 @@ PyObject *ml_lord_record_events(PyObject *self, PyObject *capacity)
 /* _events_bytes(clear) -> bytearray of the records, oldest first. */
 PyObject *ml_lord_events_bytes(PyObject *self, PyObject *clear)
 {
-    MemLordObject *lord = (MemLordObject *)self;
+    ml_book *lord = (ml_book *)self;
     int do_clear = PyObject_IsTrue(clear);
     if (do_clear < 0) {
         return NULL;
@@ -166,7 +166,7 @@ PyObject *ml_lord_events_bytes(PyObject *self, PyObject *clear)
 // cppcheck-suppress constParameterPointer ; a METH_NOARGS method's signature
 PyObject *ml_lord_events_info(PyObject *self, PyObject *Py_UNUSED(ignored))
 {
-    const struct ml_ring *r = ((MemLordObject *)self)->ring;
+    const struct ml_ring *r = ((ml_book *)self)->ring;
     return Py_BuildValue("(LLLn)", (long long)r->cap, (long long)r->n, (long long)r->dropped,
                          (Py_ssize_t)sizeof(ml_rec));
 }
@@ -182,5 +182,5 @@ PyObject *ml_lord_device_name(PyObject *self, PyObject *key)
         PyErr_SetString(PyExc_ValueError, "device key out of range");
         return NULL;
     }
-    return ml_dev_str(ml_lord_state((MemLordObject *)self), (ml_dev)k);
+    return ml_dev_str(ml_lord_state((ml_book *)self), (ml_dev)k);
 }
