@@ -1,5 +1,7 @@
 /* The handle type of both hook kinds. */
 #include "api/handles.h"
+#include "core/autogc.h"
+#include "hooks/hooks.h"
 #include "hooks/lifetime.h"
 
 ml_handle *ml_handle_new(ml_book *lord, int kind)
@@ -16,12 +18,94 @@ ml_handle *ml_handle_new(ml_book *lord, int kind)
     return h;
 }
 
+/* ---- the torch side ----------------------------------------------------------- */
+
+PyObject *ml_handle_enable_torch(ml_book *lord)
+{
+    if (lord->torch_handle != NULL && ((ml_handle *)lord->torch_handle)->enabled) {
+        return Py_NewRef(lord->torch_handle); /* enabling again is a no-op */
+    }
+    ml_handle *h = ml_handle_new(lord, ML_HANDLE_TORCH);
+    if (h == NULL) {
+        return NULL;
+    }
+    if (ml_hooks_torch_subscribe(lord) < 0) {
+        Py_DECREF(h);
+        return NULL;
+    }
+    h->enabled = 1;
+    Py_XSETREF(lord->torch_handle, Py_NewRef(h));
+    return (PyObject *)h;
+}
+
+/* 0, or -1 with an exception set and the handle still enabled. */
+static int disable_torch(ml_handle *self)
+{
+    if (ml_hooks_torch_unsubscribe(self->lord) < 0) {
+        return -1;
+    }
+    self->enabled = 0;
+    ml_hooks_torch_settle(self->lord);
+    if (self->lord->torch_handle == (PyObject *)self) {
+        Py_CLEAR(self->lord->torch_handle);
+    }
+    ml_safe_point();
+    return 0;
+}
+
+/* ---- the python side ---------------------------------------------------------- */
+
+PyObject *ml_handle_enable_python(ml_book *lord, int factories, int deep)
+{
+    if (lord->py_handle != NULL) {
+        const ml_handle *h = (const ml_handle *)lord->py_handle;
+        if (h->factories != factories || h->deep != deep) {
+            PyErr_SetString(PyExc_ValueError,
+                            "hook_into_python(): already enabled with other options; "
+                            "disable() it first");
+            return NULL;
+        }
+        return Py_NewRef(lord->py_handle); /* enabling again is a no-op */
+    }
+    ml_handle *h = ml_handle_new(lord, ML_HANDLE_PYTHON);
+    if (h == NULL) {
+        return NULL;
+    }
+    h->factories = factories;
+    h->deep = deep;
+    if (factories && ml_hooks_py_subscribe(lord) < 0) {
+        Py_DECREF(h);
+        return NULL;
+    }
+    h->enabled = 1;
+    lord->deep_autowrap = deep;
+    lord->py_handle = Py_NewRef(h);
+    return (PyObject *)h;
+}
+
+/* 0, or -1 with an exception set and the handle still enabled. */
+static int disable_python(ml_handle *self)
+{
+    ml_book *lord = self->lord;
+    if (self->factories && ml_hooks_py_unsubscribe(lord) < 0) {
+        return -1;
+    }
+    self->enabled = 0;
+    lord->deep_autowrap = 0;
+    if (lord->py_handle == (PyObject *)self) {
+        Py_CLEAR(lord->py_handle);
+    }
+    return 0;
+}
+
+/* ---- the handle type ----------------------------------------------------------- */
+
 static PyObject *handle_disable(ml_handle *self, PyObject *Py_UNUSED(ignored))
 {
     if (!self->enabled) {
         Py_RETURN_NONE;
     }
-    int rc = self->kind == ML_HANDLE_TORCH ? ml_hooks_disable_torch(self) : ml_life_disable(self);
+    int rc = self->kind == ML_HANDLE_TORCH ? disable_torch(self) : disable_python(self);
     if (rc < 0) {
         return NULL;
     }

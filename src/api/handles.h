@@ -21,12 +21,10 @@ extern PyType_Spec ml_handle_spec;
 /* A new, not yet enabled handle of lord (GC-tracked). */
 ml_handle *ml_handle_new(ml_book *lord, int kind);
 
-/* What disable() does for each kind (hooks.c, lifetime.c): 0, or -1 with an
- * exception set and the handle still enabled. */
-int ml_hooks_disable_torch(ml_handle *h);
-int ml_life_disable(ml_handle *h);
-/* handle.poll() and handle.pending() (hooks.c) */
-void ml_hooks_poll(void);
-int64_t ml_hooks_pending_bytes(const ml_book *lord, const ml_selector *sel);
+/* lord.hook_into_torch(): subscribes lord to the dispatcher (hooks.c). */
+PyObject *ml_handle_enable_torch(ml_book *lord);
+/* lord.hook_into_python(...): lifetime tracking on, and with factories the
+ * factory wrappers (hooks.c). */
+PyObject *ml_handle_enable_python(ml_book *lord, int factories, int deep);
 
 #endif

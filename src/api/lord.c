@@ -3,7 +3,7 @@
  * seam), ledger.c (per-device counters), sites.c (hotspots) and policy.c
  * (auto-GC). */
 #include "api/lord.h"
-#include "hooks/hooks.h"
+#include "api/handles.h"
 #include "core/autogc.h"
 #include "hooks/lifetime.h"
 #include "core/logsink.h"
@@ -494,7 +494,7 @@ static PyObject *lord_bench_noop(PyObject *Py_UNUSED(self), PyObject *const *Py_
 
 static PyObject *lord_hook_into_torch(MemLordObject *self, PyObject *Py_UNUSED(ignored))
 {
-    return ml_hooks_enable(&self->book);
+    return ml_handle_enable_torch(&self->book);
 }
 
 static int parse_bool(PyObject *v, const char *name, int *out)
@@ -519,7 +519,7 @@ static PyObject *lord_hook_into_python(MemLordObject *self, PyObject *args, PyOb
         parse_bool(deep, "enable_deep_autowrap", &d) < 0) {
         return NULL;
     }
-    return ml_life_enable(&self->book, f, d);
+    return ml_handle_enable_python(&self->book, f, d);
 }
 
 static PyObject *lord_get_auto_gc_bytes(MemLordObject *self, void *Py_UNUSED(closure))

@@ -9,7 +9,6 @@
  * A conversion is sized in storage bytes (the storage a tensor views, 0 for
  * meta and fake storages); the hook never touches data. */
 #include "hooks/hooks.h"
-#include "api/handles.h"
 #include "core/autogc.h"
 #include "hooks/lifetime.h"
 #include "platform/ml_cuda.h"
@@ -1717,54 +1716,42 @@ int ml_hooks_py_unsubscribe(ml_book *lord)
     return 0;
 }
 
-/* ---- the handle's torch side ------------------------------------------------ */
+/* ---- hook_into_torch()'s subscribers ------------------------------------------ */
 
-PyObject *ml_hooks_enable(ml_book *lord)
+int ml_hooks_torch_subscribe(ml_book *lord)
 {
-    if (lord->torch_handle != NULL && ((ml_handle *)lord->torch_handle)->enabled) {
-        return Py_NewRef(lord->torch_handle); /* enabling again is a no-op */
-    }
-    ml_handle *h = ml_handle_new(lord, ML_HANDLE_TORCH);
-    if (h == NULL) {
-        return NULL;
-    }
     PyObject *lords =
         ensure_death_callback() < 0 ? NULL : lords_with(disp.lord_refs, (PyObject *)lord, 1);
     if (lords == NULL) {
-        Py_DECREF(h);
-        return NULL;
+        return -1;
     }
     if (!group_installed(G_TORCH) && install_torch(lord->module) < 0) {
         Py_DECREF(lords);
-        Py_DECREF(h);
-        return NULL;
+        return -1;
     }
     Py_XSETREF(disp.lord_refs, lords);
-    h->enabled = 1;
-    Py_XSETREF(lord->torch_handle, Py_NewRef(h));
-    return (PyObject *)h;
+    return 0;
 }
 
-int ml_hooks_disable_torch(ml_handle *self)
+int ml_hooks_torch_unsubscribe(ml_book *lord)
 {
-    PyObject *lords = lords_with(disp.lord_refs, (PyObject *)self->lord, 0);
+    PyObject *lords = lords_with(disp.lord_refs, (PyObject *)lord, 0);
     if (lords == NULL) {
         return -1;
     }
-    self->enabled = 0;
     Py_XSETREF(disp.lord_refs, lords);
+    return 0;
+}
+
+void ml_hooks_torch_settle(ml_book *lord)
+{
     /* This lord's deferred frees are credited before it leaves. */
     pending_drain(0, NULL, 0);
-    pending_drain(1, (PyObject *)self->lord, 0);
+    pending_drain(1, (PyObject *)lord, 0);
     if (disp.lord_refs != NULL && PyTuple_GET_SIZE(disp.lord_refs) == 0) {
         Py_CLEAR(disp.lord_refs);
         uninstall_torch();
     }
-    if (self->lord->torch_handle == (PyObject *)self) {
-        Py_CLEAR(self->lord->torch_handle);
-    }
-    ml_safe_point();
-    return 0;
 }
 
 void ml_hooks_poll(void)

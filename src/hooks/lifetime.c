@@ -23,8 +23,6 @@
  * removals happen between calls that may allocate (and so run the cyclic
  * GC, finalizers, other threads), never across them. */
 #include "hooks/lifetime.h"
-#include "api/handles.h"
-#include "hooks/hooks.h"
 
 #include <string.h>
 #include <structmember.h>
@@ -558,48 +556,4 @@ void ml_life_detach(ml_book *lord)
 Py_ssize_t ml_life_tracked(ml_book *lord)
 {
     return lord->registry ? ((RegistryObject *)lord->registry)->n : 0;
-}
-
-/* ---- the handle's python side ------------------------------------------------ */
-
-PyObject *ml_life_enable(ml_book *lord, int factories, int deep)
-{
-    if (lord->py_handle != NULL) {
-        const ml_handle *h = (const ml_handle *)lord->py_handle;
-        if (h->factories != factories || h->deep != deep) {
-            PyErr_SetString(PyExc_ValueError,
-                            "hook_into_python(): already enabled with other options; "
-                            "disable() it first");
-            return NULL;
-        }
-        return Py_NewRef(lord->py_handle); /* enabling again is a no-op */
-    }
-    ml_handle *h = ml_handle_new(lord, ML_HANDLE_PYTHON);
-    if (h == NULL) {
-        return NULL;
-    }
-    h->factories = factories;
-    h->deep = deep;
-    if (factories && ml_hooks_py_subscribe(lord) < 0) {
-        Py_DECREF(h);
-        return NULL;
-    }
-    h->enabled = 1;
-    lord->deep_autowrap = deep;
-    lord->py_handle = Py_NewRef(h);
-    return (PyObject *)h;
-}
-
-int ml_life_disable(ml_handle *self)
-{
-    ml_book *lord = self->lord;
-    if (self->factories && ml_hooks_py_unsubscribe(lord) < 0) {
-        return -1;
-    }
-    self->enabled = 0;
-    lord->deep_autowrap = 0;
-    if (lord->py_handle == (PyObject *)self) {
-        Py_CLEAR(lord->py_handle);
-    }
-    return 0;
 }

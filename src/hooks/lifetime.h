@@ -50,8 +50,6 @@ int ml_life_untrack(ml_book *lord, const PyObject *key);
 /* Forget every tracked storage of lord (reset, dealloc): their deaths
  * credit nothing.  Runs no Python. */
 void ml_life_detach(ml_book *lord);
-/* lord.hook_into_python(...) */
-PyObject *ml_life_enable(ml_book *lord, int factories, int deep);
 /* Storages lord tracks (for tests and the memory benchmark). */
 Py_ssize_t ml_life_tracked(ml_book *lord);
 
