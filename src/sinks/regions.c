@@ -7,7 +7,6 @@
  * before any Python object is built. */
 #include "sinks/regions.h"
 #include "core/book.h"
-#include "sinks/ring.h"
 
 #include <string.h>
 
@@ -33,6 +32,7 @@ struct ml_regions {
     ml_region *open;
     int n, cap;
     int64_t next_id;
+    int naming; /* the event ring records: name the regions opened */
 };
 
 struct ml_regions *ml_regions_new(void)
@@ -66,6 +66,44 @@ static ml_rdev *find_dev(ml_region *g, ml_dev dev)
         }
     }
     return NULL;
+}
+
+void ml_regions_set_naming(struct ml_regions *r, int on)
+{
+    if (r != NULL) {
+        r->naming = on;
+    }
+}
+
+/* The index of name in the lord's region names (appended when new), which
+ * the event ring stores with each record; 0 when it cannot be interned (no
+ * exception left set). */
+static uint32_t intern_name(ml_book *lord, PyObject *name)
+{
+    if (lord->region_name_ix == NULL || lord->region_names == NULL) {
+        return 0; /* cleared by the cyclic GC */
+    }
+    PyObject *ix = PyDict_GetItemWithError(lord->region_name_ix, name); /* borrowed */
+    if (ix != NULL) {
+        return (uint32_t)PyLong_AsUnsignedLong(ix);
+    }
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_ssize_t next = PyList_GET_SIZE(lord->region_names);
+    if (next >= (Py_ssize_t)UINT32_MAX) {
+        return 0;
+    }
+    PyObject *v = PyLong_FromSsize_t(next);
+    if (v == NULL || PyDict_SetItem(lord->region_name_ix, name, v) < 0 ||
+        PyList_Append(lord->region_names, name) < 0) {
+        Py_XDECREF(v);
+        PyErr_Clear();
+        return 0;
+    }
+    Py_DECREF(v);
+    return (uint32_t)next;
 }
 
 uint32_t ml_regions_current(const struct ml_regions *r, uint64_t thread)
@@ -329,10 +367,10 @@ static PyObject *region_enter(RegionObject *self, PyObject *Py_UNUSED(ignored))
     }
     self->id = id;
     ml_book *lord = (ml_book *)self->lord;
-    if (ml_ring_active(lord)) {
+    if (lord->regions->naming) {
         /* the event ring names the innermost region of each event: intern the
          * name (best effort: an unnamed region decodes as "") */
-        uint32_t ix = ml_ring_intern_name(lord, self->name);
+        uint32_t ix = intern_name(lord, self->name);
         struct ml_regions *r = lord->regions;
         for (int k = r->n - 1; k >= 0; k--) {
             if (r->open[k].id == id) {

@@ -12,6 +12,9 @@ extern const ml_sink ml_region_sink_proto; /* data: the lord's ml_regions */
 
 struct ml_regions *ml_regions_new(void); /* NULL with an exception set */
 void ml_regions_free(struct ml_regions *r);
+/* While on (the event ring records: ring.c), a region opened gets the index
+ * of its name in the lord's region names, which the ring stores. */
+void ml_regions_set_naming(struct ml_regions *r, int on);
 /* The ring name index of the innermost open region of thread (0: none). */
 uint32_t ml_regions_current(const struct ml_regions *r, uint64_t thread);
 

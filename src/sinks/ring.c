@@ -33,11 +33,6 @@ void ml_ring_free(struct ml_ring *r)
     }
 }
 
-int ml_ring_active(const ml_book *lord)
-{
-    return lord->ring != NULL && lord->ring->cap > 0;
-}
-
 static void ring_apply(void *data, ml_book *lord, ml_event *ev, int n)
 {
     struct ml_ring *r = data;
@@ -74,34 +69,6 @@ static void ring_apply(void *data, ml_book *lord, ml_event *ev, int n)
 
 const ml_sink ml_ring_sink_proto = {"event_ring", NULL, ring_apply, NULL, NULL};
 
-uint32_t ml_ring_intern_name(ml_book *lord, PyObject *name)
-{
-    if (lord->region_name_ix == NULL || lord->region_names == NULL) {
-        return 0; /* cleared by the cyclic GC */
-    }
-    PyObject *ix = PyDict_GetItemWithError(lord->region_name_ix, name); /* borrowed */
-    if (ix != NULL) {
-        return (uint32_t)PyLong_AsUnsignedLong(ix);
-    }
-    if (PyErr_Occurred()) {
-        PyErr_Clear();
-        return 0;
-    }
-    Py_ssize_t next = PyList_GET_SIZE(lord->region_names);
-    if (next >= (Py_ssize_t)UINT32_MAX) {
-        return 0;
-    }
-    PyObject *v = PyLong_FromSsize_t(next);
-    if (v == NULL || PyDict_SetItem(lord->region_name_ix, name, v) < 0 ||
-        PyList_Append(lord->region_names, name) < 0) {
-        Py_XDECREF(v);
-        PyErr_Clear();
-        return 0;
-    }
-    Py_DECREF(v);
-    return (uint32_t)next;
-}
-
 /* _record_events(capacity): start recording into a fresh ring of capacity
  * records (0 stops); the old ring and its dropped count are discarded. */
 PyObject *ml_lord_record_events(PyObject *self, PyObject *capacity)
@@ -129,6 +96,7 @@ PyObject *ml_lord_record_events(PyObject *self, PyObject *capacity)
     r->buf = buf;
     r->cap = cap;
     r->start = r->n = r->dropped = 0;
+    ml_regions_set_naming(lord->regions, cap > 0);
     PyMem_Free(old);
     Py_RETURN_NONE;
 }

@@ -22,16 +22,11 @@ typedef struct {
 } ml_rec;
 
 struct ml_ring;
-struct ml_book;
 
 extern const ml_sink ml_ring_sink_proto; /* data: the lord's ml_ring */
 
 struct ml_ring *ml_ring_new(void); /* NULL with an exception set */
 void ml_ring_free(struct ml_ring *r);
-int ml_ring_active(const struct ml_book *lord);
-/* The index of name in the lord's region names (appended when new); 0 when
- * it cannot be interned (no exception left set). */
-uint32_t ml_ring_intern_name(struct ml_book *lord, PyObject *name);
 
 PyObject *ml_lord_record_events(PyObject *self, PyObject *capacity);
 PyObject *ml_lord_events_bytes(PyObject *self, PyObject *clear);
