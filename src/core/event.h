@@ -12,10 +12,11 @@
  *            Python; errors are reported as unraisable, never raised.
  *
  * Sources (explicit calls, conversion and factory hooks, storage deaths,
- * deferred CUDA credits) depend on this header and on the sizing code, never
- * on the lord's fields.  A new consumer of events (regions, an event ring,
- * snapshots) is one more ml_sink; no source changes.  See
- * docs/architecture.md. */
+ * deferred CUDA credits) depend on this header, on the book (book.h: a lord
+ * as the layers below api/ see it) and on the sizing code (torch/sizing.h),
+ * never on the lord object (api/lord.h).  A new consumer of events
+ * (regions, an event ring, snapshots) is one more ml_sink; no source
+ * changes.  See docs/architecture.md. */
 #ifndef MEMLORD_EVENT_H
 #define MEMLORD_EVENT_H
 
