@@ -13,8 +13,14 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.errors import CompileError, LinkError
 
-SOURCES = sorted(os.path.join("src", f) for f in os.listdir("src") if f.endswith(".c"))
-HEADERS = sorted(os.path.join("src", f) for f in os.listdir("src") if f.endswith(".h"))
+# src/ is in layers, one folder each (docs/architecture.md); includes name the folder
+# ("core/event.h") relative to src/, the one include directory.
+SOURCES = sorted(
+    os.path.join(d, f) for d, _, files in os.walk("src") for f in files if f.endswith(".c")
+)
+HEADERS = sorted(
+    os.path.join(d, f) for d, _, files in os.walk("src") for f in files if f.endswith(".h")
+)
 
 define_macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
 include_dirs = ["src", numpy.get_include()]

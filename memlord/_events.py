@@ -1,6 +1,6 @@
 """The event ring: ``lord.record_events(capacity)``, ``lord.events()`` and decoders.
 
-Recording is a C sink (``src/ring.c``): each event is copied, in the event's apply
+Recording is a C sink (``src/sinks/ring.c``): each event is copied, in the event's apply
 phase, into a preallocated ring of fixed-size records; when the ring is full the oldest
 record is overwritten and counted in ``lord.events_dropped``.  ``events()`` copies the
 ring in C and views the copy as a NumPy structured array of ``EVENT_DTYPE``.
@@ -15,7 +15,7 @@ import numpy as np
 
 from ._sites import site_text
 
-#: The layout of one record (``ml_rec`` in src/ring.h).
+#: The layout of one record (``ml_rec`` in src/sinks/ring.h).
 EVENT_DTYPE = np.dtype(
     {
         "names": [

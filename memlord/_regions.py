@@ -1,7 +1,7 @@
 """Regions and module breakdowns: ``lord.region(name)``, ``lord.regions()``,
 ``lord.track_modules(model)``.
 
-The counting is a C sink (``src/regions.c``): every allocation or free event of a
+The counting is a C sink (``src/sinks/regions.c``): every allocation or free event of a
 region's thread updates that region's per-device net bytes, running peak and counts, in
 the event's apply phase.  The Region object (``lord.region(name)``) is a C type too, so
 entering and leaving cost a few hundred nanoseconds; Python aggregates closed regions by

@@ -2,25 +2,20 @@
  *
  * The module imports torch and numpy when it is executed: memlord counts
  * torch objects, and reads their types and singletons once here. */
-#include "lord.h"
-#include "regions.h"
-#include "autogc.h"
-#include "handles.h"
-#include "hooks.h"
-#include "logsink.h"
-#include "sites.h"
-#include "lifetime.h"
-#include "ml_cuda.h"
-#include "tensorabi.h"
-#include "walk.h"
+#include "api/lord.h"
+#include "sinks/regions.h"
+#include "core/autogc.h"
+#include "api/handles.h"
+#include "hooks/hooks.h"
+#include "core/logsink.h"
+#include "core/sites.h"
+#include "hooks/lifetime.h"
+#include "platform/ml_cuda.h"
+#include "torch/tensorabi.h"
+#include "torch/sizing.h"
 
 #define PY_ARRAY_UNIQUE_SYMBOL memlord_ARRAY_API
 #include <numpy/arrayobject.h>
-
-ml_state *ml_state_of_module(PyObject *module)
-{
-    return (ml_state *)PyModule_GetState(module);
-}
 
 static int intern(PyObject **slot, const char *s)
 {
@@ -44,17 +39,6 @@ static int load_interned(ml_state *st)
             intern(&st->s_main_py, "__main__.py"))
                ? -1
                : 0;
-}
-
-PyObject *ml_import_attr(const char *module, const char *attr)
-{
-    PyObject *m = PyImport_ImportModule(module);
-    if (m == NULL) {
-        return NULL;
-    }
-    PyObject *a = PyObject_GetAttrString(m, attr);
-    Py_DECREF(m);
-    return a;
 }
 
 /* *out = the descriptor type lookup finds for name (new reference), left

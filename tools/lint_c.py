@@ -31,7 +31,7 @@ CPPCHECK_SUPPRESS = ["missingIncludeSystem", "constParameterCallback"]
 
 
 def sources() -> list[Path]:
-    return sorted([*SRC.glob("*.c"), *SRC.glob("*.h")])
+    return sorted([*SRC.rglob("*.c"), *SRC.rglob("*.h")])
 
 
 def tool(name: str) -> str:

@@ -1,0 +1,167 @@
+/* memlord: shared declarations of the C core.
+ *
+ * Ownership rule for every function here: a PyObject * return value is a
+ * new reference unless the comment says "borrowed".  Functions returning int
+ * return 0 on success and -1 with an exception set on failure.
+ */
+#ifndef MEMLORD_H
+#define MEMLORD_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+/* ---- device keys -------------------------------------------------------
+ * A device is a small integer: the c10 DeviceType code in the high bits and
+ * index + 1 in the low byte (cpu, which has no index, gets 0).  The
+ * torch.device object is only built when a query returns one. */
+typedef uint32_t ml_dev;
+#define ML_DEV(type, index) ((ml_dev)(((uint32_t)(type) << 8) | (uint8_t)((index) + 1)))
+#define ML_DEV_TYPE(d) ((int)((d) >> 8))
+#define ML_DEV_INDEX(d) ((int)((d) & 0xFF) - 1)
+#define ML_MAX_DEV_TYPES 64
+#define ML_MAX_DEV_INDEX 253
+
+/* c10::DeviceType codes memlord needs by name (validated at import). */
+#define ML_TYPE_CPU 0
+#define ML_TYPE_CUDA 1
+
+/* A device selector of a query: everything, one type, or one device. */
+typedef struct {
+    int all;   /* 1: every device */
+    int type;  /* c10 type code when !all */
+    int index; /* -2: every index of type; otherwise the index (-1 for cpu) */
+} ml_selector;
+
+static inline int ml_selector_match(const ml_selector *s, ml_dev d)
+{
+    if (s->all) {
+        return 1;
+    }
+    if (ML_DEV_TYPE(d) != s->type) {
+        return 0;
+    }
+    return s->index == -2 || ML_DEV_INDEX(d) == s->index;
+}
+
+/* ---- fast descriptor calls ----------------------------------------------
+ * Which types were seen to resolve a name to torch's own descriptor, keyed
+ * by their version tag: CPython gives a type a new tag whenever its
+ * attributes change, so a patched or overriding type is looked up again. */
+typedef struct {
+    PyTypeObject *type; /* compared by address only, never dereferenced stale */
+    unsigned int tag;
+} ml_fast_entry;
+
+typedef struct {
+    ml_fast_entry e[2]; /* a walk alternates Parameter and Tensor */
+    int next;
+} ml_fast;
+
+/* ---- the site table (sites.c) ------------------------------------------- */
+#define ML_SITES_MAX (1 << 20)
+
+typedef struct {
+    PyObject *code; /* strong */
+    int offset;
+} ml_site_entry;
+
+typedef struct {
+    ml_site_entry *by_id; /* by_id[0] is unused: id 0 means unknown */
+    uint32_t n, cap;      /* ids 1..n in use */
+    uint32_t *index;      /* open addressing: id, 0 = empty */
+    uint32_t nindex;      /* power of two */
+} ml_sitetab;
+
+/* ---- module state ------------------------------------------------------ */
+typedef struct {
+    PyTypeObject *lord_type;
+    PyTypeObject *hook_type;    /* wrapper installed in torch classes (a descriptor) */
+    PyTypeObject *fn_hook_type; /* wrapper installed in torch modules (torch.zeros) */
+    PyTypeObject *handle_type;  /* handles.c: what hook_into_torch/python() return */
+    PyTypeObject *tracker_type; /* lifetime.c */
+    PyTypeObject *registry_type;
+    PyTypeObject *region_type; /* regions.c */
+    PyObject *tensor_type;     /* torch.Tensor */
+    PyObject *module_type;     /* torch.nn.Module */
+    PyObject *parameter_type;  /* torch.nn.Parameter */
+    PyObject *device_type;     /* torch.device */
+    PyObject *storage_type;    /* torch.UntypedStorage */
+    /* torch._C._functorch.is_functorch_wrapped_tensor / get_unwrapped, or
+     * NULL in a torch without them */
+    PyObject *functorch_is_wrapped;
+    PyObject *functorch_unwrap;
+    PyObject *uninit_type; /* nn.parameter.UninitializedTensorMixin (lazy modules) */
+    /* torch's own descriptors, called directly when a type has not
+     * overridden them (saves a method lookup per tensor) */
+    ml_fast f_untyped_storage, f_device, f_data_ptr, f_nbytes, f_storage_device, f_tensor_nbytes,
+        f_layout;
+    PyObject *d_untyped_storage, *d_device, *d_data_ptr, *d_nbytes, *d_storage_device,
+        *d_tensor_nbytes, *d_layout;
+    PyObject *layout_coo; /* torch.sparse_coo, ... (singletons) */
+    PyObject *layout_csr;
+    PyObject *layout_csc;
+    PyObject *layout_bsr;
+    PyObject *layout_bsc;
+    int meta_type;        /* c10 code of "meta", -1 if unknown */
+    int device_struct_ok; /* torch.device layout verified: read type/index in place */
+    /* type code -> name ("cpu", "cuda", ...), interned str or NULL */
+    PyObject *type_names[ML_MAX_DEV_TYPES];
+    unsigned char type_has_cache[ML_MAX_DEV_TYPES]; /* cuda, xpu, mps, ...: 1 */
+    /* interned attribute and method names used on hot paths */
+    PyObject *s_untyped_storage, *s_data_ptr, *s_nbytes, *s_device, *s_layout, *s_type, *s_index;
+    PyObject *s_parameters, *s_buffers, *s_modules;
+    PyObject *s_indices, *s_values, *s_crow_indices, *s_col_indices, *s_ccol_indices,
+        *s_row_indices, *s_values_pub;
+    PyObject *s_write, *s_flush, *s_main_py;
+    /* configured from Python (memlord/__init__.py) */
+    PyObject *release_cache; /* callable(type_name, index) or NULL */
+    PyObject *module_grads;  /* callable(module) -> its parameters' gradients, or NULL */
+    PyObject *torch_prefix;  /* directory of the torch package, with trailing slash */
+    PyObject *memlord_prefix;
+    PyObject *last_code; /* sites.c: last code object classified, strong */
+    ml_sitetab sites;    /* sites.c: every call site seen, by id */
+    /* logsink.c: the "memlord" logger and what decides whether it emits */
+    PyObject *log_logger;      /* logging.getLogger("memlord") */
+    PyObject *log_cache;       /* its Logger._cache dict, or NULL (then ask every time) */
+    PyObject *log_env_changed; /* memlord._log._debug_env_changed(value) */
+    PyObject *log_on_event;    /* memlord._log._event(...) */
+    PyObject *log_on_gc;       /* memlord._log._auto_gc(...) */
+    PyObject *env_data;        /* os.environ._data, or NULL (then getenv) */
+    PyObject *debug_key;       /* its key for DEBUG */
+    PyObject *debug_seen;      /* the DEBUG value last handed to log_env_changed */
+    int last_code_internal;
+} ml_state;
+
+/* ---- small helpers (util.c) ------------------------------------------- */
+ml_state *ml_state_of_module(PyObject *module); /* borrowed module */
+/* getattr(import(module), attr) */
+PyObject *ml_import_attr(const char *module, const char *attr);
+/* *out = int(o), stealing o (NULL: an error is already set); -1 on error. */
+int ml_as_int64(PyObject *o, int64_t *out);
+
+/* ---- devices (device.c) ----------------------------------------------- */
+int ml_device_register_types(ml_state *st);
+int ml_dev_from_torch_device(ml_state *st, PyObject *dev, ml_dev *out);
+int ml_selector_parse(ml_state *st, PyObject *arg, ml_selector *out);
+/* The one `device` argument of a fastcall method fname(device[=None]):
+ * positional or keyword.  *out is borrowed; NULL when optional and absent. */
+int ml_device_arg(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                  int required, PyObject **out);
+/* "cpu", "cuda:0" into buf; returns length */
+int ml_dev_name(ml_state *st, ml_dev d, char *buf, size_t size);
+PyObject *ml_dev_to_torch(ml_state *st, ml_dev d);
+PyObject *ml_dev_str(ml_state *st, ml_dev d);
+const char *ml_type_name(ml_state *st, int type);
+/* 1 when the device type has a cache memlord can release */
+static inline int ml_dev_has_cache(const ml_state *st, ml_dev d)
+{
+    return st->type_has_cache[ML_DEV_TYPE(d)];
+}
+
+/* ---- formatting (format.c) -------------------------------------------- */
+#define ML_FMT_BYTES_MAX 48
+int ml_format_bytes(long long n, char *buf, size_t size);
+PyObject *ml_format_bytes_py(PyObject *module, PyObject *arg);
+
+#endif

@@ -1,0 +1,73 @@
+/* The book: a lord as the seam, the sinks and the sources see it.
+ *
+ * The lord object (api/lord.h) begins with its book, the way every Python
+ * object begins with PyObject_HEAD, so a lord is an ml_book * everywhere
+ * below api/.  The book holds what those layers read and update: the
+ * accounting (ledger, hotspots, version), the sink table, the auto-GC
+ * configuration, the switches the sources read (call-site tracking,
+ * lifetime tracking and its registry) and the sinks' data.  The rest of the
+ * lord (its query cache, the parsed-selector cache, the weak-reference list)
+ * is private to api/lord.c.  Sources record through ml_record and
+ * ml_lord_record (emit.c) and never change the book's counters directly. */
+#ifndef MEMLORD_BOOK_H
+#define MEMLORD_BOOK_H
+
+#include "core/capacity.h"
+#include "core/event.h"
+#include "core/ledger.h"
+#include "core/policy.h"
+#include "core/sites.h"
+
+#define ML_GC_BYTES 0
+#define ML_GC_STRATEGY 1
+
+typedef struct ml_book {
+    PyObject_HEAD
+    PyObject *module; /* the _core module, strong: gives the state */
+    ml_state *st;     /* its state, valid while module is held */
+    ml_ledger ledger;
+    ml_hotspots alloc_sites;
+    ml_hotspots free_sites;
+    ml_policy policy;     /* in force when gc_mode == ML_GC_BYTES */
+    ml_strategy strategy; /* in force when gc_mode == ML_GC_STRATEGY */
+    int gc_mode;
+    ml_capacity capacity; /* device capacity: source and cache */
+    int track_callsite;
+    uint64_t version;            /* bumped on every change, keys the query cache */
+    PyObject *torch_handle;      /* the enabled hook_into_torch() handle, strong */
+    PyObject *registry;          /* lifetime tracking: callback of this lord's trackers */
+    PyObject *py_handle;         /* the enabled hook_into_python() handle, strong */
+    int deep_autowrap;           /* register conversion results of the torch hooks */
+    ml_sink sinks[ML_MAX_SINKS]; /* event.h: hotspots, log, auto-GC, ... */
+    int nsinks;
+    struct ml_regions *regions; /* regions.c: open regions (sink data), owned */
+    PyObject *region_done;      /* list: (name, raw) of closed regions, for Python to fold */
+    struct ml_ring *ring;       /* ring.c: the event ring (sink data), owned */
+    PyObject *region_name_ix;   /* dict: region name -> index in region_names (the ring) */
+    PyObject *region_names;     /* list: index -> name; [0] is "" (no region) */
+} ml_book;
+
+extern const ml_sink ml_hotspot_sink; /* emit.c */
+
+static inline ml_state *ml_lord_state(const ml_book *self)
+{
+    return self->st;
+}
+
+/* Flags of ml_lord_record */
+#define ML_REC_FREE 1    /* a free (else an allocation) */
+#define ML_REC_SUMMARY 2 /* explicit call: a summary record under DEBUG */
+
+/* Record per-device deltas as events of one kind (ML_EV_ALLOC/ML_EV_FREE)
+ * from one source (event.h) at one site, through ml_emit.  The site is
+ * interned (and recorded) only when lord tracks call sites.  All or
+ * nothing: on failure no counter has changed. */
+int ml_record(ml_book *lord, int kind, int source, const ml_delta *d, int n, const ml_site *site,
+              const ml_emit_ctx *ctx);
+
+/* The same, with the source named by its DEBUG label ("(hook)", "(factory)",
+ * "(del)", "(hook, deferred)"; NULL for explicit calls). */
+int ml_lord_record(ml_book *self, int flags, const ml_delta *d, int n, const ml_site *site,
+                   const char *label, const char *what);
+
+#endif

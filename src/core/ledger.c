@@ -1,0 +1,137 @@
+/* Per-device counters.  Every function runs without calling Python, so
+ * with the GIL held each call is atomic with respect to other threads. */
+#include "core/ledger.h"
+
+#include <string.h>
+
+void ml_ledger_init(ml_ledger *l)
+{
+    l->slots = NULL;
+    l->n = 0;
+    l->cap = 0;
+    l->last = 0;
+    l->gc_total = 0;
+}
+
+void ml_ledger_free(ml_ledger *l)
+{
+    PyMem_Free(l->slots);
+    ml_ledger_init(l);
+}
+
+void ml_ledger_reset(ml_ledger *l)
+{
+    l->n = 0;
+    l->last = 0;
+    l->gc_total = 0;
+}
+
+static int find_pos(const ml_ledger *l, ml_dev dev, int *found)
+{
+    int lo = 0, hi = l->n;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (l->slots[mid].dev < dev) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    *found = lo < l->n && l->slots[lo].dev == dev;
+    return lo;
+}
+
+ml_slot *ml_ledger_find(ml_ledger *l, ml_dev dev)
+{
+    if (l->last < l->n && l->slots[l->last].dev == dev) {
+        return &l->slots[l->last];
+    }
+    int found;
+    int pos = find_pos(l, dev, &found);
+    if (!found) {
+        return NULL;
+    }
+    l->last = pos;
+    return &l->slots[pos];
+}
+
+int ml_ledger_reserve(ml_ledger *l, const ml_delta *d, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (ml_ledger_find(l, d[i].dev) != NULL) {
+            continue;
+        }
+        int found;
+        int pos = find_pos(l, d[i].dev, &found);
+        if (l->n == l->cap) {
+            int cap = l->cap ? l->cap * 2 : 4;
+            ml_slot *slots = PyMem_Realloc(l->slots, (size_t)cap * sizeof(ml_slot));
+            if (slots == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            l->slots = slots;
+            l->cap = cap;
+        }
+        memmove(&l->slots[pos + 1], &l->slots[pos], (size_t)(l->n - pos) * sizeof(ml_slot));
+        memset(&l->slots[pos], 0, sizeof(ml_slot));
+        l->slots[pos].dev = d[i].dev;
+        l->n++;
+    }
+    return 0;
+}
+
+void ml_ledger_apply_alloc(ml_ledger *l, const ml_delta *d, int n)
+{
+    for (int i = 0; i < n; i++) {
+        ml_slot *s = ml_ledger_find(l, d[i].dev);
+        s->allocated += d[i].bytes;
+        s->alloc_since_gc += d[i].bytes;
+        s->allocated_total += d[i].bytes;
+        s->allocs += d[i].count;
+        if (s->allocated > s->peak_allocated) {
+            s->peak_allocated = s->allocated;
+        }
+    }
+}
+
+void ml_ledger_apply_free(ml_ledger *l, const ml_delta *d, int n)
+{
+    for (int i = 0; i < n; i++) {
+        ml_slot *s = ml_ledger_find(l, d[i].dev);
+        s->allocated = s->allocated > d[i].bytes ? s->allocated - d[i].bytes : 0;
+        s->freed += d[i].bytes;
+        s->freed_total += d[i].bytes;
+        s->frees += d[i].count;
+    }
+}
+
+int64_t ml_ledger_sum_allocated(const ml_ledger *l, const ml_selector *s)
+{
+    int64_t total = 0;
+    for (int i = 0; i < l->n; i++) {
+        if (ml_selector_match(s, l->slots[i].dev)) {
+            total += l->slots[i].allocated;
+        }
+    }
+    return total;
+}
+
+int64_t ml_ledger_sum_freed(const ml_ledger *l, const ml_selector *s)
+{
+    int64_t total = 0;
+    for (int i = 0; i < l->n; i++) {
+        if (ml_selector_match(s, l->slots[i].dev)) {
+            total += l->slots[i].freed;
+        }
+    }
+    return total;
+}
+
+void ml_ledger_gc_done(ml_ledger *l, ml_slot *slot)
+{
+    slot->freed = 0;
+    slot->alloc_since_gc = 0;
+    slot->gc_runs++;
+    l->gc_total++;
+}

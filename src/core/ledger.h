@@ -1,0 +1,48 @@
+/* Per-device counters: pure C, no Python objects. */
+#ifndef MEMLORD_LEDGER_H
+#define MEMLORD_LEDGER_H
+
+#include "base/memlord.h"
+
+typedef struct {
+    ml_dev dev;
+    int64_t allocated;       /* live: allocated minus freed, never below 0 */
+    int64_t freed;           /* freed since this device's last auto-GC */
+    int64_t alloc_since_gc;  /* allocated since this device's last auto-GC */
+    int64_t allocated_total; /* lifetime sums */
+    int64_t freed_total;
+    int64_t peak_allocated;
+    int64_t allocs; /* storages counted */
+    int64_t frees;
+    int64_t gc_runs;
+} ml_slot;
+
+typedef struct {
+    ml_slot *slots; /* sorted by dev */
+    int n, cap;
+    int last; /* index of the slot found last: most events hit one device */
+    int64_t gc_total;
+} ml_ledger;
+
+/* One device's share of a call. */
+typedef struct {
+    ml_dev dev;
+    int64_t bytes;
+    int64_t count;
+} ml_delta;
+
+void ml_ledger_init(ml_ledger *l);
+void ml_ledger_free(ml_ledger *l);
+void ml_ledger_reset(ml_ledger *l);
+/* Make sure a slot exists for every delta, so that applying cannot fail. */
+int ml_ledger_reserve(ml_ledger *l, const ml_delta *d, int n);
+ml_slot *ml_ledger_find(ml_ledger *l, ml_dev dev);
+/* Apply after ml_ledger_reserve succeeded: never fails. */
+void ml_ledger_apply_alloc(ml_ledger *l, const ml_delta *d, int n);
+void ml_ledger_apply_free(ml_ledger *l, const ml_delta *d, int n);
+int64_t ml_ledger_sum_allocated(const ml_ledger *l, const ml_selector *s);
+int64_t ml_ledger_sum_freed(const ml_ledger *l, const ml_selector *s);
+/* The GC bookkeeping of one run on one device. */
+void ml_ledger_gc_done(ml_ledger *l, ml_slot *slot);
+
+#endif

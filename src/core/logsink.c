@@ -1,0 +1,231 @@
+/* The DEBUG log sink and the [auto_gc] record, through memlord/_log.py. */
+#include "core/logsink.h"
+#include "core/book.h"
+
+#include <stdlib.h>
+
+int ml_log_configure(ml_state *st, PyObject *logger, PyObject *env_changed, PyObject *on_event,
+                     PyObject *on_gc)
+{
+    PyObject *cache = PyObject_GetAttrString(logger, "_cache");
+    if (cache == NULL) {
+        PyErr_Clear(); /* another logging implementation: ask the logger every time */
+    } else if (!PyDict_CheckExact(cache)) {
+        Py_CLEAR(cache);
+    }
+    PyObject *env_data = NULL, *key = NULL;
+    PyObject *environ = ml_import_attr("os", "environ");
+    if (environ == NULL) {
+        Py_XDECREF(cache);
+        return -1;
+    }
+    env_data = PyObject_GetAttrString(environ, "_data");
+    Py_DECREF(environ);
+    if (env_data == NULL || !PyDict_CheckExact(env_data)) {
+        PyErr_Clear();
+        Py_CLEAR(env_data); /* not CPython's os.environ: getenv then */
+    } else {
+        /* os.environ keeps bytes keys on POSIX, str keys on Windows */
+        PyObject *some_key = NULL, *value;
+        Py_ssize_t pos = 0;
+        int bytes_keys = !PyDict_Next(env_data, &pos, &some_key, &value) || PyBytes_Check(some_key);
+        key = bytes_keys ? PyBytes_FromString("DEBUG") : PyUnicode_FromString("DEBUG");
+        if (key == NULL || PyObject_Hash(key) == -1) {
+            Py_XDECREF(cache);
+            Py_XDECREF(key);
+            Py_DECREF(env_data);
+            return -1;
+        }
+    }
+    ml_log_clear(st);
+    st->log_logger = Py_NewRef(logger);
+    st->log_cache = cache;
+    st->log_env_changed = Py_NewRef(env_changed);
+    st->log_on_event = Py_NewRef(on_event);
+    st->log_on_gc = Py_NewRef(on_gc);
+    st->env_data = env_data;
+    st->debug_key = key;
+    st->debug_seen = NULL;
+    return 0;
+}
+
+void ml_log_clear(ml_state *st)
+{
+    Py_CLEAR(st->log_logger);
+    Py_CLEAR(st->log_cache);
+    Py_CLEAR(st->log_env_changed);
+    Py_CLEAR(st->log_on_event);
+    Py_CLEAR(st->log_on_gc);
+    Py_CLEAR(st->env_data);
+    Py_CLEAR(st->debug_key);
+    Py_CLEAR(st->debug_seen);
+}
+
+int ml_log_traverse(ml_state *st, visitproc visit, void *arg)
+{
+    Py_VISIT(st->log_logger);
+    Py_VISIT(st->log_cache);
+    Py_VISIT(st->log_env_changed);
+    Py_VISIT(st->log_on_event);
+    Py_VISIT(st->log_on_gc);
+    Py_VISIT(st->env_data);
+    Py_VISIT(st->debug_seen);
+    return 0;
+}
+
+static int finalizing(void)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing();
+#else
+    return _Py_IsFinalizing();
+#endif
+}
+
+/* The DEBUG value now: an object compared by identity with the last one. */
+static PyObject *debug_value(ml_state *st)
+{
+    if (st->env_data != NULL) {
+        PyObject *v = PyDict_GetItemWithError(st->env_data, st->debug_key); /* borrowed */
+        if (v == NULL && PyErr_Occurred()) {
+            PyErr_Clear();
+        }
+        return v != NULL ? v : Py_None;
+    }
+    return Py_None; /* no os.environ mapping to watch: DEBUG is read at import */
+}
+
+static int ask(PyObject *logger, int level)
+{
+    PyObject *r = PyObject_CallMethod(logger, "isEnabledFor", "i", level);
+    if (r == NULL) {
+        PyErr_WriteUnraisable(logger);
+        return 0;
+    }
+    int on = PyObject_IsTrue(r) == 1;
+    Py_DECREF(r);
+    return on;
+}
+
+/* The logger's own cached answer for level (Py_True/Py_False, borrowed), or
+ * NULL when it has none: logging empties every logger's cache whenever any
+ * level changes anywhere, and refills it as it is asked. */
+static PyObject *cached_answer(const ml_state *st, int level)
+{
+    if (st->log_cache == NULL) {
+        return NULL;
+    }
+    PyObject *key = PyLong_FromLong(level); /* a small int: no allocation */
+    if (key == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *ans = PyDict_GetItemWithError(st->log_cache, key);
+    Py_DECREF(key);
+    if (ans == NULL) {
+        PyErr_Clear();
+    }
+    return ans;
+}
+
+int ml_log_wants(ml_state *st, int level)
+{
+    if (st->log_logger == NULL || finalizing()) {
+        return 0;
+    }
+    PyObject *v = debug_value(st);
+    const PyObject *ans = cached_answer(st, level);
+    if (v != st->debug_seen || ans == NULL) {
+        /* DEBUG changed, or a level changed somewhere: let _log.py apply
+         * DEBUG, then ask the logger (which fills its cache).  The value is
+         * kept so that its address cannot be reused by another object. */
+        Py_INCREF(v);
+        Py_XSETREF(st->debug_seen, v);
+        PyObject *r = PyObject_CallOneArg(st->log_env_changed, v);
+        if (r == NULL) {
+            PyErr_WriteUnraisable(st->log_env_changed);
+        }
+        Py_XDECREF(r);
+        return ask(st->log_logger, level);
+    }
+    return ans == Py_True;
+}
+
+int ml_log_cached_wants(const ml_state *st, int level)
+{
+    if (st->log_logger == NULL) {
+        return 0;
+    }
+    const PyObject *ans = cached_answer(st, level);
+    return ans == NULL || ans == Py_True; /* unknown: defer, the safe point asks */
+}
+
+/* One DEBUG record per event, or a summary of an explicit call. */
+static void log_notify(void *Py_UNUSED(data), ml_book *lord, const ml_event *ev, int n,
+                       const ml_emit_ctx *ctx)
+{
+    ml_state *st = ml_lord_state(lord);
+    if (!ml_log_wants(st, ML_LOG_DEBUG)) {
+        return;
+    }
+    /* Copy what the record needs first: building it runs Python. */
+    PyObject *records = PyList_New(0);
+    if (records == NULL) {
+        PyErr_WriteUnraisable(NULL);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        const ml_event *e = &ev[i];
+        if (e->kind == ML_EV_GC) {
+            continue; /* the release has its own INFO record */
+        }
+        PyObject *dev = e->kind == ML_EV_RESET ? Py_NewRef(Py_None) : ml_dev_str(st, e->dev);
+        PyObject *rec =
+            dev ? Py_BuildValue("(ssNLLIL)", ml_ev_kind_name(e->kind), ml_ev_source_name(e->source),
+                                dev, (long long)e->bytes, (long long)e->count, (unsigned)e->site,
+                                (long long)e->total_after)
+                : NULL;
+        if (rec == NULL || PyList_Append(records, rec) < 0) {
+            Py_XDECREF(rec);
+            Py_DECREF(records);
+            PyErr_WriteUnraisable(NULL);
+            return;
+        }
+        Py_DECREF(rec);
+    }
+    PyObject *r = PyObject_CallFunction(st->log_on_event, "OOOz", (PyObject *)lord, records,
+                                        ctx->subject ? ctx->subject : Py_None, ctx->what);
+    if (r == NULL) {
+        PyErr_WriteUnraisable(st->log_on_event);
+    }
+    Py_XDECREF(r);
+    Py_DECREF(records);
+}
+
+const ml_sink ml_log_sink = {"log", NULL, NULL, log_notify, NULL};
+
+void ml_log_gc(ml_state *st, ml_dev dev, const ml_gc_why *why, int64_t runs, int released,
+               int nlords)
+{
+    if (!ml_log_wants(st, ML_LOG_INFO)) {
+        return;
+    }
+    char band[96];
+    if (why->banded) {
+        ml_band_name(why->lo, why->lo_is_int, why->hi, why->hi_is_int, band, sizeof(band));
+    } else {
+        snprintf(band, sizeof(band), "bytes");
+    }
+    PyObject *devs = ml_dev_str(st, dev);
+    if (devs == NULL) {
+        PyErr_WriteUnraisable(NULL);
+        return;
+    }
+    PyObject *r = PyObject_CallFunction(
+        st->log_on_gc, "NsdsLLLii", devs, band, why->used_pct, ml_metric_name(why->metric),
+        (long long)why->value, (long long)why->threshold, (long long)runs, released, nlords);
+    if (r == NULL) {
+        PyErr_WriteUnraisable(st->log_on_gc);
+    }
+    Py_XDECREF(r);
+}

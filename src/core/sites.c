@@ -1,0 +1,266 @@
+/* Call-site capture and hotspot tables. */
+#include "core/sites.h"
+
+#if PY_VERSION_HEX < 0x030B0000
+#include <frameobject.h> /* PyFrame_GetBack and f_lasti on 3.10 */
+#endif
+
+#include <string.h>
+
+static int is_internal(ml_state *st, PyObject *filename)
+{
+    if (!PyUnicode_Check(filename)) {
+        return 0;
+    }
+    if (st->torch_prefix != NULL &&
+        PyUnicode_Tailmatch(filename, st->torch_prefix, 0, PY_SSIZE_T_MAX, -1) == 1) {
+        return 1;
+    }
+    if (st->memlord_prefix != NULL &&
+        PyUnicode_Tailmatch(filename, st->memlord_prefix, 0, PY_SSIZE_T_MAX, -1) == 1) {
+        /* memlord's own demo is user code as far as sites go */
+        return PyUnicode_Tailmatch(filename, st->s_main_py, 0, PY_SSIZE_T_MAX, 1) != 1;
+    }
+    return 0;
+}
+
+/* The verdict for the last code object seen first on the stack: a loop
+ * calling from one line asks about the same code object every time.  The
+ * strong reference keeps the address from being reused by another one. */
+static int code_is_internal(ml_state *st, PyCodeObject *code)
+{
+    if ((PyObject *)code == st->last_code) {
+        return st->last_code_internal;
+    }
+    int internal = is_internal(st, code->co_filename);
+    Py_XSETREF(st->last_code, Py_NewRef(code));
+    st->last_code_internal = internal;
+    return internal;
+}
+
+void ml_site_capture(ml_state *st, ml_site *out)
+{
+    out->code = NULL;
+    out->line = 0;
+    /* The innermost frame is borrowed: most captures end there (the user
+     * called torch directly), with no reference taken on the frame. */
+    PyFrameObject *frame = PyEval_GetFrame();
+    PyFrameObject *owned = NULL; /* frames further out are new references */
+    while (frame != NULL) {
+        PyCodeObject *code = PyFrame_GetCode(frame);
+        if (!code_is_internal(st, code)) {
+            out->code = (PyObject *)code;
+#if PY_VERSION_HEX >= 0x030B0000
+            out->line = PyFrame_GetLasti(frame);
+#else
+            out->line = frame->f_lasti * 2;
+#endif
+            Py_XDECREF(owned);
+            return;
+        }
+        Py_DECREF(code);
+        PyFrameObject *back = PyFrame_GetBack(frame);
+        Py_XDECREF(owned);
+        frame = owned = back;
+    }
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+    }
+}
+
+void ml_site_clear(ml_site *s)
+{
+    Py_CLEAR(s->code);
+}
+
+/* ---- the site table ------------------------------------------------------ */
+
+void ml_sitetab_init(ml_sitetab *t)
+{
+    t->by_id = NULL;
+    t->n = t->cap = 0;
+    t->index = NULL;
+    t->nindex = 0;
+}
+
+void ml_sitetab_clear(ml_sitetab *t)
+{
+    /* Detach first: releasing a code object may run Python that captures
+     * a site again. */
+    ml_site_entry *by_id = t->by_id;
+    uint32_t n = t->n;
+    PyMem_Free(t->index);
+    ml_sitetab_init(t);
+    for (uint32_t i = 1; i <= n; i++) {
+        Py_XDECREF(by_id[i].code);
+    }
+    PyMem_Free(by_id);
+}
+
+int ml_sitetab_traverse(ml_sitetab *t, visitproc visit, void *arg)
+{
+    for (uint32_t i = 1; i <= t->n; i++) {
+        Py_VISIT(t->by_id[i].code);
+    }
+    return 0;
+}
+
+static uint32_t hash_site(const PyObject *code, int offset)
+{
+    uint64_t x = (uint64_t)(uintptr_t)code * 0x9E3779B97F4A7C15ULL;
+    x ^= (uint64_t)(uint32_t)offset * 0xBF58476D1CE4E5B9ULL;
+    return (uint32_t)(x ^ (x >> 31));
+}
+
+static uint32_t *index_slot(uint32_t *index, uint32_t nindex, const ml_site_entry *by_id,
+                            const PyObject *code, int offset)
+{
+    uint32_t mask = nindex - 1;
+    uint32_t j = hash_site(code, offset) & mask;
+    while (index[j] != 0 && !(by_id[index[j]].code == code && by_id[index[j]].offset == offset)) {
+        j = (j + 1) & mask;
+    }
+    return &index[j];
+}
+
+/* Room for one more id: PyMem only, which never runs the cyclic GC. */
+static int sitetab_grow(ml_sitetab *t)
+{
+    if (t->n + 1 >= ML_SITES_MAX) {
+        return -1;
+    }
+    if (t->n + 1 >= t->cap) {
+        uint32_t cap = t->cap ? t->cap * 2 : 64;
+        ml_site_entry *by_id = PyMem_Realloc(t->by_id, (size_t)cap * sizeof(ml_site_entry));
+        if (by_id == NULL) {
+            return -1;
+        }
+        t->by_id = by_id;
+        t->cap = cap;
+    }
+    if ((t->n + 1) * 2 >= t->nindex) {
+        uint32_t nindex = t->nindex ? t->nindex * 2 : 128;
+        uint32_t *index = PyMem_Calloc(nindex, sizeof(uint32_t));
+        if (index == NULL) {
+            return -1;
+        }
+        for (uint32_t id = 1; id <= t->n; id++) {
+            *index_slot(index, nindex, t->by_id, t->by_id[id].code, t->by_id[id].offset) = id;
+        }
+        PyMem_Free(t->index);
+        t->index = index;
+        t->nindex = nindex;
+    }
+    return 0;
+}
+
+uint32_t ml_site_intern(ml_sitetab *t, const ml_site *site)
+{
+    if (site->code == NULL) {
+        return 0;
+    }
+    if (t->nindex > 0) {
+        uint32_t id = *index_slot(t->index, t->nindex, t->by_id, site->code, site->line);
+        if (id != 0) {
+            return id;
+        }
+    }
+    if (sitetab_grow(t) < 0) {
+        return 0;
+    }
+    uint32_t id = ++t->n;
+    t->by_id[id].code = Py_NewRef(site->code);
+    t->by_id[id].offset = site->line;
+    *index_slot(t->index, t->nindex, t->by_id, site->code, site->line) = id;
+    return id;
+}
+
+int ml_site_lookup(const ml_sitetab *t, uint32_t id, PyObject **code, int *line)
+{
+    if (id == 0 || id > t->n) {
+        return 0;
+    }
+    *code = t->by_id[id].code;
+    *line = PyCode_Addr2Line((PyCodeObject *)t->by_id[id].code, t->by_id[id].offset);
+    return 1;
+}
+
+/* ---- hotspots ------------------------------------------------------------ */
+
+void ml_hotspots_init(ml_hotspots *h)
+{
+    h->entries = NULL;
+    h->n = 0;
+    h->cap = 0;
+    h->last = 0;
+}
+
+void ml_hotspots_clear(ml_hotspots *h)
+{
+    PyMem_Free(h->entries);
+    ml_hotspots_init(h);
+}
+
+static size_t hash_hot(ml_dev dev, uint32_t site)
+{
+    uint64_t x = ((uint64_t)dev << 32 | site) * 0x9E3779B97F4A7C15ULL;
+    return (size_t)(x ^ (x >> 29));
+}
+
+static ml_hot *slot_for(ml_hot *entries, Py_ssize_t cap, ml_dev dev, uint32_t site)
+{
+    size_t mask = (size_t)cap - 1;
+    size_t j = hash_hot(dev, site) & mask;
+    while (entries[j].site != 0 && !(entries[j].site == site && entries[j].dev == dev)) {
+        j = (j + 1) & mask;
+    }
+    return &entries[j];
+}
+
+int ml_hotspots_reserve(ml_hotspots *h, Py_ssize_t k)
+{
+    if ((h->n + k) * 2 <= h->cap) {
+        return 0;
+    }
+    Py_ssize_t cap = h->cap ? h->cap : 16;
+    while ((h->n + k) * 2 > cap) {
+        cap *= 2;
+    }
+    ml_hot *entries = PyMem_Calloc((size_t)cap, sizeof(ml_hot));
+    if (entries == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < h->cap; i++) {
+        const ml_hot *e = &h->entries[i];
+        if (e->site != 0) {
+            *slot_for(entries, cap, e->dev, e->site) = *e;
+        }
+    }
+    PyMem_Free(h->entries);
+    h->entries = entries;
+    h->cap = cap;
+    h->last = 0;
+    return 0;
+}
+
+void ml_hotspots_add(ml_hotspots *h, ml_dev dev, uint32_t site, int64_t bytes)
+{
+    if (site == 0 || h->cap == 0) {
+        return;
+    }
+    ml_hot *e = &h->entries[h->last];
+    if (e->site == site && e->dev == dev) {
+        e->bytes += bytes;
+        return;
+    }
+    e = slot_for(h->entries, h->cap, dev, site);
+    h->last = e - h->entries;
+    if (e->site == 0) {
+        e->site = site;
+        e->dev = dev;
+        e->bytes = 0;
+        h->n++;
+    }
+    e->bytes += bytes;
+}

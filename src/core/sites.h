@@ -1,0 +1,53 @@
+/* Call sites (the user's file:line) and cumulative hotspot tables. */
+#ifndef MEMLORD_SITES_H
+#define MEMLORD_SITES_H
+
+#include "base/memlord.h"
+
+/* A site is a code object and the byte offset of the calling instruction:
+ * the line number is computed only when a query or a log line needs it. */
+typedef struct {
+    PyObject *code; /* strong reference, or NULL when unknown */
+    int line;       /* instruction offset */
+} ml_site;
+
+/* The innermost frame outside torch and memlord.  out->code is NULL when no
+ * such frame exists.  Never fails: a frame that cannot be read is skipped. */
+void ml_site_capture(ml_state *st, ml_site *out);
+void ml_site_clear(ml_site *s);
+
+/* ---- the site table ------------------------------------------------------
+ * A site (code object, instruction offset) gets a stable id the first time it
+ * is seen; events and hotspots refer to ids, and "file:line" is resolved only
+ * when asked.  The table keeps a strong reference to each code object so that
+ * an id stays resolvable; it lives in the module state and grows up to
+ * ML_SITES_MAX entries, after which new sites read as unknown (id 0). */
+void ml_sitetab_init(ml_sitetab *t);
+void ml_sitetab_clear(ml_sitetab *t);
+int ml_sitetab_traverse(ml_sitetab *t, visitproc visit, void *arg);
+/* The id of site (0 when unknown or the table cannot grow).  Never raises,
+ * never runs Python. */
+uint32_t ml_site_intern(ml_sitetab *t, const ml_site *site);
+/* The code object (borrowed) and line number of an id; 0 when unknown. */
+int ml_site_lookup(const ml_sitetab *t, uint32_t id, PyObject **code, int *line);
+
+/* ---- hotspots: cumulative bytes per (device, site id); pure C ------------ */
+typedef struct {
+    ml_dev dev;
+    uint32_t site; /* 0 marks an empty entry */
+    int64_t bytes;
+} ml_hot;
+
+typedef struct {
+    ml_hot *entries;
+    Py_ssize_t n, cap; /* cap is a power of two */
+    Py_ssize_t last;   /* entry added to last: a loop adds to one site */
+} ml_hotspots;
+
+void ml_hotspots_init(ml_hotspots *h);
+void ml_hotspots_clear(ml_hotspots *h);
+/* Room for k more entries, so that the adds that follow cannot fail. */
+int ml_hotspots_reserve(ml_hotspots *h, Py_ssize_t k);
+void ml_hotspots_add(ml_hotspots *h, ml_dev dev, uint32_t site, int64_t bytes);
+
+#endif

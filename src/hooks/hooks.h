@@ -1,0 +1,30 @@
+/* Torch move hooks: one process-wide dispatcher owns every patch; any
+ * number of lords subscribe (api/handles.c subscribes them for their
+ * handles). */
+#ifndef MEMLORD_HOOKS_H
+#define MEMLORD_HOOKS_H
+
+#include "core/book.h"
+
+extern PyType_Spec ml_hook_spec;    /* the wrapper installed in torch's classes */
+extern PyType_Spec ml_fn_hook_spec; /* ... and in torch's modules (no __get__) */
+
+/* Subscribe lord to the factory wrappers of hook_into_python(). */
+int ml_hooks_py_subscribe(ml_book *lord);
+int ml_hooks_py_unsubscribe(ml_book *lord);
+/* Subscribe lord to the torch hooks of hook_into_torch(), installing them
+ * for the first lord: 0, or -1 with an exception set and nothing changed. */
+int ml_hooks_torch_subscribe(ml_book *lord);
+/* Unsubscribe lord: 0, or -1 with an exception set and nothing changed.
+ * Then ml_hooks_torch_settle: credit lord's deferred frees and restore
+ * torch's originals when no lord is left (may run Python). */
+int ml_hooks_torch_unsubscribe(ml_book *lord);
+void ml_hooks_torch_settle(ml_book *lord);
+/* handle.poll(): credit the deferred frees whose copies completed. */
+void ml_hooks_poll(void);
+/* handle.pending(): bytes of lord's deferred frees still waiting. */
+int64_t ml_hooks_pending_bytes(const ml_book *lord, const ml_selector *sel);
+/* Module-level introspection: {"installed", "subscribers", "pending"} */
+PyObject *ml_hooks_info(PyObject *module, PyObject *unused);
+
+#endif

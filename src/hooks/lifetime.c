@@ -1,0 +1,559 @@
+/* Lifetime tracking follows storages.
+ *
+ * torch keeps the Python object of an untyped storage (torch.UntypedStorage)
+ * alive for as long as the storage itself lives, whatever tensor objects
+ * view it (torch.distributed._tools.mem_tracker relies on this too).  A
+ * weak reference to that object therefore fires exactly when the storage
+ * dies: not when a tensor object goes while a view, a detach(), a .data or
+ * a re-wrapped Parameter still holds the memory, and never twice.  Tensor
+ * objects carry no weak reference from memlord, so torch.utils.swap_tensors
+ * accepts them.
+ *
+ * A tracker is a weakref.ref subclass on a storage object (or on the numpy
+ * array that owns an array's memory) carrying the storage's device and
+ * bytes.  Its callback is the lord's registry, one object per lord that
+ * owns a hash table from the storage object's address to its tracker: a
+ * storage is tracked at most once per lord, and allocate(), free() and the
+ * hooks find its tracker without walking any weak-reference list.  The
+ * registry reaches its lord through a pointer that the lord clears (detach)
+ * before it goes; a callback takes a strong reference to the lord before
+ * it does anything that can allocate.
+ *
+ * Everything that touches the table runs no Python: lookups, inserts and
+ * removals happen between calls that may allocate (and so run the cyclic
+ * GC, finalizers, other threads), never across them. */
+#include "hooks/lifetime.h"
+
+#include <string.h>
+#include <structmember.h>
+
+/* ---- the tracker type --------------------------------------------------- */
+
+#define ML_TR_BYTES_BITS 48
+#define ML_TR_BYTES_MASK ((UINT64_C(1) << ML_TR_BYTES_BITS) - 1)
+
+typedef struct {
+    PyWeakReference base;
+    uintptr_t key;   /* address of the storage object: the table key */
+    uint64_t packed; /* device (high 16 bits), bytes (low 48 bits) */
+} TrackerObject;
+
+static inline ml_dev tracker_dev(const TrackerObject *tr)
+{
+    return (ml_dev)(tr->packed >> ML_TR_BYTES_BITS);
+}
+
+static inline int64_t tracker_bytes(const TrackerObject *tr)
+{
+    return (int64_t)(tr->packed & ML_TR_BYTES_MASK);
+}
+
+/* 1 when a storage of this size on this device fits a tracker.  48 bits
+ * are 256 TiB, more than any device holds; ML_DEV fits 16 bits. */
+static inline int trackable_size(ml_dev dev, int64_t bytes)
+{
+    return bytes > 0 && (uint64_t)bytes <= ML_TR_BYTES_MASK && dev <= 0xFFFFu;
+}
+
+/* The object a weak reference points to, for comparison only (no reference
+ * is kept), or NULL once it is dead. */
+static PyObject *referent(PyObject *ref)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *obj = NULL;
+    if (PyWeakref_GetRef(ref, &obj) != 1) {
+        PyErr_Clear();
+        return NULL;
+    }
+    Py_DECREF(obj); /* alive: someone else holds it */
+    return obj;
+#else
+    PyObject *obj = PyWeakref_GetObject(ref);
+    if (obj == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return obj == Py_None ? NULL : obj;
+#endif
+}
+
+static void tracker_dealloc(PyObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    _PyWeakref_RefType.tp_dealloc(self);
+    Py_DECREF(tp);
+}
+
+static int tracker_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    return _PyWeakref_RefType.tp_traverse(self, visit, arg);
+}
+
+static PyType_Slot tracker_slots[] = {
+    {Py_tp_dealloc, tracker_dealloc},
+    {Py_tp_traverse, tracker_traverse},
+    {Py_tp_doc, "A weak reference to a storage that credits the storage's bytes to a MemLord "
+                "when the storage dies."},
+    {0, NULL},
+};
+
+PyType_Spec ml_tracker_spec = {
+    .name = "memlord._core.Tracker",
+    .basicsize = sizeof(TrackerObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .slots = tracker_slots,
+};
+
+/* ---- the registry: callback and table of one lord's trackers ----------- */
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    ml_book *lord;              /* borrowed; NULL once the lord detached it */
+    PyTypeObject *tracker_type; /* strong: what its callbacks accept */
+    /* Open addressing, linear probing: each slot NULL or a tracker the
+     * table owns a reference to.  nslots is 0 or a power of two. */
+    TrackerObject **slots;
+    Py_ssize_t nslots;
+    Py_ssize_t n;
+} RegistryObject;
+
+static inline size_t home_slot(uintptr_t key, Py_ssize_t nslots)
+{
+    uint64_t h = (uint64_t)(key >> 4) * UINT64_C(0x9E3779B97F4A7C15);
+    return (size_t)(h ^ (h >> 29)) & (size_t)(nslots - 1);
+}
+
+/* The live tracker of key, or NULL.  Runs no Python. */
+static TrackerObject *table_find(const RegistryObject *reg, uintptr_t key)
+{
+    if (reg->nslots == 0) {
+        return NULL;
+    }
+    size_t mask = (size_t)(reg->nslots - 1);
+    for (size_t i = home_slot(key, reg->nslots);; i = (i + 1) & mask) {
+        TrackerObject *tr = reg->slots[i];
+        if (tr == NULL) {
+            return NULL;
+        }
+        /* a dead entry waits for its callback: not a match for anyone */
+        if (tr->key == key && referent((PyObject *)tr) == (PyObject *)key) {
+            return tr;
+        }
+    }
+}
+
+static int table_grow(RegistryObject *reg)
+{
+    Py_ssize_t nslots = reg->nslots ? reg->nslots * 2 : 64;
+    TrackerObject **slots = PyMem_Calloc((size_t)nslots, sizeof(TrackerObject *));
+    if (slots == NULL) {
+        return -1;
+    }
+    size_t mask = (size_t)(nslots - 1);
+    for (Py_ssize_t i = 0; i < reg->nslots; i++) {
+        TrackerObject *tr = reg->slots[i];
+        if (tr != NULL) {
+            size_t j = home_slot(tr->key, nslots);
+            while (slots[j] != NULL) {
+                j = (j + 1) & mask;
+            }
+            slots[j] = tr;
+        }
+    }
+    PyMem_Free(reg->slots);
+    reg->slots = slots;
+    reg->nslots = nslots;
+    return 0;
+}
+
+/* Insert tr (the table takes over the caller's reference); -1 without an
+ * exception set when memory runs out.  Runs no Python. */
+static int table_insert(RegistryObject *reg, TrackerObject *tr)
+{
+    if ((reg->n + 1) * 4 > reg->nslots * 3 && table_grow(reg) < 0) {
+        return -1;
+    }
+    size_t mask = (size_t)(reg->nslots - 1);
+    size_t i = home_slot(tr->key, reg->nslots);
+    while (reg->slots[i] != NULL) {
+        i = (i + 1) & mask;
+    }
+    reg->slots[i] = tr;
+    reg->n++;
+    return 0;
+}
+
+/* Take tr out of the table; returns 1 (the caller now owns the table's
+ * reference) or 0 when tr is not in it.  Runs no Python. */
+static int table_remove(RegistryObject *reg, const TrackerObject *tr)
+{
+    if (reg->nslots == 0) {
+        return 0;
+    }
+    size_t mask = (size_t)(reg->nslots - 1);
+    size_t i = home_slot(tr->key, reg->nslots);
+    while (reg->slots[i] != tr) {
+        if (reg->slots[i] == NULL) {
+            return 0;
+        }
+        i = (i + 1) & mask;
+    }
+    /* backward-shift deletion keeps every probe chain unbroken */
+    size_t j = i;
+    for (;;) {
+        j = (j + 1) & mask;
+        TrackerObject *next = reg->slots[j];
+        if (next == NULL) {
+            break;
+        }
+        size_t k = home_slot(next->key, reg->nslots);
+        int movable = i <= j ? (k <= i || k > j) : (k <= i && k > j);
+        if (movable) {
+            reg->slots[i] = next;
+            i = j;
+        }
+    }
+    reg->slots[i] = NULL;
+    reg->n--;
+    return 1;
+}
+
+/* Empty the table, handing back its references (NULL-terminated array the
+ * caller releases with release_all).  Runs no Python. */
+static TrackerObject **table_take(RegistryObject *reg, Py_ssize_t *count)
+{
+    TrackerObject **slots = reg->slots;
+    *count = reg->nslots;
+    reg->slots = NULL;
+    reg->nslots = 0;
+    reg->n = 0;
+    return slots;
+}
+
+/* Drop the references of a taken table.  A tracker's deallocation unlinks
+ * it from its storage and runs no callback. */
+static void release_all(TrackerObject **slots, Py_ssize_t count)
+{
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_XDECREF(slots[i]);
+    }
+    PyMem_Free(slots);
+}
+
+static int finalizing(void)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing();
+#else
+    return _Py_IsFinalizing();
+#endif
+}
+
+/* A tracked storage died.  Called by the interpreter with the dead tracker;
+ * called by hand (the callback is reachable from Python as
+ * tracker.__callback__) with anything else, it does nothing. */
+static PyObject *registry_vectorcall(PyObject *callable, PyObject *const *args, size_t nargsf,
+                                     PyObject *Py_UNUSED(kwnames))
+{
+    RegistryObject *reg = (RegistryObject *)callable; /* held by the caller */
+    if (PyVectorcall_NARGS(nargsf) != 1 || !Py_IS_TYPE(args[0], reg->tracker_type)) {
+        Py_RETURN_NONE;
+    }
+    TrackerObject *tr = (TrackerObject *)args[0];
+    if (referent((PyObject *)tr) != NULL || !table_remove(reg, tr)) {
+        Py_RETURN_NONE; /* still alive, or not (any more) ours */
+    }
+    /* From here this function owns the table's reference to tr. */
+    ml_book *lord = reg->lord;
+    if (lord != NULL && !finalizing()) {
+        Py_INCREF(lord); /* before anything that can allocate */
+        ml_delta d = {tracker_dev(tr), tracker_bytes(tr), 1};
+        ml_site site = {NULL, 0};
+        if (lord->track_callsite) {
+            ml_site_capture(ml_lord_state(lord), &site);
+        }
+        /* a reset (a finalizer, another thread) while the site was read
+         * forgot this storage: nothing to credit */
+        // cppcheck-suppress knownConditionTrueFalse ; the capture may run a reset
+        if (reg->lord == lord &&
+            ml_lord_record(lord, ML_REC_FREE, &d, 1, &site, "(del)", NULL) < 0) {
+            PyErr_WriteUnraisable((PyObject *)lord);
+        }
+        ml_site_clear(&site);
+        Py_DECREF(lord);
+    }
+    Py_DECREF(tr);
+    Py_RETURN_NONE;
+}
+
+static PyObject *registry_call(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    return PyVectorcall_Call(self, args, kwargs);
+}
+
+static void registry_dealloc(PyObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    RegistryObject *reg = (RegistryObject *)self;
+    Py_ssize_t count;
+    TrackerObject **slots = table_take(reg, &count);
+    release_all(slots, count);
+    Py_CLEAR(reg->tracker_type);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyMemberDef registry_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(RegistryObject, vectorcall), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot registry_slots[] = {
+    {Py_tp_call, registry_call},
+    {Py_tp_dealloc, registry_dealloc},
+    {Py_tp_members, registry_members},
+    {0, NULL},
+};
+
+PyType_Spec ml_registry_spec = {
+    .name = "memlord._core.Registry",
+    .basicsize = sizeof(RegistryObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = registry_slots,
+};
+
+/* lord's registry, created on first use: a new reference. */
+static RegistryObject *get_registry(ml_book *lord)
+{
+    if (lord->registry == NULL) {
+        ml_state *st = ml_lord_state(lord);
+        RegistryObject *reg = PyObject_New(RegistryObject, st->registry_type);
+        if (reg == NULL) {
+            return NULL;
+        }
+        reg->vectorcall = registry_vectorcall;
+        reg->lord = NULL;
+        reg->tracker_type = (PyTypeObject *)Py_NewRef(st->tracker_type);
+        reg->slots = NULL;
+        reg->nslots = 0;
+        reg->n = 0;
+        // cppcheck-suppress knownConditionTrueFalse ; the allocation may run code
+        if (lord->registry != NULL) {
+            /* the allocation ran code that made one: use that */
+            Py_DECREF(reg);
+        } else {
+            reg->lord = lord;
+            lord->registry = (PyObject *)reg;
+        }
+    }
+    return (RegistryObject *)Py_NewRef(lord->registry);
+}
+
+/* A tracker of key calling reg back, not yet in any table. */
+static TrackerObject *tracker_new(RegistryObject *reg, PyObject *key, ml_dev dev, int64_t bytes)
+{
+    PyObject *args = PyTuple_Pack(2, key, (PyObject *)reg);
+    if (args == NULL) {
+        return NULL;
+    }
+    TrackerObject *tr = (TrackerObject *)_PyWeakref_RefType.tp_new(reg->tracker_type, args, NULL);
+    Py_DECREF(args);
+    if (tr == NULL) {
+        return NULL;
+    }
+    tr->key = (uintptr_t)key;
+    tr->packed = ((uint64_t)dev << ML_TR_BYTES_BITS) | (uint64_t)bytes;
+    return tr;
+}
+
+/* ---- counting and tracking --------------------------------------------- */
+
+#define ML_LIFE_INLINE 8
+
+enum { IT_COUNT = 0, IT_SKIP = 1, IT_NEW = 2 };
+
+static int add_delta(ml_delta *d, int *nd, ml_dev dev, int64_t bytes)
+{
+    for (int i = 0; i < *nd; i++) {
+        if (d[i].dev == dev) {
+            d[i].bytes += bytes;
+            d[i].count += 1;
+            return 0;
+        }
+    }
+    d[(*nd)++] = (ml_delta){dev, bytes, 1};
+    return 0;
+}
+
+int ml_life_count(ml_book *lord, const ml_life_item *items, Py_ssize_t n, int flags,
+                  const ml_site *site, const char *label, const char *what)
+{
+    TrackerObject *tr_inline[ML_LIFE_INLINE] = {NULL};
+    ml_delta d_inline[ML_LIFE_INLINE];
+    unsigned char state_inline[ML_LIFE_INLINE];
+    /* trs[i]: a tracker this function holds a reference to, or NULL */
+    TrackerObject **trs = tr_inline;
+    ml_delta *d = d_inline;
+    unsigned char *state = state_inline;
+    int rc = -1;
+    if (n > ML_LIFE_INLINE) {
+        trs = PyMem_Calloc((size_t)n, sizeof(TrackerObject *) + sizeof(ml_delta) + 1);
+        if (trs == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        d = (ml_delta *)(trs + n);
+        state = (unsigned char *)(d + n);
+    }
+    RegistryObject *reg = NULL;
+    for (int attempt = 0;; attempt++) {
+        reg = get_registry(lord);
+        if (reg == NULL) {
+            goto done;
+        }
+        /* 1. Make trackers for the storages not tracked yet.  Each
+         * allocation may run anything: nothing read from the table is kept
+         * across it. */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const ml_life_item *it = &items[i];
+            state[i] = IT_COUNT;
+            if (it->bytes <= 0) {
+                state[i] = IT_SKIP;
+            } else if (it->key == NULL || !trackable_size(it->dev, it->bytes) ||
+                       Py_TYPE(it->key)->tp_weaklistoffset == 0) {
+                /* counted, never credited */
+            } else if (table_find(reg, (uintptr_t)it->key) != NULL) {
+                state[i] = IT_SKIP; /* counted already */
+            } else {
+                trs[i] = tracker_new(reg, it->key, it->dev, it->bytes);
+                if (trs[i] == NULL) {
+                    goto done;
+                }
+                state[i] = IT_NEW;
+            }
+        }
+        /* 2. Still the lord's registry?  A reset (a finalizer, another
+         * thread) while the trackers were made replaced it: this call then
+         * comes after the reset and starts again with the new one.  The
+         * lord's teardown (or reset after reset) gives up: nothing counted. */
+        if (lord->registry == (PyObject *)reg && reg->lord == lord) {
+            break;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_CLEAR(trs[i]);
+        }
+        Py_CLEAR(reg);
+        if (attempt == 3 || lord->module == NULL) {
+            rc = 0;
+            goto done;
+        }
+    }
+    /* 3. No Python from here to the record: insert, dropping the storages
+     * that another thread or a finalizer tracked meanwhile. */
+    int nd = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (state[i] != IT_NEW) {
+            continue;
+        }
+        if (table_find(reg, (uintptr_t)items[i].key) != NULL) {
+            state[i] = IT_SKIP;
+            continue;
+        }
+        Py_INCREF(trs[i]); /* the table's own reference */
+        if (table_insert(reg, trs[i]) < 0) {
+            Py_DECREF(trs[i]);
+            state[i] = IT_COUNT; /* out of memory: counted, never credited */
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (state[i] != IT_SKIP) {
+            add_delta(d, &nd, items[i].dev, items[i].bytes);
+        }
+    }
+    /* 4. Count them.  The caller holds every key, so no tracked storage can
+     * die (and be credited) before it is counted. */
+    if ((nd > 0 || what != NULL) && ml_lord_record(lord, flags, d, nd, site, label, what) < 0) {
+        /* nothing was counted: nothing may be credited */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (state[i] == IT_NEW && table_remove(reg, trs[i])) {
+                Py_DECREF(trs[i]); /* the table's reference; trs[i] keeps ours */
+            }
+        }
+        goto done;
+    }
+    rc = 0;
+done:
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_XDECREF(trs[i]);
+    }
+    Py_XDECREF(reg);
+    if (trs != tr_inline) {
+        PyMem_Free(trs);
+    }
+    return rc;
+}
+
+int ml_life_count_walk(ml_book *lord, const ml_walk *w, int flags, const ml_site *site,
+                       const char *label, const char *what)
+{
+    ml_life_item inline_items[ML_LIFE_INLINE] = {{NULL, 0, 0}};
+    ml_life_item *items = inline_items;
+    if (w->n > ML_LIFE_INLINE) {
+        items = PyMem_Malloc((size_t)w->n * sizeof(ml_life_item));
+        if (items == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    for (Py_ssize_t i = 0; i < w->n; i++) {
+        items[i] =
+            (ml_life_item){w->keys ? w->keys[i] : NULL, w->blocks[i].dev, w->blocks[i].nbytes};
+    }
+    /* the walk holds every key until it is cleared */
+    int rc = ml_life_count(lord, items, w->n, flags, site, label, what);
+    if (items != inline_items) {
+        PyMem_Free(items);
+    }
+    return rc;
+}
+
+int ml_life_tracks(const ml_book *lord, const PyObject *key)
+{
+    const RegistryObject *reg = (const RegistryObject *)lord->registry;
+    return reg != NULL && key != NULL && table_find(reg, (uintptr_t)key) != NULL;
+}
+
+int ml_life_untrack(ml_book *lord, const PyObject *key)
+{
+    RegistryObject *reg = (RegistryObject *)lord->registry;
+    if (reg == NULL || key == NULL) {
+        return 0;
+    }
+    TrackerObject *tr = table_find(reg, (uintptr_t)key);
+    if (tr == NULL || !table_remove(reg, tr)) {
+        return 0;
+    }
+    Py_DECREF(tr); /* unlinks it from the storage: no callback, no Python */
+    return 1;
+}
+
+void ml_life_detach(ml_book *lord)
+{
+    RegistryObject *reg = (RegistryObject *)lord->registry;
+    if (reg == NULL) {
+        return;
+    }
+    reg->lord = NULL; /* a callback running now credits nothing */
+    lord->registry = NULL;
+    Py_ssize_t count;
+    TrackerObject **slots = table_take(reg, &count);
+    release_all(slots, count);
+    Py_DECREF(reg);
+}
+
+Py_ssize_t ml_life_tracked(ml_book *lord)
+{
+    return lord->registry ? ((RegistryObject *)lord->registry)->n : 0;
+}

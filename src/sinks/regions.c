@@ -1,0 +1,612 @@
+/* Regions: per open region, per device, the net bytes its thread allocated
+ * inside, the running peak of that net, and the storages allocated and
+ * freed.  apply (phase 1) updates every open region of the event's thread:
+ * pure C, no failure, because reserve (phase 0) made room for the event's
+ * device in each of them.  Entering and leaving are Lord methods called
+ * from memlord/_regions.py; leaving copies the region out of the table
+ * before any Python object is built. */
+#include "sinks/regions.h"
+#include "core/book.h"
+
+#include <string.h>
+
+typedef struct {
+    ml_dev dev;
+    int64_t entry;    /* the device's allocated bytes when the region first saw it */
+    int64_t net;      /* allocated minus freed by the region's thread inside */
+    int64_t peak_net; /* the highest net reached (>= 0) */
+    int64_t allocs;
+    int64_t frees;
+} ml_rdev;
+
+typedef struct {
+    int64_t id;
+    uint32_t name_ix; /* the event ring's index of the region's name, 0 when not interned */
+    uint64_t thread;
+    int64_t t0_ns;
+    ml_rdev *devs;
+    int ndev, cap;
+} ml_region;
+
+struct ml_regions {
+    ml_region *open;
+    int n, cap;
+    int64_t next_id;
+    int naming; /* the event ring records: name the regions opened */
+};
+
+struct ml_regions *ml_regions_new(void)
+{
+    struct ml_regions *r = PyMem_Calloc(1, sizeof(struct ml_regions));
+    if (r == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    r->next_id = 1;
+    return r;
+}
+
+void ml_regions_free(struct ml_regions *r)
+{
+    if (r == NULL) {
+        return;
+    }
+    for (int i = 0; i < r->n; i++) {
+        PyMem_Free(r->open[i].devs);
+    }
+    PyMem_Free(r->open);
+    PyMem_Free(r);
+}
+
+static ml_rdev *find_dev(ml_region *g, ml_dev dev)
+{
+    for (int i = 0; i < g->ndev; i++) {
+        if (g->devs[i].dev == dev) {
+            return &g->devs[i];
+        }
+    }
+    return NULL;
+}
+
+void ml_regions_set_naming(struct ml_regions *r, int on)
+{
+    if (r != NULL) {
+        r->naming = on;
+    }
+}
+
+/* The index of name in the lord's region names (appended when new), which
+ * the event ring stores with each record; 0 when it cannot be interned (no
+ * exception left set). */
+static uint32_t intern_name(ml_book *lord, PyObject *name)
+{
+    if (lord->region_name_ix == NULL || lord->region_names == NULL) {
+        return 0; /* cleared by the cyclic GC */
+    }
+    PyObject *ix = PyDict_GetItemWithError(lord->region_name_ix, name); /* borrowed */
+    if (ix != NULL) {
+        return (uint32_t)PyLong_AsUnsignedLong(ix);
+    }
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_ssize_t next = PyList_GET_SIZE(lord->region_names);
+    if (next >= (Py_ssize_t)UINT32_MAX) {
+        return 0;
+    }
+    PyObject *v = PyLong_FromSsize_t(next);
+    if (v == NULL || PyDict_SetItem(lord->region_name_ix, name, v) < 0 ||
+        PyList_Append(lord->region_names, name) < 0) {
+        Py_XDECREF(v);
+        PyErr_Clear();
+        return 0;
+    }
+    Py_DECREF(v);
+    return (uint32_t)next;
+}
+
+uint32_t ml_regions_current(const struct ml_regions *r, uint64_t thread)
+{
+    for (int k = r->n - 1; k >= 0; k--) {
+        if (r->open[k].thread == thread) {
+            return r->open[k].name_ix;
+        }
+    }
+    return 0;
+}
+
+/* ---- the sink ------------------------------------------------------------ */
+
+static int reg_reserve(void *data, ml_book *lord, const ml_event *ev, int n)
+{
+    struct ml_regions *r = data;
+    if (r->n == 0) {
+        return 0;
+    }
+    uint64_t thread = (uint64_t)PyThread_get_thread_ident();
+    for (int k = 0; k < r->n; k++) {
+        ml_region *g = &r->open[k];
+        if (g->thread != thread) {
+            continue;
+        }
+        for (int i = 0; i < n; i++) {
+            if ((ev[i].kind != ML_EV_ALLOC && ev[i].kind != ML_EV_FREE) ||
+                find_dev(g, ev[i].dev) != NULL) {
+                continue;
+            }
+            if (g->ndev == g->cap) {
+                int cap = g->cap ? g->cap * 2 : 2;
+                ml_rdev *d = PyMem_Realloc(g->devs, (size_t)cap * sizeof(ml_rdev));
+                if (d == NULL) {
+                    PyErr_NoMemory();
+                    return -1;
+                }
+                g->devs = d;
+                g->cap = cap;
+            }
+            const ml_slot *slot = ml_ledger_find(&lord->ledger, ev[i].dev);
+            ml_rdev *d = &g->devs[g->ndev++];
+            memset(d, 0, sizeof(*d));
+            d->dev = ev[i].dev;
+            d->entry = slot != NULL ? slot->allocated : 0;
+        }
+    }
+    return 0;
+}
+
+static void reg_apply(void *data, ml_book *Py_UNUSED(lord), ml_event *ev, int n)
+{
+    struct ml_regions *r = data;
+    for (int k = 0; k < r->n; k++) {
+        ml_region *g = &r->open[k];
+        for (int i = 0; i < n; i++) {
+            const ml_event *e = &ev[i];
+            if (e->thread != g->thread || (e->kind != ML_EV_ALLOC && e->kind != ML_EV_FREE)) {
+                continue;
+            }
+            ml_rdev *d = find_dev(g, e->dev); /* reserved in phase 0 */
+            if (d == NULL) {
+                continue;
+            }
+            if (e->kind == ML_EV_ALLOC) {
+                d->net += e->bytes;
+                d->allocs += e->count;
+                if (d->net > d->peak_net) {
+                    d->peak_net = d->net;
+                }
+            } else {
+                d->net -= e->bytes;
+                d->frees += e->count;
+            }
+        }
+    }
+}
+
+const ml_sink ml_region_sink_proto = {"regions", reg_reserve, reg_apply, NULL, NULL};
+
+/* ---- entering and leaving -------------------------------------------------- */
+
+/* region_close(id) -> (duration_ns, [(device str, entry, net, peak_net,
+ * allocs, frees), ...]): close region id (any thread's; usually the
+ * caller's).  The region is detached from the table before any Python
+ * object is built. */
+static PyObject *region_close(ml_book *lord, int64_t id)
+{
+    struct ml_regions *r = lord->regions;
+    int k = 0;
+    while (k < r->n && r->open[k].id != id) {
+        k++;
+    }
+    if (k == r->n) {
+        PyErr_Format(PyExc_RuntimeError, "memlord: region %lld is not open", (long long)id);
+        return NULL;
+    }
+    int64_t now = ml_now_ns();
+    ml_region g = r->open[k];
+    memmove(&r->open[k], &r->open[k + 1], (size_t)(r->n - k - 1) * sizeof(ml_region));
+    r->n--;
+    /* g.devs is ours now */
+    ml_state *st = ml_lord_state(lord);
+    PyObject *list = PyList_New(0);
+    for (int i = 0; list != NULL && i < g.ndev; i++) {
+        const ml_rdev *d = &g.devs[i];
+        if (d->allocs == 0 && d->frees == 0) {
+            continue; /* reserved for an update that did not happen */
+        }
+        PyObject *dev = ml_dev_str(st, d->dev);
+        PyObject *item =
+            dev ? Py_BuildValue("(NLLLLL)", dev, (long long)d->entry, (long long)d->net,
+                                (long long)d->peak_net, (long long)d->allocs, (long long)d->frees)
+                : NULL;
+        if (item == NULL || PyList_Append(list, item) < 0) {
+            Py_CLEAR(list);
+        }
+        Py_XDECREF(item);
+    }
+    PyMem_Free(g.devs);
+    if (list == NULL) {
+        return NULL;
+    }
+    return Py_BuildValue("(LN)", (long long)(now - g.t0_ns), list);
+}
+
+/* ---- peak and counter resets (the device memory API) ----------------------- */
+
+static int parse_sel(PyObject *self, const char *fname, PyObject *const *args, Py_ssize_t nargs,
+                     PyObject *kwnames, ml_selector *sel)
+{
+    PyObject *arg;
+    if (ml_device_arg(fname, args, nargs, kwnames, 0, &arg) < 0) {
+        return -1;
+    }
+    return ml_selector_parse(ml_lord_state((ml_book *)self), arg, sel);
+}
+
+/* _reset_peak(device=None): each selected device's peak becomes its
+ * allocated bytes now.  Open regions keep their own peaks. */
+PyObject *ml_lord_reset_peak(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *kwnames)
+{
+    ml_book *lord = (ml_book *)self;
+    ml_selector sel;
+    if (parse_sel(self, "reset_peak_memory_stats", args, nargs, kwnames, &sel) < 0) {
+        return NULL;
+    }
+    for (int i = 0; i < lord->ledger.n; i++) {
+        ml_slot *s = &lord->ledger.slots[i];
+        if (ml_selector_match(&sel, s->dev)) {
+            s->peak_allocated = s->allocated;
+        }
+    }
+    lord->version++;
+    Py_RETURN_NONE;
+}
+
+/* _reset_accumulated(device=None): zero the cumulative counters
+ * (allocated_total, freed_total, allocs, frees, gc_runs) and reset the
+ * peak of each selected device; live bytes and the since-GC counters that
+ * drive auto-GC are kept. */
+PyObject *ml_lord_reset_accumulated(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                    PyObject *kwnames)
+{
+    ml_book *lord = (ml_book *)self;
+    ml_selector sel;
+    if (parse_sel(self, "reset_memory_stats", args, nargs, kwnames, &sel) < 0) {
+        return NULL;
+    }
+    for (int i = 0; i < lord->ledger.n; i++) {
+        ml_slot *s = &lord->ledger.slots[i];
+        if (ml_selector_match(&sel, s->dev)) {
+            s->peak_allocated = s->allocated;
+            s->allocated_total = 0;
+            s->freed_total = 0;
+            s->allocs = 0;
+            s->frees = 0;
+            lord->ledger.gc_total -= s->gc_runs;
+            s->gc_runs = 0;
+        }
+    }
+    lord->version++;
+    Py_RETURN_NONE;
+}
+
+/* ---- the Region object: lord.region(name) ----------------------------------- */
+
+#define ML_REGION_FOLD_AT 4096
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *lord;  /* strong */
+    PyObject *name;  /* str, strong */
+    PyObject *sink;  /* a list that also receives (name, raw) at exit, or NULL */
+    PyObject *raw;   /* (duration_ns, rows) once closed, else NULL */
+    PyObject *stats; /* the stats dict, built on first read */
+    int64_t id;      /* open: the region id; 0 when closed */
+} RegionObject;
+
+static int region_open(ml_book *lord, int64_t *id_out)
+{
+    struct ml_regions *r = lord->regions;
+    if (r->n == r->cap) {
+        int cap = r->cap ? r->cap * 2 : 8;
+        ml_region *o = PyMem_Realloc(r->open, (size_t)cap * sizeof(ml_region));
+        if (o == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        r->open = o;
+        r->cap = cap;
+    }
+    ml_region *g = &r->open[r->n++];
+    memset(g, 0, sizeof(*g));
+    g->id = r->next_id++;
+    g->thread = (uint64_t)PyThread_get_thread_ident();
+    g->t0_ns = ml_now_ns();
+    *id_out = g->id;
+    return 0;
+}
+
+PyObject *ml_lord_region(PyObject *self, PyObject *name)
+{
+    if (!PyUnicode_Check(name)) {
+        PyErr_Format(PyExc_TypeError, "region(): argument 'name' must be a str, not %.100s",
+                     Py_TYPE(name)->tp_name);
+        return NULL;
+    }
+    return ml_region_new((ml_book *)self, name, NULL);
+}
+
+PyObject *ml_region_new(ml_book *lord, PyObject *name, PyObject *sink)
+{
+    PyTypeObject *tp = ml_lord_state(lord)->region_type;
+    RegionObject *g = PyObject_GC_New(RegionObject, tp);
+    if (g == NULL) {
+        return NULL;
+    }
+    g->lord = Py_NewRef((PyObject *)lord);
+    g->name = Py_NewRef(name);
+    g->sink = Py_XNewRef(sink);
+    g->raw = NULL;
+    g->stats = NULL;
+    g->id = 0;
+    PyObject_GC_Track(g);
+    return (PyObject *)g;
+}
+
+static PyObject *region_enter(RegionObject *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->id != 0) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "region %R is already open; use a new lord.region() to nest", self->name);
+        return NULL;
+    }
+    int64_t id;
+    if (region_open((ml_book *)self->lord, &id) < 0) {
+        return NULL;
+    }
+    self->id = id;
+    ml_book *lord = (ml_book *)self->lord;
+    if (lord->regions->naming) {
+        /* the event ring names the innermost region of each event: intern the
+         * name (best effort: an unnamed region decodes as "") */
+        uint32_t ix = intern_name(lord, self->name);
+        struct ml_regions *r = lord->regions;
+        for (int k = r->n - 1; k >= 0; k--) {
+            if (r->open[k].id == id) {
+                r->open[k].name_ix = ix;
+                break;
+            }
+        }
+    }
+    return Py_NewRef((PyObject *)self);
+}
+
+static PyObject *region_exit(RegionObject *self, PyObject *const *Py_UNUSED(args),
+                             Py_ssize_t Py_UNUSED(nargs))
+{
+    int64_t id = self->id;
+    if (id == 0) {
+        Py_RETURN_NONE;
+    }
+    self->id = 0;
+    ml_book *lord = (ml_book *)self->lord;
+    PyObject *raw = region_close(lord, id);
+    if (raw == NULL) {
+        return NULL;
+    }
+    Py_XSETREF(self->raw, raw);
+    Py_CLEAR(self->stats);
+    PyObject *item = PyTuple_Pack(2, self->name, raw);
+    if (item == NULL) {
+        return NULL;
+    }
+    PyObject *done = lord->region_done; /* owned by the lord, which self holds */
+    if (done == NULL) {                 /* the lord was cleared by the cyclic GC */
+        Py_DECREF(item);
+        Py_RETURN_NONE;
+    }
+    int rc = PyList_Append(done, item);
+    if (rc == 0 && self->sink != NULL) {
+        rc = PyList_Append(self->sink, item);
+    }
+    Py_DECREF(item);
+    if (rc < 0) {
+        return NULL;
+    }
+    if (PyList_GET_SIZE(done) > ML_REGION_FOLD_AT) {
+        /* memlord.MemLord folds the closed regions into lord.regions() */
+        PyObject *res = PyObject_CallMethod((PyObject *)lord, "_region_fold", NULL);
+        if (res == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+                PyErr_Clear(); /* a bare core Lord: nobody aggregates */
+                PySequence_DelSlice(done, 0, PyList_GET_SIZE(done));
+                PyErr_Clear();
+            } else {
+                PyErr_WriteUnraisable((PyObject *)lord);
+            }
+        }
+        Py_XDECREF(res);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *region_get_stats(RegionObject *self, void *Py_UNUSED(closure))
+{
+    if (self->stats != NULL) {
+        return Py_NewRef(self->stats);
+    }
+    PyObject *out = PyDict_New();
+    if (out == NULL || self->raw == NULL) {
+        return out;
+    }
+    PyObject *raw = Py_NewRef(self->raw); /* kept while dicts are built */
+    PyObject *rows = PyTuple_GET_ITEM(raw, 1);
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(rows); i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i);
+        long long entry = PyLong_AsLongLong(PyTuple_GET_ITEM(row, 1));
+        long long net = PyLong_AsLongLong(PyTuple_GET_ITEM(row, 2));
+        long long peak_net = PyLong_AsLongLong(PyTuple_GET_ITEM(row, 3));
+        PyObject *d = Py_BuildValue("{sLsLsLsOsO}", "delta", net, "peak", entry + peak_net,
+                                    "peak_delta", peak_net, "allocs", PyTuple_GET_ITEM(row, 4),
+                                    "frees", PyTuple_GET_ITEM(row, 5));
+        if (d == NULL || PyDict_SetItem(out, PyTuple_GET_ITEM(row, 0), d) < 0) {
+            Py_XDECREF(d);
+            Py_DECREF(out);
+            Py_DECREF(raw);
+            return NULL;
+        }
+        Py_DECREF(d);
+    }
+    Py_DECREF(raw);
+    Py_XSETREF(self->stats, Py_NewRef(out));
+    return out;
+}
+
+static PyObject *region_get_duration(RegionObject *self, void *Py_UNUSED(closure))
+{
+    if (self->raw == NULL) {
+        return PyFloat_FromDouble(0.0);
+    }
+    long long ns = PyLong_AsLongLong(PyTuple_GET_ITEM(self->raw, 0));
+    return PyFloat_FromDouble((double)ns / 1e9);
+}
+
+static PyObject *region_get_name(RegionObject *self, void *Py_UNUSED(closure))
+{
+    return Py_NewRef(self->name);
+}
+
+static PyObject *region_get_open(RegionObject *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->id != 0);
+}
+
+static PyObject *region_get_lord(RegionObject *self, void *Py_UNUSED(closure))
+{
+    return Py_NewRef(self->lord);
+}
+
+static PyObject *region_get_sink(RegionObject *self, void *Py_UNUSED(closure))
+{
+    return Py_NewRef(self->sink ? self->sink : Py_None);
+}
+
+/* region(fn): the decorator, in Python (memlord/_regions.py). */
+static PyObject *region_call(RegionObject *self, PyObject *args, PyObject *kwds)
+{
+    PyObject *decorate = ml_import_attr("memlord._regions", "_decorate");
+    if (decorate == NULL) {
+        return NULL;
+    }
+    PyObject *selfargs = PyTuple_Pack(1, (PyObject *)self);
+    PyObject *full = selfargs ? PySequence_Concat(selfargs, args) : NULL;
+    PyObject *out = full ? PyObject_Call(decorate, full, kwds) : NULL;
+    Py_XDECREF(full);
+    Py_XDECREF(selfargs);
+    Py_DECREF(decorate);
+    return out;
+}
+
+static PyObject *region_repr(RegionObject *self)
+{
+    if (self->id != 0) {
+        return PyUnicode_FromFormat("<memlord region %R open>", self->name);
+    }
+    PyObject *stats = region_get_stats(self, NULL);
+    if (stats == NULL) {
+        return NULL;
+    }
+    long long ns = self->raw ? PyLong_AsLongLong(PyTuple_GET_ITEM(self->raw, 0)) : 0;
+    PyObject *out = PyUnicode_FromFormat("<memlord region %R %lld ns %R>", self->name, ns, stats);
+    Py_DECREF(stats);
+    return out;
+}
+
+static int region_traverse(RegionObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->lord);
+    Py_VISIT(self->name);
+    Py_VISIT(self->sink);
+    Py_VISIT(self->raw);
+    Py_VISIT(self->stats);
+    return 0;
+}
+
+static int region_clear(RegionObject *self)
+{
+    Py_CLEAR(self->lord);
+    Py_CLEAR(self->name);
+    Py_CLEAR(self->sink);
+    Py_CLEAR(self->raw);
+    Py_CLEAR(self->stats);
+    return 0;
+}
+
+static void region_dealloc(RegionObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    if (self->id != 0 && self->lord != NULL) {
+        /* dropped while open (a generator never resumed): close it in C */
+        struct ml_regions *r = ((ml_book *)self->lord)->regions;
+        for (int k = 0; k < r->n; k++) {
+            if (r->open[k].id == self->id) {
+                PyMem_Free(r->open[k].devs);
+                memmove(&r->open[k], &r->open[k + 1], (size_t)(r->n - k - 1) * sizeof(ml_region));
+                r->n--;
+                break;
+            }
+        }
+    }
+    region_clear(self);
+    PyObject_GC_Del(self);
+    Py_DECREF(tp);
+}
+
+static PyMethodDef region_methods[] = {
+    {"__enter__", (PyCFunction)region_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))region_exit, METH_FASTCALL, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef region_getset[] = {
+    {"name", (getter)region_get_name, NULL, "The region's name.", NULL},
+    {"stats", (getter)region_get_stats, NULL,
+     "Per device after exit: {'delta', 'peak', 'peak_delta', 'allocs', 'frees'}.", NULL},
+    {"duration_s", (getter)region_get_duration, NULL, "Seconds inside (0.0 until exit).", NULL},
+    {"open", (getter)region_get_open, NULL, "Whether the region is open.", NULL},
+    {"_lord", (getter)region_get_lord, NULL, NULL, NULL},
+    {"_sink", (getter)region_get_sink, NULL, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot region_slots[] = {
+    {Py_tp_doc, "What MemLord.region(name) returns: a context manager and a decorator."},
+    {Py_tp_dealloc, region_dealloc},
+    {Py_tp_traverse, region_traverse},
+    {Py_tp_clear, region_clear},
+    {Py_tp_repr, region_repr},
+    {Py_tp_call, region_call},
+    {Py_tp_methods, region_methods},
+    {Py_tp_getset, region_getset},
+    {0, NULL},
+};
+
+PyType_Spec ml_region_spec = {
+    .name = "memlord._core.Region",
+    .basicsize = sizeof(RegionObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    .slots = region_slots,
+};
+
+/* _region_with_sink(name, sink): a region that also reports to sink (a list). */
+PyObject *ml_lord_region_with_sink(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyUnicode_Check(args[0]) || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "_region_with_sink(name: str, sink: list)");
+        return NULL;
+    }
+    return ml_region_new((ml_book *)self, args[0], args[1]);
+}

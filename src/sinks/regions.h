@@ -1,0 +1,32 @@
+/* Regions (lord.region(name)): a sink that keeps, for every open region,
+ * what its own thread allocated and freed per device and the running peak.
+ * See docs/architecture.md and memlord/_regions.py. */
+#ifndef MEMLORD_REGIONS_H
+#define MEMLORD_REGIONS_H
+
+#include "core/event.h"
+
+struct ml_regions;
+
+extern const ml_sink ml_region_sink_proto; /* data: the lord's ml_regions */
+
+struct ml_regions *ml_regions_new(void); /* NULL with an exception set */
+void ml_regions_free(struct ml_regions *r);
+/* While on (the event ring records: ring.c), a region opened gets the index
+ * of its name in the lord's region names, which the ring stores. */
+void ml_regions_set_naming(struct ml_regions *r, int on);
+/* The ring name index of the innermost open region of thread (0: none). */
+uint32_t ml_regions_current(const struct ml_regions *r, uint64_t thread);
+
+/* Methods of the Lord type (lord.c lists them). */
+struct ml_book;
+PyObject *ml_lord_region(PyObject *self, PyObject *name);
+PyObject *ml_lord_region_with_sink(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *ml_region_new(struct ml_book *lord, PyObject *name, PyObject *sink);
+extern PyType_Spec ml_region_spec;
+PyObject *ml_lord_reset_peak(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *kwnames);
+PyObject *ml_lord_reset_accumulated(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                    PyObject *kwnames);
+
+#endif
