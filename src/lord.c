@@ -8,6 +8,7 @@
 #include "logsink.h"
 #include "regions.h"
 #include "ring.h"
+#include "snapshot.h"
 #include "walk.h"
 
 #include <stdio.h>
@@ -39,7 +40,10 @@ static void deltas_clear(ml_deltas *ds)
     deltas_init(ds);
 }
 
-static int deltas_add(ml_deltas *ds, ml_dev dev, int64_t bytes, int64_t count)
+/* address and lifetime_ns describe one storage: ml_record keeps them only
+ * for a device whose delta stays at one storage. */
+static int deltas_add(ml_deltas *ds, ml_dev dev, int64_t bytes, int64_t count, uintptr_t address,
+                      int64_t lifetime_ns)
 {
     for (int i = 0; i < ds->n; i++) {
         if (ds->d[i].dev == dev) {
@@ -62,7 +66,7 @@ static int deltas_add(ml_deltas *ds, ml_dev dev, int64_t bytes, int64_t count)
         ds->d = d;
         ds->cap = cap;
     }
-    ds->d[ds->n++] = (ml_delta){dev, bytes, count};
+    ds->d[ds->n++] = (ml_delta){dev, bytes, count, address, lifetime_ns};
     return 0;
 }
 
@@ -106,6 +110,9 @@ int ml_record(MemLordObject *lord, int kind, int source, const ml_delta *d, int 
         ev[i].dev = d[i].dev;
         ev[i].bytes = d[i].bytes;
         ev[i].count = d[i].count;
+        /* one storage's pointer and lifetime; a merged delta has none */
+        ev[i].address = d[i].count == 1 ? d[i].address : 0;
+        ev[i].lifetime_ns = d[i].count == 1 ? d[i].lifetime_ns : 0;
         ev[i].site = sid;
     }
     static const ml_emit_ctx none = {NULL, NULL};
@@ -153,8 +160,15 @@ static PyObject *record_object(MemLordObject *self, PyObject *obj, int is_free)
         result = Py_NewRef(Py_None);
         goto done;
     }
+    int64_t now = untrack ? ml_now_ns() : 0;
     for (Py_ssize_t i = 0; i < w.n; i++) {
-        if (deltas_add(&ds, w.blocks[i].dev, w.blocks[i].nbytes, 1) < 0) {
+        /* a tracked storage's free carries its lifetime (no Python runs) */
+        int64_t born = untrack ? ml_life_born_ns(self, w.keys[i]) : 0;
+        int64_t life = born > 0 && now > born ? now - born : 0;
+        const ml_block *b = &w.blocks[i];
+        /* an opaque tensor's block is keyed by the tensor: no data pointer */
+        uintptr_t addr = w.collect_keys && w.keys[i] == NULL ? 0 : b->ptr;
+        if (deltas_add(&ds, b->dev, b->nbytes, 1, addr, life) < 0) {
             goto done;
         }
     }
@@ -835,6 +849,17 @@ static PyMethodDef lord_methods[] = {
      "_events_info($self, /)\n--\n\n(capacity, size, dropped, record size)."},
     {"_region_names", (PyCFunction)lord_region_names, METH_NOARGS,
      "_region_names($self, /)\n--\n\nThe event ring's region names, by index."},
+    {"_live", (PyCFunction)(void (*)(void))ml_lord_live, METH_FASTCALL,
+     "_live($self, top, since_ns, /)\n--\n\n(now_ns, [(device key, bytes, count)], entries): "
+     "the live tracked storages born at or after since_ns, the top largest (all: top < 0)."},
+    {"_live_by_site", (PyCFunction)ml_lord_live_by_site, METH_NOARGS,
+     "_live_by_site($self, /)\n--\n\n{site id: live bytes} of the tracked storages."},
+    {"_tracks_storage", (PyCFunction)ml_lord_tracks_storage, METH_O,
+     "_tracks_storage($self, storage, /)\n--\n\nWhether the lord tracks this storage object."},
+    {"_life_active", (PyCFunction)ml_lord_life_active, METH_NOARGS,
+     "_life_active($self, /)\n--\n\nWhether lifetime tracking (hook_into_python) is on."},
+    {"_now_ns", (PyCFunction)ml_lord_now_ns, METH_NOARGS,
+     "_now_ns($self, /)\n--\n\nThe monotonic clock of births and events, in ns."},
     {"_device_name", (PyCFunction)ml_lord_device_name, METH_O,
      "_device_name($self, key, /)\n--\n\nThe device string of a device key."},
     {"_bench_emit", (PyCFunction)lord_bench_emit, METH_O,

@@ -6,6 +6,7 @@
  * from memlord/_regions.py; leaving copies the region out of the table
  * before any Python object is built. */
 #include "regions.h"
+#include "lifetime.h"
 #include "lord.h"
 #include "ring.h"
 
@@ -329,9 +330,10 @@ static PyObject *region_enter(RegionObject *self, PyObject *Py_UNUSED(ignored))
     }
     self->id = id;
     MemLordObject *lord = (MemLordObject *)self->lord;
-    if (ml_ring_active(lord)) {
-        /* the event ring names the innermost region of each event: intern the
-         * name (best effort: an unnamed region decodes as "") */
+    if (ml_ring_active(lord) || ml_life_active(lord)) {
+        /* the event ring names the innermost region of each event, and a
+         * tracked storage the region it was born in: intern the name (best
+         * effort: an unnamed region decodes as "") */
         uint32_t ix = ml_ring_intern_name(lord, self->name);
         struct ml_regions *r = lord->regions;
         for (int k = r->n - 1; k >= 0; k--) {
