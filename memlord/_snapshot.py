@@ -49,9 +49,7 @@ def _life_off(what: str) -> RuntimeError:
 
 def _check_int(fname: str, name: str, value: Any, low: int, high: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(
-            f"{fname}(): argument '{name}' must be an int, not {type(value).__name__}"
-        )
+        raise TypeError(f"{fname}(): argument '{name}' must be an int, not {type(value).__name__}")
     if value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"between {low} and {high}"
         raise ValueError(f"{fname}(): argument '{name}' must be {bound}, not {value}")
@@ -211,9 +209,7 @@ class LeakCheck:
             lines.append(f"  {'site':<{width}}  {'count':>7}  {'bytes':>12}")
             for site, s in list(sites.items())[:limit]:
                 name = site if site is not None else "<unknown>"
-                lines.append(
-                    f"  {name:<{width}}  {s['count']:>7}  {format_bytes(s['bytes']):>12}"
-                )
+                lines.append(f"  {name:<{width}}  {s['count']:>7}  {format_bytes(s['bytes']):>12}")
             lines.append("  largest:")
             for e in self.leaked[: min(limit, 5)]:
                 shape = "?" if e["shape"] is None else "x".join(map(str, e["shape"])) or "()"
@@ -340,7 +336,7 @@ class SnapshotMixin:
         out = []
         for site in sites:
             series = [s.get(site, 0) for s in by_text]
-            if all(b > a for a, b in zip(series, series[1:])):
+            if all(b > a for a, b in zip(series[:-1], series[1:], strict=True)):
                 out.append({"site": site, "bytes": series, "growth": series[-1] - series[0]})
         out.sort(key=lambda d: (-d["growth"], str(d["site"])))
         return out

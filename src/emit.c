@@ -16,8 +16,8 @@ int64_t ml_now_ns(void)
 }
 
 static const char *const kind_names[ML_EV_NKINDS] = {"alloc", "free", "gc", "reset"};
-static const char *const source_names[ML_SRC_NSOURCES] = {
-    "explicit", "convert", "factory", "death", "deferred", "policy", "param"};
+static const char *const source_names[ML_SRC_NSOURCES] = {"explicit", "convert", "factory", "death",
+                                                          "deferred", "policy",  "param"};
 
 const char *ml_ev_kind_name(int kind)
 {

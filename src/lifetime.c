@@ -96,7 +96,8 @@ static inline uint64_t pack_meta(uint32_t site, uint32_t region, const ml_tmeta 
         region = 0; /* beyond 65535 region names: reported as none */
     }
     return (uint64_t)site | ((uint64_t)region << TR_REGION_SHIFT) |
-           ((uint64_t)m->dtype << TR_DTYPE_SHIFT) | ((uint64_t)(m->requires_grad != 0) << TR_GRAD_SHIFT) |
+           ((uint64_t)m->dtype << TR_DTYPE_SHIFT) |
+           ((uint64_t)(m->requires_grad != 0) << TR_GRAD_SHIFT) |
            ((uint64_t)m->shape_kind << TR_KIND_SHIFT);
 }
 
@@ -564,8 +565,7 @@ int ml_life_count(MemLordObject *lord, const ml_life_item *items, Py_ssize_t n, 
     if (lord->track_callsite && site != NULL && site->code != NULL) {
         sid = ml_site_intern(&ml_lord_state(lord)->sites, site);
     }
-    uint32_t region =
-        ml_regions_current(lord->regions, (uint64_t)PyThread_get_thread_ident());
+    uint32_t region = ml_regions_current(lord->regions, (uint64_t)PyThread_get_thread_ident());
     uint64_t birth_meta = pack_meta(sid, region, &(ml_tmeta){0, 0, 0, 0, NULL});
     for (Py_ssize_t i = 0; i < n; i++) {
         if (state[i] != IT_NEW) {

@@ -102,10 +102,10 @@ typedef struct {
         *d_tensor_nbytes, *d_layout, *d_dtype, *d_shape, *d_requires_grad;
     /* dtypes lifetime tracking has met (walk.c, ml_tmeta_read): a tracker
      * keeps a dtype as its index + 1 in dtypes (0: unknown) */
-    PyObject *dtypes;   /* list of torch.dtype, at most ML_MAX_DTYPES */
-    PyObject *dtype_ix; /* dict: torch.dtype -> index + 1 */
+    PyObject *dtypes;      /* list of torch.dtype, at most ML_MAX_DTYPES */
+    PyObject *dtype_ix;    /* dict: torch.dtype -> index + 1 */
     uint8_t abi_dtype[64]; /* c10 ScalarType code -> index + 1, 0: not met yet */
-    PyObject *layout_coo; /* torch.sparse_coo, ... (singletons) */
+    PyObject *layout_coo;  /* torch.sparse_coo, ... (singletons) */
     PyObject *layout_csr;
     PyObject *layout_csc;
     PyObject *layout_bsr;

@@ -219,9 +219,10 @@ static PyObject *entry_tuple(ml_state *st, const ml_live *e)
  * when top < 0), by device, largest first, each (device key, nbytes, data
  * pointer, born_ns, site id, region index, dtype or None, requires_grad,
  * shape tuple or None). */
+// cppcheck-suppress constParameterPointer ; a METH_FASTCALL method's signature
 PyObject *ml_lord_live(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    MemLordObject *lord = (MemLordObject *)self;
+    const MemLordObject *lord = (const MemLordObject *)self;
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "_live() takes 2 arguments (top, since_ns)");
         return NULL;
@@ -263,8 +264,8 @@ PyObject *ml_lord_live(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     for (int i = 0; i < c.ntot; i++) {
-        PyObject *t = Py_BuildValue("(ILL)", (unsigned int)c.tot[i].dev,
-                                    (long long)c.tot[i].bytes, (long long)c.tot[i].count);
+        PyObject *t = Py_BuildValue("(ILL)", (unsigned int)c.tot[i].dev, (long long)c.tot[i].bytes,
+                                    (long long)c.tot[i].count);
         if (t == NULL) {
             goto done;
         }
@@ -361,18 +362,21 @@ PyObject *ml_lord_live_by_site(PyObject *self, PyObject *Py_UNUSED(ignored))
 
 /* _tracks_storage(storage) -> bool: whether the lord tracks that storage
  * object (a torch.UntypedStorage, or the numpy array owning memory) */
+// cppcheck-suppress constParameterPointer ; a METH_O method's signature
 PyObject *ml_lord_tracks_storage(PyObject *self, PyObject *storage)
 {
     return PyBool_FromLong(ml_life_tracks((MemLordObject *)self, storage));
 }
 
 /* _life_active() -> bool: lifetime tracking (hook_into_python) is on */
+// cppcheck-suppress constParameterPointer ; a METH_NOARGS method's signature
 PyObject *ml_lord_life_active(PyObject *self, PyObject *Py_UNUSED(ignored))
 {
     return PyBool_FromLong(ml_life_active((MemLordObject *)self));
 }
 
 /* _now_ns() -> the clock of births (monotonic ns) */
+// cppcheck-suppress constParameterPointer ; a METH_NOARGS method's signature
 PyObject *ml_lord_now_ns(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(ignored))
 {
     return PyLong_FromLongLong((long long)ml_now_ns());

@@ -49,7 +49,7 @@ static struct {
     abi_get_i32 dtype, device_type, device_index, layout;
     abi_get_i64 storage_size, storage_offset; /* optional: storage sizing */
     abi_get_ptr data_ptr;
-    abi_get_i64 dim;     /* optional: shapes (lifetime tracking's metadata) */
+    abi_get_i64 dim; /* optional: shapes (lifetime tracking's metadata) */
     abi_get_i64p sizes;
     abi_elsize element_size;
     int32_t strided;

@@ -315,8 +315,14 @@ def test_growth_reports_a_growing_list_not_a_steady_loop(lord):
 
 @pytest.mark.parametrize(
     ("value", "exc"),
-    [(0, ValueError), (-1, ValueError), (10_000, ValueError), ("3", TypeError),
-     (True, TypeError), (3.0, TypeError)],
+    [
+        (0, ValueError),
+        (-1, ValueError),
+        (10_000, ValueError),
+        ("3", TypeError),
+        (True, TypeError),
+        (3.0, TypeError),
+    ],
 )
 def test_growth_bad_arguments_change_nothing(lord, value, exc):
     lord.step()
