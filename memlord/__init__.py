@@ -30,6 +30,7 @@ from ._core import Hooks, PythonHooks, TorchHooks, format_bytes
 from ._events import EVENT_DTYPE, EVENT_KINDS, EVENT_SOURCES
 from ._memapi import MemoryProfile
 from ._regions import ModuleTracker, Region
+from ._snapshot import LeakCheck
 from ._types import (
     AutoGCBand,
     AutoGCMetric,
@@ -51,6 +52,7 @@ __all__ = [
     "EVENT_KINDS",
     "EVENT_SOURCES",
     "Hooks",
+    "LeakCheck",
     "MemLord",
     "MemoryProfile",
     "ModuleTracker",

@@ -32,6 +32,7 @@ __all__ = [
     "EVENT_KINDS",
     "EVENT_SOURCES",
     "Hooks",
+    "LeakCheck",
     "MemLord",
     "MemoryProfile",
     "ModuleTracker",
@@ -191,6 +192,17 @@ class MemLord:
         self, events: numpy.ndarray[Any, numpy.dtype[numpy.void]]
     ) -> list[dict[str, Any]]: ...
 
+    # live snapshots, leak checks, growth (lifetime tracking on: RuntimeError otherwise)
+    def snapshot(
+        self, top: int = 10, *, include_untracked: bool = False
+    ) -> dict[str, DeviceSnapshot]: ...
+    def leak_check(self, *, collect: bool = True) -> LeakCheck: ...
+    def assert_no_leak(self, *, collect: bool = True) -> LeakCheck: ...
+    def step(self) -> int: ...
+    @property
+    def steps(self) -> int: ...
+    def growth(self, min_steps: int = 3) -> list[SiteGrowth]: ...
+
     # regions
     def region(self, name: str, /) -> Region: ...
     def regions(self, clear: bool = False) -> dict[str, RegionSummary]: ...
@@ -200,6 +212,34 @@ class MemLord:
     def _bench_noop(self, *args: object, **kwargs: object) -> None: ...
     # bench/bench_events.py: n one-byte cpu events through the event seam (changes the ledger)
     def _bench_emit(self, n: int, /) -> None: ...
+
+# ---- snapshots and leak checks ---------------------------------------------------------
+
+# One live storage: {"nbytes": int, "shape": tuple[int, ...] | None, "dtype": str | None,
+#   "device": str, "requires_grad": bool, "site": str | None, "region": str | None,
+#   "age_s": float | None, "tracked": bool}  (docs/api.md#live-snapshots)
+SnapshotEntry = dict[str, Any]
+# snapshot()[device]: {"total_bytes": int, "count": int, "top": list[SnapshotEntry]}, and
+# "untracked_bytes", "untracked_count" with include_untracked=True
+DeviceSnapshot = dict[str, Any]
+# growth(): {"site": str | None, "bytes": list[int], "growth": int}
+SiteGrowth = dict[str, Any]
+
+class LeakCheck:
+    """What MemLord.leak_check() and MemLord.assert_no_leak() return."""
+
+    leaked: list[SnapshotEntry]  # filled on exit (and by check())
+    def check(self) -> list[SnapshotEntry]: ...
+    def by_site(self) -> dict[str | None, dict[str, int]]: ...
+    def table(self, limit: int = 20) -> str: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+        /,
+    ) -> Literal[False]: ...
 
 # ---- regions and memory profiles --------------------------------------------------------
 

@@ -40,7 +40,7 @@ EVENT_DTYPE = np.dtype(
 #: ``kind`` codes, by value.
 EVENT_KINDS = ("alloc", "free", "gc", "reset")
 #: ``source`` codes, by value.
-EVENT_SOURCES = ("explicit", "convert", "factory", "death", "deferred", "policy")
+EVENT_SOURCES = ("explicit", "convert", "factory", "death", "deferred", "policy", "param")
 
 
 class EventsMixin:
@@ -87,8 +87,8 @@ class EventsMixin:
 
     @staticmethod
     def event_source(code: int) -> str:
-        """``"explicit"``, ``"convert"``, ``"factory"``, ``"death"``, ``"deferred"`` or
-        ``"policy"``."""
+        """``"explicit"``, ``"convert"``, ``"factory"``, ``"death"``, ``"deferred"``,
+        ``"policy"`` or ``"param"``."""
         return EVENT_SOURCES[operator.index(code)]
 
     def event_device(self, code: int) -> str:

@@ -16,6 +16,7 @@ from ._events import EventsMixin
 from ._memapi import MemoryAPIMixin
 from ._regions import RegionsMixin, _Aggregate
 from ._sites import relative_path, site_location
+from ._snapshot import SnapshotMixin
 
 _NOT_GIVEN: Any = ...
 
@@ -29,7 +30,7 @@ class _DefaultAuto(str):
 _AUTO: Any = _DefaultAuto("auto")
 
 
-class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, _core.Lord):
+class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, SnapshotMixin, _core.Lord):
     """A per-device ledger of the memory a program allocated and freed.
 
     ``MemLord(auto_gc_bytes="auto", *, auto_gc_strategy=..., track_callsite=True)``

@@ -36,7 +36,8 @@ static int load_interned(ml_state *st)
             intern(&st->s_ccol_indices, "ccol_indices") ||
             intern(&st->s_row_indices, "row_indices") || intern(&st->s_values_pub, "values") ||
             intern(&st->s_write, "write") || intern(&st->s_flush, "flush") ||
-            intern(&st->s_main_py, "__main__.py"))
+            intern(&st->s_main_py, "__main__.py") || intern(&st->s_dtype, "dtype") ||
+            intern(&st->s_shape, "shape") || intern(&st->s_requires_grad, "requires_grad"))
                ? -1
                : 0;
 }
@@ -86,6 +87,12 @@ static int load_torch(ml_state *st)
     load_descriptor(st->storage_type, st->s_device, &st->d_storage_device);
     load_descriptor(st->tensor_type, st->s_nbytes, &st->d_tensor_nbytes);
     load_descriptor(st->tensor_type, st->s_layout, &st->d_layout);
+    load_descriptor(st->tensor_type, st->s_dtype, &st->d_dtype);
+    load_descriptor(st->tensor_type, st->s_shape, &st->d_shape);
+    load_descriptor(st->tensor_type, st->s_requires_grad, &st->d_requires_grad);
+    if (!(st->dtypes = PyList_New(0)) || !(st->dtype_ix = PyDict_New())) {
+        return -1;
+    }
     if (ml_device_register_types(st) < 0) {
         return -1;
     }
@@ -305,7 +312,7 @@ static PyMethodDef core_methods[] = {
 
 /* Every object the state holds, in one list, so that traverse and clear
  * cannot disagree: a field missing here is a leak or a crash waiting. */
-#define ML_STATE_OBJECTS 64
+#define ML_STATE_OBJECTS 80
 static size_t state_objects(ml_state *st, PyObject ***out)
 {
     PyObject **objs[] = {
@@ -331,6 +338,11 @@ static size_t state_objects(ml_state *st, PyObject ***out)
         &st->d_storage_device,
         &st->d_tensor_nbytes,
         &st->d_layout,
+        &st->d_dtype,
+        &st->d_shape,
+        &st->d_requires_grad,
+        &st->dtypes,
+        &st->dtype_ix,
         &st->layout_coo,
         &st->layout_csr,
         &st->layout_csc,
@@ -356,6 +368,9 @@ static size_t state_objects(ml_state *st, PyObject ***out)
         &st->s_write,
         &st->s_flush,
         &st->s_main_py,
+        &st->s_dtype,
+        &st->s_shape,
+        &st->s_requires_grad,
         &st->release_cache,
         &st->torch_prefix,
         &st->memlord_prefix,

@@ -32,9 +32,9 @@ LAYERS = {
     "core": 2,  # the seam (events, ml_emit, the book), ledger, sites, auto-GC, log
     "torch": 2,  # sizing: how big a tensor is, the stable-ABI reader beneath
     "sinks": 3,  # regions, the event ring
-    "hooks": 3,  # the sources: torch hooks, lifetime tracking
-    "api": 4,  # the Lord type and its handles
-    "": 5,  # module.c
+    "hooks": 4,  # the sources: torch hooks, lifetime tracking (a birth names its region)
+    "api": 5,  # the Lord type and its handles, snapshots
+    "": 6,  # module.c
 }
 
 #: Header -> folders allowed to include it.  The stable-ABI reader is sizing's

@@ -10,6 +10,7 @@
 #include "sinks/regions.h"
 #include "sinks/ring.h"
 #include "torch/sizing.h"
+#include "api/snapshot.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -40,7 +41,10 @@ static void deltas_clear(ml_deltas *ds)
     deltas_init(ds);
 }
 
-static int deltas_add(ml_deltas *ds, ml_dev dev, int64_t bytes, int64_t count)
+/* address and lifetime_ns describe one storage: ml_record keeps them only
+ * for a device whose delta stays at one storage. */
+static int deltas_add(ml_deltas *ds, ml_dev dev, int64_t bytes, int64_t count, uintptr_t address,
+                      int64_t lifetime_ns)
 {
     for (int i = 0; i < ds->n; i++) {
         if (ds->d[i].dev == dev) {
@@ -63,7 +67,7 @@ static int deltas_add(ml_deltas *ds, ml_dev dev, int64_t bytes, int64_t count)
         ds->d = d;
         ds->cap = cap;
     }
-    ds->d[ds->n++] = (ml_delta){dev, bytes, count};
+    ds->d[ds->n++] = (ml_delta){dev, bytes, count, address, lifetime_ns};
     return 0;
 }
 
@@ -96,8 +100,15 @@ static PyObject *record_object(MemLordObject *self, PyObject *obj, int is_free)
         result = Py_NewRef(Py_None);
         goto done;
     }
+    int64_t now = untrack ? ml_now_ns() : 0;
     for (Py_ssize_t i = 0; i < w.n; i++) {
-        if (deltas_add(&ds, w.blocks[i].dev, w.blocks[i].nbytes, 1) < 0) {
+        /* a tracked storage's free carries its lifetime (no Python runs) */
+        int64_t born = untrack ? ml_life_born_ns(&self->book, w.keys[i]) : 0;
+        int64_t life = born > 0 && now > born ? now - born : 0;
+        const ml_block *b = &w.blocks[i];
+        /* an opaque tensor's block is keyed by the tensor: no data pointer */
+        uintptr_t addr = w.collect_keys && w.keys[i] == NULL ? 0 : b->ptr;
+        if (deltas_add(&ds, b->dev, b->nbytes, 1, addr, life) < 0) {
             goto done;
         }
     }
@@ -780,6 +791,17 @@ static PyMethodDef lord_methods[] = {
      "_events_info($self, /)\n--\n\n(capacity, size, dropped, record size)."},
     {"_region_names", (PyCFunction)lord_region_names, METH_NOARGS,
      "_region_names($self, /)\n--\n\nThe event ring's region names, by index."},
+    {"_live", (PyCFunction)(void (*)(void))ml_lord_live, METH_FASTCALL,
+     "_live($self, top, since_ns, /)\n--\n\n(now_ns, [(device key, bytes, count)], entries): "
+     "the live tracked storages born at or after since_ns, the top largest (all: top < 0)."},
+    {"_live_by_site", (PyCFunction)ml_lord_live_by_site, METH_NOARGS,
+     "_live_by_site($self, /)\n--\n\n{site id: live bytes} of the tracked storages."},
+    {"_tracks_storage", (PyCFunction)ml_lord_tracks_storage, METH_O,
+     "_tracks_storage($self, storage, /)\n--\n\nWhether the lord tracks this storage object."},
+    {"_life_active", (PyCFunction)ml_lord_life_active, METH_NOARGS,
+     "_life_active($self, /)\n--\n\nWhether lifetime tracking (hook_into_python) is on."},
+    {"_now_ns", (PyCFunction)ml_lord_now_ns, METH_NOARGS,
+     "_now_ns($self, /)\n--\n\nThe monotonic clock of births and events, in ns."},
     {"_device_name", (PyCFunction)ml_lord_device_name, METH_O,
      "_device_name($self, key, /)\n--\n\nThe device string of a device key."},
     {"_bench_emit", (PyCFunction)lord_bench_emit, METH_O,

@@ -73,6 +73,8 @@ typedef struct {
     uint32_t nindex;      /* power of two */
 } ml_sitetab;
 
+#define ML_MAX_DTYPES 255
+
 /* ---- module state ------------------------------------------------------ */
 typedef struct {
     PyTypeObject *lord_type;
@@ -95,10 +97,15 @@ typedef struct {
     /* torch's own descriptors, called directly when a type has not
      * overridden them (saves a method lookup per tensor) */
     ml_fast f_untyped_storage, f_device, f_data_ptr, f_nbytes, f_storage_device, f_tensor_nbytes,
-        f_layout;
+        f_layout, f_dtype, f_shape, f_requires_grad;
     PyObject *d_untyped_storage, *d_device, *d_data_ptr, *d_nbytes, *d_storage_device,
-        *d_tensor_nbytes, *d_layout;
-    PyObject *layout_coo; /* torch.sparse_coo, ... (singletons) */
+        *d_tensor_nbytes, *d_layout, *d_dtype, *d_shape, *d_requires_grad;
+    /* dtypes lifetime tracking has met (walk.c, ml_tmeta_read): a tracker
+     * keeps a dtype as its index + 1 in dtypes (0: unknown) */
+    PyObject *dtypes;      /* list of torch.dtype, at most ML_MAX_DTYPES */
+    PyObject *dtype_ix;    /* dict: torch.dtype -> index + 1 */
+    uint8_t abi_dtype[64]; /* c10 ScalarType code -> index + 1, 0: not met yet */
+    PyObject *layout_coo;  /* torch.sparse_coo, ... (singletons) */
     PyObject *layout_csr;
     PyObject *layout_csc;
     PyObject *layout_bsr;
@@ -110,6 +117,7 @@ typedef struct {
     unsigned char type_has_cache[ML_MAX_DEV_TYPES]; /* cuda, xpu, mps, ...: 1 */
     /* interned attribute and method names used on hot paths */
     PyObject *s_untyped_storage, *s_data_ptr, *s_nbytes, *s_device, *s_layout, *s_type, *s_index;
+    PyObject *s_dtype, *s_shape, *s_requires_grad;
     PyObject *s_parameters, *s_buffers, *s_modules;
     PyObject *s_indices, *s_values, *s_crow_indices, *s_col_indices, *s_ccol_indices,
         *s_row_indices, *s_values_pub;

@@ -17,8 +17,8 @@ int64_t ml_now_ns(void)
 }
 
 static const char *const kind_names[ML_EV_NKINDS] = {"alloc", "free", "gc", "reset"};
-static const char *const source_names[ML_SRC_NSOURCES] = {"explicit", "convert",  "factory",
-                                                          "death",    "deferred", "policy"};
+static const char *const source_names[ML_SRC_NSOURCES] = {"explicit", "convert", "factory", "death",
+                                                          "deferred", "policy",  "param"};
 
 const char *ml_ev_kind_name(int kind)
 {
@@ -115,7 +115,7 @@ static void notify(ml_book *lord, const ml_event *ev, int n, const ml_emit_ctx *
      * adds a sink (or clears the lord's sinks); the table lives inside the
      * lord, which the caller holds. */
     for (int i = 0; i < lord->nsinks && i < ML_MAX_SINKS; i++) {
-        void (*fn)(void *, MemLordObject *, const ml_event *, int, const ml_emit_ctx *) =
+        void (*fn)(void *, ml_book *, const ml_event *, int, const ml_emit_ctx *) =
             lord->sinks[i].notify;
         if (fn != NULL) {
             fn(lord->sinks[i].data, lord, ev, n, ctx);
@@ -227,6 +227,9 @@ int ml_record(ml_book *lord, int kind, int source, const ml_delta *d, int n, con
         ev[i].dev = d[i].dev;
         ev[i].bytes = d[i].bytes;
         ev[i].count = d[i].count;
+        /* one storage's pointer and lifetime; a merged delta has none */
+        ev[i].address = d[i].count == 1 ? d[i].address : 0;
+        ev[i].lifetime_ns = d[i].count == 1 ? d[i].lifetime_ns : 0;
         ev[i].site = sid;
     }
     static const ml_emit_ctx none = {NULL, NULL};

@@ -47,7 +47,9 @@ typedef struct {
     int64_t count;       /* storages */
     int64_t total_after; /* the device's allocated bytes after this event, set by ml_emit */
     uint64_t thread;     /* PyThread_get_thread_ident(), set by ml_emit */
-    uintptr_t address;   /* the storage's data pointer where known, else 0 */
+    uintptr_t address;   /* the storage's data pointer when the event is about one
+                          * storage whose pointer the source knows, else 0 */
+    int64_t lifetime_ns; /* a free of a tracked storage: its death minus its birth, else 0 */
     uint32_t site;       /* site id (sites.h), 0 when unknown */
     ml_dev dev;
     uint8_t kind;   /* enum ml_ev_kind */

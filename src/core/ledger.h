@@ -24,11 +24,16 @@ typedef struct {
     int64_t gc_total;
 } ml_ledger;
 
-/* One device's share of a call. */
+/* One device's share of a call.  address and lifetime_ns are for the
+ * event only (ml_record copies them; the ledger ignores them): set when the
+ * delta is about one storage (count 1) whose data pointer, or whose birth
+ * (a tracked storage's free), the source knows; 0 otherwise. */
 typedef struct {
     ml_dev dev;
     int64_t bytes;
     int64_t count;
+    uintptr_t address;
+    int64_t lifetime_ns;
 } ml_delta;
 
 void ml_ledger_init(ml_ledger *l);

@@ -75,6 +75,7 @@ typedef struct {
     ml_cuda_event *event;
     ml_dev dev;
     int64_t bytes;
+    uintptr_t ptr;   /* the source storage's data pointer, 0 when unknown */
     PyObject *lords; /* tuple of lords to credit */
     ml_site site;
 } ml_pending;
@@ -168,7 +169,7 @@ static PyObject *live_lords(PyObject *refs)
 
 static void credit(ml_pending *p, const char *label)
 {
-    ml_delta d = {p->dev, p->bytes, 1};
+    ml_delta d = {p->dev, p->bytes, 1, p->ptr, 0};
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(p->lords); i++) {
         ml_book *lord = (ml_book *)PyTuple_GET_ITEM(p->lords, i);
         if (ml_lord_record(lord, ML_REC_FREE, &d, 1, &p->site, label, NULL) < 0) {
@@ -298,8 +299,8 @@ static void pending_drain(int wait, PyObject *only, int head_only)
     PyMem_Free(done);
 }
 
-static int pending_push(ml_cuda_event *ev, ml_dev dev, int64_t bytes, PyObject *lords,
-                        const ml_site *site)
+static int pending_push(ml_cuda_event *ev, ml_dev dev, int64_t bytes, uintptr_t ptr,
+                        PyObject *lords, const ml_site *site)
 {
     if (disp.npending == disp.cap) {
         Py_ssize_t cap = disp.cap ? disp.cap * 2 : 64;
@@ -315,6 +316,7 @@ static int pending_push(ml_cuda_event *ev, ml_dev dev, int64_t bytes, PyObject *
     p->event = ev;
     p->dev = dev;
     p->bytes = bytes;
+    p->ptr = ptr;
     p->lords = Py_NewRef(lords);
     p->site.code = Py_XNewRef(site->code);
     p->site.line = site->line;
@@ -346,10 +348,10 @@ static int any_tracks_callsite(PyObject *lords)
 }
 
 /* One event for every subscribed lord; subject is the tensor it is about. */
-static void record_all(PyObject *lords, int flags, ml_dev dev, int64_t bytes, const ml_site *site,
-                       PyObject *subject)
+static void record_all(PyObject *lords, int flags, ml_dev dev, int64_t bytes, uintptr_t ptr,
+                       const ml_site *site, PyObject *subject)
 {
-    ml_delta d = {dev, bytes, 1};
+    ml_delta d = {dev, bytes, 1, ptr, 0};
     ml_emit_ctx ctx = {subject, NULL};
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
         ml_book *lord = (ml_book *)PyTuple_GET_ITEM(lords, i);
@@ -454,6 +456,8 @@ static int track_new_tensor(ml_state *st, PyObject *lords, PyObject *t, const ch
     ml_life_item item;
     uintptr_t ptr;
     if (ml_abi_storage(st, t, &item.dev, &ptr, &item.bytes)) {
+        item.tensor = t; /* the caller holds it */
+        item.ptr = ptr;
         if (item.bytes <= 0) {
             return 0;
         }
@@ -570,6 +574,7 @@ static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyOb
     int64_t sbytes = 0, dbytes = 0;
     /* The destination's storages, walked only when a lord tracks them (most
      * conversions need none: the walk's set-up is a measurable part of a cast). */
+    uintptr_t sptr = 0, dptr = 0;
     ml_walk dw;
     if (ndeep > 0) {
         ml_walk_init(&dw);
@@ -577,7 +582,7 @@ static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyOb
     if (ndeep > 0 && storages_of(st, dst, &dw) < 0) {
         return -1;
     }
-    if (nplain > 0 ? ml_tensor_storage_bytes(st, dst, &ddev, &dbytes) < 0
+    if (nplain > 0 ? ml_tensor_storage(st, dst, &ddev, &dptr, &dbytes) < 0
                    : ml_tensor_device(st, dst, &ddev) < 0) {
         walk_clear_if(&dw, ndeep > 0);
         return -1;
@@ -589,7 +594,7 @@ static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyOb
             return -1;
         }
         moved = sdev != ddev;
-        if (moved && nplain > 0 && ml_tensor_storage_bytes(st, src, &sdev, &sbytes) < 0) {
+        if (moved && nplain > 0 && ml_tensor_storage(st, src, &sdev, &sptr, &sbytes) < 0) {
             walk_clear_if(&dw, ndeep > 0);
             return -1;
         }
@@ -613,7 +618,7 @@ static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyOb
             return -1;
         }
         if (dbytes > 0) {
-            record_all(plain, 0, ddev, dbytes, &site, dst);
+            record_all(plain, 0, ddev, dbytes, dptr, &site, dst);
         }
         if (moved && sbytes > 0) {
             ml_cuda_event *ev = NULL;
@@ -627,15 +632,15 @@ static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyOb
                 ev = record_event(sdev);
             }
             if (ev != NULL) {
-                if (pending_push(ev, sdev, sbytes, plain, &site) < 0) {
+                if (pending_push(ev, sdev, sbytes, sptr, plain, &site) < 0) {
                     ml_cuda_event_release(ev);
                     PyErr_Clear();
-                    record_all(plain, ML_REC_FREE, sdev, sbytes, &site, src);
+                    record_all(plain, ML_REC_FREE, sdev, sbytes, sptr, &site, src);
                 } else {
                     queued = 1;
                 }
             } else {
-                record_all(plain, ML_REC_FREE, sdev, sbytes, &site, src);
+                record_all(plain, ML_REC_FREE, sdev, sbytes, sptr, &site, src);
             }
         }
         if (moved && untrack) {

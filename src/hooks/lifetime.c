@@ -23,6 +23,7 @@
  * removals happen between calls that may allocate (and so run the cyclic
  * GC, finalizers, other threads), never across them. */
 #include "hooks/lifetime.h"
+#include "sinks/regions.h"
 
 #include <string.h>
 #include <structmember.h>
@@ -32,11 +33,32 @@
 #define ML_TR_BYTES_BITS 48
 #define ML_TR_BYTES_MASK ((UINT64_C(1) << ML_TR_BYTES_BITS) - 1)
 
+/* meta: what a snapshot reports of the storage, packed in one word */
+#define TR_SITE_BITS 20 /* site ids stay below ML_SITES_MAX */
+#define TR_REGION_BITS 16
+#define TR_REGION_SHIFT TR_SITE_BITS
+#define TR_DTYPE_SHIFT (TR_REGION_SHIFT + TR_REGION_BITS)
+#define TR_GRAD_SHIFT (TR_DTYPE_SHIFT + 8)
+#define TR_KIND_SHIFT (TR_GRAD_SHIFT + 1)
+
+/* A tracker is 40 bytes beyond weakref.ref's own fields (120 B with the GC
+ * header): the storage's table key lives in the weak reference's `hash`
+ * field, which CPython only uses to cache hash(ref); the tracker type
+ * defines its own tp_hash (tracker_hash) that never touches it.  See
+ * docs/benchmarks.md for what a tracked storage costs. */
 typedef struct {
-    PyWeakReference base;
-    uintptr_t key;   /* address of the storage object: the table key */
-    uint64_t packed; /* device (high 16 bits), bytes (low 48 bits) */
+    PyWeakReference base; /* base.hash: the key, the storage object's address */
+    uint64_t packed;      /* device (high 16 bits), bytes (low 48 bits) */
+    int64_t born_ns;      /* when the lord first counted the storage (ml_now_ns) */
+    uintptr_t ptr;        /* the storage's data pointer then, 0 when unknown */
+    uint64_t meta;        /* site | region | dtype | requires_grad | shape kind */
+    uint64_t shape;       /* sizes packed (ml_shape_pack), or a tuple (strong) */
 } TrackerObject;
+
+static inline uintptr_t tracker_key(const TrackerObject *tr)
+{
+    return (uintptr_t)tr->base.hash;
+}
 
 static inline ml_dev tracker_dev(const TrackerObject *tr)
 {
@@ -46,6 +68,41 @@ static inline ml_dev tracker_dev(const TrackerObject *tr)
 static inline int64_t tracker_bytes(const TrackerObject *tr)
 {
     return (int64_t)(tr->packed & ML_TR_BYTES_MASK);
+}
+
+static inline uint32_t meta_site(uint64_t meta)
+{
+    return (uint32_t)(meta & ((UINT64_C(1) << TR_SITE_BITS) - 1));
+}
+
+static inline uint32_t meta_region(uint64_t meta)
+{
+    return (uint32_t)((meta >> TR_REGION_SHIFT) & ((UINT64_C(1) << TR_REGION_BITS) - 1));
+}
+
+static inline int meta_kind(uint64_t meta)
+{
+    return (int)((meta >> TR_KIND_SHIFT) & 7);
+}
+
+static inline uint64_t pack_meta(uint32_t site, uint32_t region, const ml_tmeta *m)
+{
+    if (site >> TR_SITE_BITS) {
+        site = 0;
+    }
+    if (region >> TR_REGION_BITS) {
+        region = 0; /* beyond 65535 region names: reported as none */
+    }
+    return (uint64_t)site | ((uint64_t)region << TR_REGION_SHIFT) |
+           ((uint64_t)m->dtype << TR_DTYPE_SHIFT) |
+           ((uint64_t)(m->requires_grad != 0) << TR_GRAD_SHIFT) |
+           ((uint64_t)m->shape_kind << TR_KIND_SHIFT);
+}
+
+/* The tuple a tracker owns, or NULL. */
+static inline PyObject *tracker_shape_obj(const TrackerObject *tr)
+{
+    return meta_kind(tr->meta) == ML_SHAPE_OBJ ? (PyObject *)(uintptr_t)tr->shape : NULL;
 }
 
 /* 1 when a storage of this size on this device fits a tracker.  48 bits
@@ -77,22 +134,52 @@ static PyObject *referent(PyObject *ref)
 #endif
 }
 
+/* 1 while the tracker's storage lives: referent() without the function
+ * call (the walk of every tracker reads only the tracker itself). */
+static inline int tracker_alive(const TrackerObject *tr)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return referent((PyObject *)tr) != NULL;
+#else
+    return tr->base.wr_object != Py_None;
+#endif
+}
+
 static void tracker_dealloc(PyObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
+    PyObject *shape = tracker_shape_obj((TrackerObject *)self);
     _PyWeakref_RefType.tp_dealloc(self);
+    Py_XDECREF(shape); /* a tuple of ints: nothing runs */
     Py_DECREF(tp);
+}
+
+/* hash(tracker): as weakref.ref's (the referent's hash), without the cache
+ * whose field holds the key. */
+static Py_hash_t tracker_hash(PyObject *self)
+{
+    PyObject *obj = referent(self);
+    if (obj == NULL) {
+        PyErr_SetString(PyExc_TypeError, "weak object has gone away");
+        return -1;
+    }
+    Py_INCREF(obj);
+    Py_hash_t h = PyObject_Hash(obj);
+    Py_DECREF(obj);
+    return h;
 }
 
 static int tracker_traverse(PyObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(self));
+    Py_VISIT(tracker_shape_obj((TrackerObject *)self));
     return _PyWeakref_RefType.tp_traverse(self, visit, arg);
 }
 
 static PyType_Slot tracker_slots[] = {
     {Py_tp_dealloc, tracker_dealloc},
     {Py_tp_traverse, tracker_traverse},
+    {Py_tp_hash, tracker_hash},
     {Py_tp_doc, "A weak reference to a storage that credits the storage's bytes to a MemLord "
                 "when the storage dies."},
     {0, NULL},
@@ -138,7 +225,7 @@ static TrackerObject *table_find(const RegistryObject *reg, uintptr_t key)
             return NULL;
         }
         /* a dead entry waits for its callback: not a match for anyone */
-        if (tr->key == key && referent((PyObject *)tr) == (PyObject *)key) {
+        if (tracker_key(tr) == key && referent((PyObject *)tr) == (PyObject *)key) {
             return tr;
         }
     }
@@ -155,7 +242,7 @@ static int table_grow(RegistryObject *reg)
     for (Py_ssize_t i = 0; i < reg->nslots; i++) {
         TrackerObject *tr = reg->slots[i];
         if (tr != NULL) {
-            size_t j = home_slot(tr->key, nslots);
+            size_t j = home_slot(tracker_key(tr), nslots);
             while (slots[j] != NULL) {
                 j = (j + 1) & mask;
             }
@@ -176,7 +263,7 @@ static int table_insert(RegistryObject *reg, TrackerObject *tr)
         return -1;
     }
     size_t mask = (size_t)(reg->nslots - 1);
-    size_t i = home_slot(tr->key, reg->nslots);
+    size_t i = home_slot(tracker_key(tr), reg->nslots);
     while (reg->slots[i] != NULL) {
         i = (i + 1) & mask;
     }
@@ -193,7 +280,7 @@ static int table_remove(RegistryObject *reg, const TrackerObject *tr)
         return 0;
     }
     size_t mask = (size_t)(reg->nslots - 1);
-    size_t i = home_slot(tr->key, reg->nslots);
+    size_t i = home_slot(tracker_key(tr), reg->nslots);
     while (reg->slots[i] != tr) {
         if (reg->slots[i] == NULL) {
             return 0;
@@ -208,7 +295,7 @@ static int table_remove(RegistryObject *reg, const TrackerObject *tr)
         if (next == NULL) {
             break;
         }
-        size_t k = home_slot(next->key, reg->nslots);
+        size_t k = home_slot(tracker_key(next), reg->nslots);
         int movable = i <= j ? (k <= i || k > j) : (k <= i && k > j);
         if (movable) {
             reg->slots[i] = next;
@@ -269,7 +356,9 @@ static PyObject *registry_vectorcall(PyObject *callable, PyObject *const *args, 
     ml_book *lord = reg->lord;
     if (lord != NULL && !finalizing()) {
         Py_INCREF(lord); /* before anything that can allocate */
-        ml_delta d = {tracker_dev(tr), tracker_bytes(tr), 1};
+        int64_t now = ml_now_ns();
+        ml_delta d = {tracker_dev(tr), tracker_bytes(tr), 1, tr->ptr,
+                      tr->born_ns > 0 && now > tr->born_ns ? now - tr->born_ns : 0};
         ml_site site = {NULL, 0};
         if (lord->track_callsite) {
             ml_site_capture(ml_lord_state(lord), &site);
@@ -351,20 +440,32 @@ static RegistryObject *get_registry(ml_book *lord)
     return (RegistryObject *)Py_NewRef(lord->registry);
 }
 
-/* A tracker of key calling reg back, not yet in any table. */
-static TrackerObject *tracker_new(RegistryObject *reg, PyObject *key, ml_dev dev, int64_t bytes)
+/* A tracker of key calling reg back, not yet in any table, with what the
+ * snapshot reports of the storage: m (its shape tuple, if any, now the
+ * tracker's), and ptr.  Birth, site and region are set when it is
+ * inserted.  On failure m's tuple is released. */
+static TrackerObject *tracker_new(RegistryObject *reg, PyObject *key, ml_dev dev, int64_t bytes,
+                                  uintptr_t ptr, ml_tmeta *m)
 {
     PyObject *args = PyTuple_Pack(2, key, (PyObject *)reg);
     if (args == NULL) {
+        Py_CLEAR(m->shape_obj);
         return NULL;
     }
     TrackerObject *tr = (TrackerObject *)_PyWeakref_RefType.tp_new(reg->tracker_type, args, NULL);
     Py_DECREF(args);
     if (tr == NULL) {
+        Py_CLEAR(m->shape_obj);
         return NULL;
     }
-    tr->key = (uintptr_t)key;
+    tr->base.hash = (Py_hash_t)(uintptr_t)key;
     tr->packed = ((uint64_t)dev << ML_TR_BYTES_BITS) | (uint64_t)bytes;
+    tr->born_ns = 0;
+    tr->ptr = ptr;
+    tr->meta = pack_meta(0, 0, m);
+    /* the tuple, if any, moves into the tracker (kind ML_SHAPE_OBJ) */
+    tr->shape = m->shape_kind == ML_SHAPE_OBJ ? (uint64_t)(uintptr_t)m->shape_obj : m->shape;
+    m->shape_obj = NULL;
     return tr;
 }
 
@@ -374,7 +475,7 @@ static TrackerObject *tracker_new(RegistryObject *reg, PyObject *key, ml_dev dev
 
 enum { IT_COUNT = 0, IT_SKIP = 1, IT_NEW = 2 };
 
-static int add_delta(ml_delta *d, int *nd, ml_dev dev, int64_t bytes)
+static int add_delta(ml_delta *d, int *nd, ml_dev dev, int64_t bytes, uintptr_t ptr)
 {
     for (int i = 0; i < *nd; i++) {
         if (d[i].dev == dev) {
@@ -383,7 +484,7 @@ static int add_delta(ml_delta *d, int *nd, ml_dev dev, int64_t bytes)
             return 0;
         }
     }
-    d[(*nd)++] = (ml_delta){dev, bytes, 1};
+    d[(*nd)++] = (ml_delta){dev, bytes, 1, ptr, 0}; /* ml_record keeps ptr at count 1 */
     return 0;
 }
 
@@ -427,7 +528,9 @@ int ml_life_count(ml_book *lord, const ml_life_item *items, Py_ssize_t n, int fl
             } else if (table_find(reg, (uintptr_t)it->key) != NULL) {
                 state[i] = IT_SKIP; /* counted already */
             } else {
-                trs[i] = tracker_new(reg, it->key, it->dev, it->bytes);
+                ml_tmeta m;
+                ml_tmeta_read(ml_lord_state(lord), it->tensor, &m); /* may run Python */
+                trs[i] = tracker_new(reg, it->key, it->dev, it->bytes, it->ptr, &m);
                 if (trs[i] == NULL) {
                     goto done;
                 }
@@ -451,8 +554,17 @@ int ml_life_count(ml_book *lord, const ml_life_item *items, Py_ssize_t n, int fl
         }
     }
     /* 3. No Python from here to the record: insert, dropping the storages
-     * that another thread or a finalizer tracked meanwhile. */
+     * that another thread or a finalizer tracked meanwhile.  Each new
+     * tracker notes its birth: now, the site and the innermost region of
+     * this thread (interning a site runs no Python). */
     int nd = 0;
+    int64_t born = ml_now_ns();
+    uint32_t sid = 0;
+    if (lord->track_callsite && site != NULL && site->code != NULL) {
+        sid = ml_site_intern(&ml_lord_state(lord)->sites, site);
+    }
+    uint32_t region = ml_regions_current(lord->regions, (uint64_t)PyThread_get_thread_ident());
+    uint64_t birth_meta = pack_meta(sid, region, &(ml_tmeta){0, 0, 0, 0, NULL});
     for (Py_ssize_t i = 0; i < n; i++) {
         if (state[i] != IT_NEW) {
             continue;
@@ -461,6 +573,8 @@ int ml_life_count(ml_book *lord, const ml_life_item *items, Py_ssize_t n, int fl
             state[i] = IT_SKIP;
             continue;
         }
+        trs[i]->born_ns = born;
+        trs[i]->meta |= birth_meta;
         Py_INCREF(trs[i]); /* the table's own reference */
         if (table_insert(reg, trs[i]) < 0) {
             Py_DECREF(trs[i]);
@@ -469,7 +583,7 @@ int ml_life_count(ml_book *lord, const ml_life_item *items, Py_ssize_t n, int fl
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         if (state[i] != IT_SKIP) {
-            add_delta(d, &nd, items[i].dev, items[i].bytes);
+            add_delta(d, &nd, items[i].dev, items[i].bytes, items[i].ptr);
         }
     }
     /* 4. Count them.  The caller holds every key, so no tracked storage can
@@ -498,7 +612,7 @@ done:
 int ml_life_count_walk(ml_book *lord, const ml_walk *w, int flags, const ml_site *site,
                        const char *label, const char *what)
 {
-    ml_life_item inline_items[ML_LIFE_INLINE] = {{NULL, 0, 0}};
+    ml_life_item inline_items[ML_LIFE_INLINE] = {{NULL, NULL, 0, 0, 0}};
     ml_life_item *items = inline_items;
     if (w->n > ML_LIFE_INLINE) {
         items = PyMem_Malloc((size_t)w->n * sizeof(ml_life_item));
@@ -508,8 +622,8 @@ int ml_life_count_walk(ml_book *lord, const ml_walk *w, int flags, const ml_site
         }
     }
     for (Py_ssize_t i = 0; i < w->n; i++) {
-        items[i] =
-            (ml_life_item){w->keys ? w->keys[i] : NULL, w->blocks[i].dev, w->blocks[i].nbytes};
+        items[i] = (ml_life_item){w->keys ? w->keys[i] : NULL, w->tensors ? w->tensors[i] : NULL,
+                                  w->blocks[i].dev, w->blocks[i].nbytes, w->blocks[i].ptr};
     }
     /* the walk holds every key until it is cleared */
     int rc = ml_life_count(lord, items, w->n, flags, site, label, what);
@@ -551,6 +665,60 @@ void ml_life_detach(ml_book *lord)
     TrackerObject **slots = table_take(reg, &count);
     release_all(slots, count);
     Py_DECREF(reg);
+}
+
+int64_t ml_life_born_ns(const ml_book *lord, const PyObject *key)
+{
+    const RegistryObject *reg = (const RegistryObject *)lord->registry;
+    if (reg == NULL || key == NULL) {
+        return 0;
+    }
+    const TrackerObject *tr = table_find(reg, (uintptr_t)key);
+    return tr != NULL ? tr->born_ns : 0;
+}
+
+#define ML_LIFE_PREFETCH 16
+
+Py_ssize_t ml_life_each(const ml_book *lord, int64_t since_ns, ml_live_visit visit, void *ctx)
+{
+    const RegistryObject *reg = (const RegistryObject *)lord->registry;
+    if (reg == NULL) {
+        return 0;
+    }
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = 0; i < reg->nslots; i++) {
+        const TrackerObject *tr = reg->slots[i];
+#if defined(__GNUC__) || defined(__clang__)
+        /* the table is in hash order, so trackers come in no memory order:
+         * ask for the ones a few slots ahead while this one is read */
+        if (i + ML_LIFE_PREFETCH < reg->nslots) {
+            const char *ahead = (const char *)reg->slots[i + ML_LIFE_PREFETCH];
+            if (ahead != NULL) {
+                __builtin_prefetch(ahead);
+                __builtin_prefetch(ahead + 64);
+            }
+        }
+#endif
+        /* a dead entry waits for its callback: its storage is gone */
+        if (tr == NULL || tr->born_ns < since_ns || !tracker_alive(tr)) {
+            continue;
+        }
+        ml_live e;
+        e.dev = tracker_dev(tr);
+        e.bytes = tracker_bytes(tr);
+        e.ptr = tr->ptr;
+        e.born_ns = tr->born_ns;
+        e.site = meta_site(tr->meta);
+        e.region = meta_region(tr->meta);
+        e.dtype = (uint8_t)(tr->meta >> TR_DTYPE_SHIFT);
+        e.requires_grad = (uint8_t)((tr->meta >> TR_GRAD_SHIFT) & 1);
+        e.shape_kind = (uint8_t)meta_kind(tr->meta);
+        e.shape = tr->shape;
+        e.shape_obj = tracker_shape_obj(tr);
+        visit(ctx, &e);
+        n++;
+    }
+    return n;
 }
 
 Py_ssize_t ml_life_tracked(ml_book *lord)

@@ -27,9 +27,12 @@ static inline int ml_life_deep(const ml_book *lord)
  * the torch.UntypedStorage object (torch keeps it alive with the storage),
  * or the numpy array that owns the memory; NULL when there is none. */
 typedef struct {
-    PyObject *key; /* borrowed from the caller, who holds it across the call */
+    PyObject *key;    /* borrowed from the caller, who holds it across the call */
+    PyObject *tensor; /* the tensor it was seen through (its dtype, shape and
+                       * requires_grad are remembered), or NULL; borrowed likewise */
     ml_dev dev;
     int64_t bytes;
+    uintptr_t ptr; /* the storage's data pointer, 0 when unknown */
 } ml_life_item;
 
 /* Count as allocated those items lord does not track yet, in one
@@ -50,6 +53,33 @@ int ml_life_untrack(ml_book *lord, const PyObject *key);
 /* Forget every tracked storage of lord (reset, dealloc): their deaths
  * credit nothing.  Runs no Python. */
 void ml_life_detach(ml_book *lord);
+/* When lord first counted the storage key identifies (ml_now_ns), 0 when
+ * it does not track it.  Runs no Python. */
+int64_t ml_life_born_ns(const ml_book *lord, const PyObject *key);
+
+/* One live tracked storage, as plain values copied out of its tracker. */
+typedef struct {
+    ml_dev dev;
+    int64_t bytes;
+    uintptr_t ptr;   /* data pointer at birth, 0 when unknown */
+    int64_t born_ns; /* ml_now_ns() when first counted */
+    uint32_t site;   /* site id, 0: unknown */
+    uint32_t region; /* region name index (lord->region_names), 0: none */
+    uint8_t dtype;   /* index + 1 in the module's dtypes, 0: unknown */
+    uint8_t requires_grad;
+    uint8_t shape_kind; /* as ml_tmeta's */
+    uint64_t shape;
+    PyObject *shape_obj; /* borrowed from the tracker: only valid inside the visit */
+} ml_live;
+
+/* Called once per live tracked storage; must run no Python and allocate no
+ * Python object (PyMem_* is fine). */
+typedef void (*ml_live_visit)(void *ctx, const ml_live *e);
+/* Visit every live storage lord tracks that was born at or after since_ns;
+ * returns how many.  Runs no Python: the table cannot change meanwhile. */
+Py_ssize_t ml_life_each(const ml_book *lord, int64_t since_ns, ml_live_visit visit,
+                        void *ctx);
+
 /* Storages lord tracks (for tests and the memory benchmark). */
 Py_ssize_t ml_life_tracked(ml_book *lord);
 

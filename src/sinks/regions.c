@@ -367,9 +367,10 @@ static PyObject *region_enter(RegionObject *self, PyObject *Py_UNUSED(ignored))
     }
     self->id = id;
     ml_book *lord = (ml_book *)self->lord;
-    if (lord->regions->naming) {
-        /* the event ring names the innermost region of each event: intern the
-         * name (best effort: an unnamed region decodes as "") */
+    if (lord->regions->naming || lord->py_handle != NULL) {
+        /* the event ring names the innermost region of each event, and a
+         * tracked storage the region it was born in: intern the name (best
+         * effort: an unnamed region decodes as "") */
         uint32_t ix = intern_name(lord, self->name);
         struct ml_regions *r = lord->regions;
         for (int k = r->n - 1; k >= 0; k--) {

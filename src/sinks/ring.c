@@ -57,7 +57,7 @@ static void ring_apply(void *data, ml_book *lord, ml_event *ev, int n)
         rec->count = e->count;
         rec->address = (uint64_t)e->address;
         rec->thread = e->thread;
-        rec->lifetime_ns = 0;
+        rec->lifetime_ns = e->lifetime_ns;
         rec->site = e->site;
         rec->device = e->dev;
         rec->region = ml_regions_current(lord->regions, e->thread);

@@ -30,7 +30,13 @@ typedef struct {
      * storage), or for a numpy array the array that owns the memory. */
     int collect_keys;
     PyObject **keys;
+    /* With collect_keys, tensors[i] is a strong reference to the tensor
+     * through which block i was found (the innermost one: a sparse tensor's
+     * component, a functorch wrapper's unwrapped tensor), NULL for an array
+     * or a block without a key; lifetime tracking reads its metadata. */
+    PyObject **tensors;
     Py_ssize_t keys_cap;
+    PyObject *cur_tensor; /* the tensor being walked (borrowed: the walk's caller holds it) */
     /* The hooks: a tensor whose storage cannot be read (mkldnn, opaque
      * layouts) counts its metadata size instead of raising. */
     int opaque_ok;
@@ -52,10 +58,37 @@ int ml_walk_object(ml_state *st, ml_walk *w, PyObject *obj, const char *what);
  * for a tensor without a readable storage (mkldnn).  *dev receives its
  * device.  Never reads data; never overflows. */
 int ml_tensor_storage_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes);
+/* The same, with the storage's data pointer (0 when several storages or
+ * none readable). */
+int ml_tensor_storage(ml_state *st, PyObject *t, ml_dev *dev, uintptr_t *ptr, int64_t *nbytes);
 /* t.untyped_storage() through torch's own method (a new reference). */
 PyObject *ml_tensor_untyped_storage(ml_state *st, PyObject *t);
 /* The device of a tensor. */
 int ml_tensor_device(ml_state *st, PyObject *t, ml_dev *dev);
+/* What lifetime tracking remembers of the tensor through which it first
+ * saw a storage.  shape_kind: 0..ML_SHAPE_PACKED_MAX, the dimension count
+ * with the sizes packed in shape (ml_shape_pack); ML_SHAPE_OBJ, shape_obj
+ * holds them as a tuple; ML_SHAPE_UNKNOWN. */
+#define ML_SHAPE_PACKED_MAX 4
+#define ML_SHAPE_OBJ 5
+#define ML_SHAPE_UNKNOWN 7
+typedef struct {
+    uint8_t dtype; /* index + 1 in the module's dtypes, 0: unknown */
+    uint8_t requires_grad;
+    uint8_t shape_kind;
+    uint64_t shape;
+    PyObject *shape_obj; /* strong, or NULL */
+} ml_tmeta;
+/* Read t's dtype, shape and requires_grad into m (t may be NULL: all
+ * unknown).  May run Python (a subclass's getters); never raises: what
+ * cannot be read stays unknown. */
+void ml_tmeta_read(ml_state *st, PyObject *t, ml_tmeta *m);
+/* Pack ndim sizes into one word (64 / ndim bits each); 0 when they do not
+ * fit.  ml_shape_dim reads size i back. */
+int ml_shape_pack(const int64_t *dims, int ndim, uint64_t *out);
+int64_t ml_shape_dim(uint64_t word, int ndim, int i);
+/* The dtype object of an index (borrowed), or NULL. */
+PyObject *ml_dtype_of(ml_state *st, int ix);
 /* Walk a single tensor (no type check). */
 int ml_walk_tensor(ml_state *st, ml_walk *w, PyObject *t);
 

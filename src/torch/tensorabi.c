@@ -32,6 +32,7 @@
 typedef int32_t (*abi_get_i64)(void *tensor, int64_t *out);
 typedef int32_t (*abi_get_i32)(void *tensor, int32_t *out);
 typedef int32_t (*abi_get_ptr)(void *tensor, void **out);
+typedef int32_t (*abi_get_i64p)(void *tensor, int64_t **out);
 typedef size_t (*abi_elsize)(int32_t dtype);
 typedef int32_t (*abi_code)(void);
 
@@ -47,6 +48,8 @@ static struct {
     abi_get_i32 dtype, device_type, device_index, layout;
     abi_get_i64 storage_size, storage_offset; /* optional: storage sizing */
     abi_get_ptr data_ptr;
+    abi_get_i64 dim; /* optional: shapes (lifetime tracking's metadata) */
+    abi_get_i64p sizes;
     abi_elsize element_size;
     int32_t strided;
     int32_t cpu; /* c10::DeviceType::CPU, whose index is always -1 */
@@ -184,6 +187,36 @@ int ml_abi_storage(const ml_state *st, PyObject *t, ml_dev *dev, uintptr_t *ptr,
     return 1;
 }
 
+int ml_abi_dtype_shape(const ml_state *st, PyObject *t, int32_t *dtype, int64_t *dims, int *ndim,
+                       int maxdim)
+{
+    if (!abi.on || !exact_tensor(st, t)) {
+        return 0;
+    }
+    void *h = tensor_handle(t);
+    int32_t layout;
+    if (abi.layout(h, &layout) != 0 || layout != abi.strided || abi.dtype(h, dtype) != 0) {
+        return 0;
+    }
+    int64_t d;
+    int64_t *sizes;
+    if (abi.dim == NULL || abi.dim(h, &d) != 0 || d < 0 || d > INT32_MAX) {
+        *ndim = -1; /* the dtype alone */
+        return 1;
+    }
+    *ndim = (int)d;
+    if (d <= maxdim) {
+        if (d > 0 && abi.sizes(h, &sizes) != 0) {
+            *ndim = -1;
+            return 1;
+        }
+        for (int64_t i = 0; i < d; i++) {
+            dims[i] = sizes[i];
+        }
+    }
+    return 1;
+}
+
 /* ---- the checks at import ---------------------------------------------- */
 
 static void *find_symbol(void *lib, const char *name)
@@ -216,6 +249,11 @@ static int load_symbols(void)
     abi.storage_size = (abi_get_i64)find_symbol(lib, "aoti_torch_get_storage_size");
     abi.storage_offset = (abi_get_i64)find_symbol(lib, "aoti_torch_get_storage_offset");
     abi.data_ptr = (abi_get_ptr)find_symbol(lib, "aoti_torch_get_data_ptr");
+    abi.dim = (abi_get_i64)find_symbol(lib, "aoti_torch_get_dim");
+    abi.sizes = (abi_get_i64p)find_symbol(lib, "aoti_torch_get_sizes");
+    if (!abi.dim || !abi.sizes) {
+        abi.dim = NULL; /* shapes are then read through the getter */
+    }
     if (!abi.storage_size || !abi.storage_offset || !abi.data_ptr) {
         abi.storage_size = NULL; /* storages are then read through the getters */
     }

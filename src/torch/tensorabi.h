@@ -20,6 +20,11 @@ int ml_abi_meta_bytes(const ml_state *st, PyObject *t, ml_dev *dev, int64_t *nby
  * bytes (0 for a meta storage).  Same contract as ml_abi_meta_bytes; a
  * functorch wrapper, which has no storage of its own, takes the getter path. */
 int ml_abi_storage(const ml_state *st, PyObject *t, ml_dev *dev, uintptr_t *ptr, int64_t *nbytes);
+/* The dtype code (c10::ScalarType) and shape of a strided tensor: *ndim is
+ * its dimension count and dims[0..ndim) its sizes when ndim <= maxdim; *ndim
+ * is -1 when the shape could not be read (the dtype was).  Same contract. */
+int ml_abi_dtype_shape(const ml_state *st, PyObject *t, int32_t *dtype, int64_t *dims, int *ndim,
+                       int maxdim);
 /* The device alone; same contract. */
 int ml_abi_device(const ml_state *st, PyObject *t, ml_dev *dev);
 
