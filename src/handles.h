@@ -28,5 +28,8 @@ int ml_life_disable(ml_handle *h);
 /* handle.poll() and handle.pending() (hooks.c) */
 void ml_hooks_poll(void);
 int64_t ml_hooks_pending_bytes(const MemLordObject *lord, const ml_selector *sel);
+/* lord._pending_bytes(device=None) (a Lord method, lord.c lists it) */
+PyObject *ml_lord_pending_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames);
 
 #endif
