@@ -93,7 +93,11 @@ class _Aggregate:
         closed regions were folded in all (more than kept when the history overflowed)."""
         with self._lock:
             if self._folding:
-                raise RuntimeError("memlord: regions read while regions are being folded")
+                # asked from a finalizer or a signal handler in the middle of a fold: the
+                # kept items and those still waiting, without draining
+                waiting = list(done)
+                kept = list(self._history or ())
+                return kept + waiting, self._seen + len(waiting)
             self._folding = True
             try:
                 self._fold_locked(done)

@@ -491,21 +491,24 @@ class MemoryTracker:
         ring_meta: dict[str, Any] = {}
         if src is not None:
             lord = src.lord
+            # each part on its own: a profile is written even without one of them
             try:
                 recs, stats = self._frozen or read_consistent(lord)
                 events, baseline, skipped = ring_events(lord, recs, stats)
-                regions, kept, seen = region_spans(lord, exclude=op_items)
                 ring_meta = {
                     "events_capacity": self._ring_capacity,
                     "events_dropped": (
                         lord.events_dropped if self._frozen is None else self._frozen_dropped
                     ),
                     "events_before_reset": skipped,
-                    "regions_kept": kept,
-                    "regions_closed": seen,
                 }
-            except Exception:  # noqa: BLE001 - a profile is written even without them
-                log.exception("memlord profiler: reading the event ring and regions failed")
+            except Exception:  # noqa: BLE001 - never raises into the caller
+                log.exception("memlord profiler: reading the event ring failed")
+            try:
+                regions, kept, seen = region_spans(lord, exclude=op_items)
+                ring_meta.update({"regions_kept": kept, "regions_closed": seen})
+            except Exception:  # noqa: BLE001 - never raises into the caller
+                log.exception("memlord profiler: reading the closed regions failed")
             for s in regions:
                 threads.setdefault(str(s.thread), f"thread {s.thread}")
         metadata = {
