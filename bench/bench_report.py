@@ -12,6 +12,11 @@ The JSON writer is timed against writing the same integer columns with
 ``numpy.savetxt``-free ``",".join(map(str, ...))`` alone (the cheapest text encoding);
 it has no target, only the ratio (target 10x, informational).
 
+``lord.export(path)`` of a lord whose ring holds the same number of events (1-byte cpu
+allocations and frees through the event seam, plus 10,000 closed regions) is timed
+against writing its document alone (``export(doc, path)``): the ratio is what building
+the document from the ring, the regions and a snapshot costs on top (target 2x).
+
 Medians of a few repetitions (the cases take seconds, so the harness's 10 ms samples do
 not apply); ``--quick`` runs 100,000 events once.
 
@@ -28,7 +33,9 @@ from pathlib import Path
 
 from _harness import Config, Row, main
 
+from memlord import MemLord
 from memlord.report import export
+from memlord.report._lord import profile_from_lord
 from memlord.report._synthetic import synthetic_profile
 
 EVENTS = 1_000_000
@@ -73,6 +80,29 @@ def rows(cfg: Config) -> list[Row]:
                 floor_samples_ns=[x * 1e9 for x in s_floor],
             )
         )
+        lord = MemLord(auto_gc_bytes=None)
+        lord.record_events(n)
+        for i in range(10_000):
+            with lord.region(f"r{i % 16}"):
+                pass
+        lord._bench_emit(n)  # fills the ring: n one-byte cpu allocations and frees
+        lord_js = tmpdir / "lord.json"
+        lord_doc = profile_from_lord(lord)
+        t_lord, s_lord = _median_s(lambda: lord.export(lord_js), repeat)
+        t_write, s_write = _median_s(lambda: export(lord_doc, lord_js), repeat)
+        out.append(
+            Row(
+                f"lord.export to JSON, {len(lord_doc.events):,} ring events",
+                t_lord * 1e9,
+                "write its document alone",
+                t_write * 1e9,
+                target=2.0,
+                note=f"{len(lord_doc.regions):,} region slices",
+                samples_ns=[x * 1e9 for x in s_lord],
+                floor_samples_ns=[x * 1e9 for x in s_write],
+            )
+        )
+
         try:
             import plotly  # noqa: F401
         except ImportError:

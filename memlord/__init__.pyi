@@ -4,6 +4,7 @@
 # Names that start with an underscore exist only here, for type checkers:
 # import them under `if typing.TYPE_CHECKING:`.
 
+import os
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Literal, TypeVar, final, overload
@@ -207,6 +208,9 @@ class MemLord:
     def region(self, name: str, /) -> Region: ...
     def regions(self, clear: bool = False) -> dict[str, RegionSummary]: ...
     def track_modules(self, model: torch.nn.Module, *, backward: bool = True) -> ModuleTracker: ...
+
+    # reports: the format by the file name (.json, .trace.json, .pickle/.pkl, .html/.htm)
+    def export(self, path: str | os.PathLike[str], *, top: int = 10) -> str: ...
 
     # the floor of the query benchmarks: a method that does nothing
     def _bench_noop(self, *args: object, **kwargs: object) -> None: ...

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,11 @@ import torch
 from ._core import Region
 
 _FOLD_AT = 4096
+
+#: How many closed regions a lord keeps one by one (the newest), with their start time,
+#: thread and nesting depth, for ``lord.export()``'s region slices; older ones are
+#: still counted in ``lord.regions()``.
+REGION_HISTORY = 100_000
 
 
 def _drain(done: list) -> list:
@@ -34,16 +40,20 @@ def _drain(done: list) -> list:
 class _Aggregate:
     """Per region name: count, total ns and per device total, max delta, max peak delta.
 
-    Closing a region (C) only appends ``(name, (duration_ns, rows))`` to a list; the
-    list is folded in here under a lock when read, or when many are waiting."""
+    Closing a region (C) only appends ``(name, (duration_ns, rows, start_ns, thread,
+    depth))`` to a list; the list is folded in here under a lock when read, or when many
+    are waiting.  With ``history`` > 0 the newest that many items are also kept one by
+    one (what ``lord.export()`` draws as slices)."""
 
-    def __init__(self) -> None:
+    def __init__(self, history: int = 0) -> None:
         # Re-entrant: a finalizer run by the cyclic GC in the middle of a fold may close
         # a region, and a region's exit may ask for a fold; that nested fold returns at
         # once (the items wait for the next one), so a drain is never interleaved.
         self._lock = threading.RLock()
         self._folding = False
         self._by_name: dict[str, list] = {}
+        self._history: deque | None = deque(maxlen=history) if history > 0 else None
+        self._seen = 0  # items folded since creation (history keeps the newest)
 
     def fold(self, done: list) -> None:
         with self._lock:
@@ -57,7 +67,12 @@ class _Aggregate:
 
     def _fold_locked(self, done: list) -> None:
         by_name = self._by_name
-        for name, (duration_ns, rows) in _drain(done):
+        items = _drain(done)
+        if self._history is not None:
+            self._history.extend(items)
+        self._seen += len(items)
+        for name, raw in items:
+            duration_ns, rows = raw[0], raw[1]
             agg = by_name.get(name)
             if agg is None:
                 agg = by_name[name] = [0, 0, {}]  # count, total ns, devices
@@ -72,6 +87,23 @@ class _Aggregate:
                     d[0] += net
                     d[1] = max(d[1], net)
                     d[2] = max(d[2], peak_net)
+
+    def history(self, done: list) -> tuple[list[tuple[str, tuple]], int]:
+        """The kept closed regions, oldest first, as ``(name, raw)``, and how many
+        closed regions were folded in all (more than kept when the history overflowed)."""
+        with self._lock:
+            if self._folding:
+                # asked from a finalizer or a signal handler in the middle of a fold: the
+                # kept items and those still waiting, without draining
+                waiting = list(done)
+                kept = list(self._history or ())
+                return kept + waiting, self._seen + len(waiting)
+            self._folding = True
+            try:
+                self._fold_locked(done)
+                return list(self._history or ()), self._seen
+            finally:
+                self._folding = False
 
     def result(self, done: list, clear: bool) -> dict[str, dict[str, Any]]:
         with self._lock:
@@ -234,6 +266,11 @@ class RegionsMixin:
                 "regions(): argument 'clear' must be a bool, not " + type(clear).__name__
             )
         return self._region_aggregate.result(self._region_done(), clear)
+
+    def _region_history(self) -> tuple[list[tuple[str, tuple]], int]:
+        """The newest ``REGION_HISTORY`` closed regions as ``(name, (duration_ns, rows,
+        start_ns, thread, depth))``, oldest first, and the number closed in all."""
+        return self._region_aggregate.history(self._region_done())
 
     def _region_fold(self) -> None:
         """Called by the C core when many closed regions wait to be aggregated."""

@@ -93,18 +93,23 @@ class _Decoder:
         }
 
 
+def _shape_or_none(t: Any) -> tuple[int, ...] | None:
+    """t's shape, or None for a tensor without sizes (a jagged nested tensor)."""
+    try:
+        return tuple(t.shape)
+    except Exception:  # noqa: BLE001 - NestedTensorImpl's sizes raise
+        return None
+
+
 def _untracked_storages(lord: Any) -> list[dict[str, Any]]:
     """Entries for the storages of live tensors that lord does not track, found with a
     scan of the objects the cyclic GC knows; one per storage (the first tensor found
     gives its shape, dtype and requires_grad)."""
+    from .report._source import _live_tensors  # the scan every report uses
+
     seen: dict[int, Any] = {}  # id(storage) -> storage, kept alive for the scan
     out = []
-    tensor_type = torch.Tensor
-    for obj in gc.get_objects():
-        # type(), not isinstance(): isinstance falls back to obj.__class__, which some
-        # module-level objects answer with a deprecation warning
-        if not issubclass(type(obj), tensor_type):
-            continue
+    for obj in _live_tensors():
         try:
             storage = obj.untyped_storage()
             if id(storage) in seen:
@@ -118,7 +123,7 @@ def _untracked_storages(lord: Any) -> list[dict[str, Any]]:
                 continue
             entry = {
                 "nbytes": int(nbytes),
-                "shape": tuple(obj.shape),
+                "shape": _shape_or_none(obj),
                 "dtype": str(obj.dtype),
                 "device": str(device),
                 "requires_grad": bool(obj.requires_grad),
@@ -127,7 +132,7 @@ def _untracked_storages(lord: Any) -> list[dict[str, Any]]:
                 "age_s": None,
                 "tracked": False,
             }
-        except Exception:  # a tensor without a readable storage (sparse, nested, ...)
+        except Exception:  # noqa: BLE001 - a tensor without a readable storage (sparse, ...)
             continue
         out.append(entry)
     return out

@@ -1,7 +1,7 @@
 """memlord's command line: profile a script, convert a saved profile.
 
     python -m memlord run [--html F] [--json F] [--trace F] [--pickle F] [--modules]
-                          [--interval S] script.py [args...]
+                          [--interval S] [--events N] script.py [args...]
     python -m memlord report IN.json [-o OUT.html] [--trace F] [--pickle F]
     python -m memlord gantt IN.json OUT.html
 
@@ -39,6 +39,16 @@ def _interval(text: str) -> float | None:
     return value
 
 
+def _capacity(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0: {text!r}")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m memlord", description="memlord's memory reports"
@@ -58,6 +68,14 @@ def _parser() -> argparse.ArgumentParser:
         default=5.0,
         metavar="S",
         help="seconds between background snapshots (0: none; default 5)",
+    )
+    run.add_argument(
+        "--events",
+        type=_capacity,
+        default=None,
+        metavar="N",
+        help="keep the newest N allocation and free events (64 bytes each; 0: none; "
+        "default 262144)",
     )
     run.add_argument("script", help="the Python script to run")
     run.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
@@ -163,6 +181,7 @@ def run(args: argparse.Namespace) -> int:
         json_path=json_path,
         torch_hooks=True,
         title=title,
+        **({} if args.events is None else {"events": args.events}),
     )
     sys.argv = [str(script), *args.args]
     sys.path.insert(0, str(script.resolve().parent))

@@ -7,6 +7,7 @@ methods, inherited unchanged.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -14,7 +15,7 @@ import torch
 from . import _config, _core
 from ._events import EventsMixin
 from ._memapi import MemoryAPIMixin
-from ._regions import RegionsMixin, _Aggregate
+from ._regions import REGION_HISTORY, RegionsMixin, _Aggregate
 from ._sites import relative_path, site_location
 from ._snapshot import SnapshotMixin
 
@@ -56,7 +57,7 @@ class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, SnapshotMixin, _core.Lo
         auto_gc_strategy: dict | None = _NOT_GIVEN,
         track_callsite: bool = True,
     ) -> None:
-        self._region_aggregate = _Aggregate()
+        self._region_aggregate = _Aggregate(REGION_HISTORY)
         bytes_given = auto_gc_bytes is not _AUTO
         if isinstance(auto_gc_bytes, dict):
             if auto_gc_strategy is not _NOT_GIVEN:
@@ -131,3 +132,26 @@ class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, SnapshotMixin, _core.Lo
         """``(torch.device, "file:line", bytes)`` of the biggest cumulative free site, or
         None."""
         return self._top_site(True, device)
+
+    # ---- reports -------------------------------------------------------------------------
+
+    def export(self, path: str | os.PathLike[str], *, top: int = 10) -> str:
+        """Write this lord's profile to ``path``, the format chosen by the name:
+        ``.json`` (read back with ``memlord.report.load``), ``.trace.json`` (Perfetto),
+        ``.pickle``/``.pkl`` (torch's memory_viz) or ``.html``/``.htm`` (needs
+        ``memlord[report]``).  The document holds the event ring's records (when
+        recording), the closed regions (the newest ``REGION_HISTORY``, as slices), the
+        hotspots, per-device counters and a snapshot with the ``top`` largest live
+        tensors per device.  Returns the format; an unknown name is a ValueError naming
+        the accepted ones, and nothing is written then."""
+        from .report import export, format_of
+        from .report._lord import profile_from_lord
+
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(
+                "export(): argument 'path' must be a str or os.PathLike, not " + type(path).__name__
+            )
+        if isinstance(top, bool) or not isinstance(top, int) or top < 0:
+            raise ValueError(f"export(): argument 'top' must be an int >= 0, not {top!r}")
+        format_of(path)  # refuse an unknown name before any work
+        return export(profile_from_lord(self, top=top), path)

@@ -12,6 +12,10 @@ operator statistics, saved as ``memory_profile_YYYYMMDD_HHMMSS.json``.
     memory_checkpoint("after_forward")
     stop_memory_tracker()          # also written at exit and on SIGTERM / SIGINT
 
+The numbers come from a lord the tracker owns: its event ring (every allocation and
+free, with its site, thread and region; the newest ``EVENTS`` records), its regions
+(each ``track_operation`` call is a region, so its per-device delta and peak are the
+ledger's own) and snapshots (:func:`memlord.report._source._snapshot_section`).
 docs/reports.md describes the file; :mod:`memlord.report` turns it into a trace, a
 pickle for torch's memory_viz, or an HTML report.
 """
@@ -36,9 +40,10 @@ from typing import Any
 import torch
 
 from . import __version__
-from .report import Profile, SampleBuilder, Span, export
-from .report._source import LedgerSource
-from .report._util import MiB, mb
+from .report import Events, Profile, SampleBuilder, Span, export
+from .report._lord import read_consistent, region_span, region_spans, ring_events
+from .report._source import FROM_GC_SCAN, LedgerSource, build_snapshot
+from .report._util import MiB
 
 __all__ = [
     "MemoryTracker",
@@ -49,6 +54,11 @@ __all__ = [
 ]
 
 log = logging.getLogger("memlord")
+
+#: The event ring's capacity a tracker turns on by default: the newest 262,144
+#: allocation and free records (64 bytes each: 16 MiB, allocated when the tracker
+#: starts).  ``events=N`` changes it, ``events=0`` records none.
+EVENTS = 1 << 18
 
 _SIGNALS = tuple(s for s in (getattr(signal, "SIGTERM", None), signal.SIGINT) if s is not None)
 
@@ -77,7 +87,9 @@ class MemoryTracker:
     ``exports`` are extra report paths (``.html``, ``.trace.json``, ``.pickle``) written
     with the JSON; ``json_path`` replaces the default ``memory_profile_<time>.json`` in
     ``output_dir`` (``False``: no JSON).  ``source`` is where the numbers come from
-    (default: a fresh lord with lifetime tracking on)."""
+    (default: a fresh lord with lifetime tracking on).  ``events`` is the capacity of
+    the lord's event ring the tracker turns on (default :data:`EVENTS`; ``0``: none; a
+    lord already recording keeps its own ring)."""
 
     def __init__(
         self,
@@ -92,6 +104,7 @@ class MemoryTracker:
         torch_hooks: bool = False,
         install_handlers: bool = True,
         title: str | None = None,
+        events: int = EVENTS,
     ) -> None:
         if not isinstance(output_dir, (str, os.PathLike)):
             raise TypeError(f"output_dir must be a str or os.PathLike, got {output_dir!r}")
@@ -100,6 +113,8 @@ class MemoryTracker:
         self.interval = _check_interval(interval)
         if isinstance(top, bool) or not isinstance(top, int) or top < 0:
             raise ValueError(f"top must be an int >= 0, got {top!r}")
+        if isinstance(events, bool) or not isinstance(events, int) or events < 0:
+            raise ValueError(f"events must be an int >= 0, got {events!r}")
         self.output_dir = Path(output_dir)
         self.enabled = enabled
         self.top = top
@@ -109,6 +124,13 @@ class MemoryTracker:
         self._torch_hooks = torch_hooks
         self._install_handlers = install_handlers
         self.title = title
+        self.events = events
+        self._own_ring = False
+        self._frozen: tuple[Any, dict[str, Any]] | None = None  # the ring at stop
+        self._frozen_dropped = 0
+        self._ring_capacity = 0
+        self._op_items: dict[int, tuple] = {}  # id -> closed region item of an operation
+        self._top_from = FROM_GC_SCAN
         self._lock = threading.RLock()
         self._local = threading.local()
         self._snapshots: list[dict[str, Any]] = []
@@ -144,6 +166,11 @@ class MemoryTracker:
             return self
         if self._source is None:
             self._source = LedgerSource(torch_hooks=self._torch_hooks)
+        lord = self._source.lord
+        if self.events and lord.events_capacity == 0:
+            lord.record_events(self.events)
+            self._own_ring = True
+        self._ring_capacity = lord.events_capacity
         self._source.start()
         self.start_ns = time.monotonic_ns()
         self.start_unix = time.time()
@@ -181,6 +208,12 @@ class MemoryTracker:
         self._stop_thread()
         self.take_snapshot("stop")
         written = self.write()
+        if self._own_ring and self._source is not None:
+            # keep what the ring holds for profile(), and give its memory back
+            self._frozen = read_consistent(self._source.lord)
+            self._frozen_dropped = self._source.lord.events_dropped
+            self._source.lord.record_events(0)
+            self._own_ring = False
         self._running = False
         self._restore_handlers()
         if self._atexit_registered:
@@ -248,60 +281,44 @@ class MemoryTracker:
         self, checkpoint_name: str | None = None, *, tensors: bool = True
     ) -> dict[str, Any] | None:
         """A snapshot now: totals from the ledger and, with ``tensors``, the largest live
-        tensors per device (a scan of Python's objects on this thread).  None when the
-        tracker is not running."""
+        tensors per device (``_snapshot_section``: today a scan of Python's objects, so
+        only on the caller's thread).  None when the tracker is not running."""
         if checkpoint_name is not None:
             _check_name(checkpoint_name, "checkpoint_name")
         if not self._running or self._source is None:
             return None
         totals = self._sample()
-        scan: dict[str, Any] = {}
+        section = None
         if tensors:
             try:
-                scan = self._source.scan_tensors(self.top)
+                section, self._top_from = self._source.snapshot_section(self.top)
             except Exception:  # noqa: BLE001 - a snapshot never raises into the caller
-                log.exception("memlord profiler: scanning live tensors failed")
-        now_ns = time.monotonic_ns()
-        breakdown = {}
-        for dev in sorted(set(totals) | set(scan), key=lambda d: (d != "cpu", d)):
-            t = totals.get(dev, {})
-            s = scan.get(dev, {"count": 0, "total_bytes": 0, "tensors": []})
-            allocated = t.get("allocated", 0)
-            breakdown[dev] = {
-                "total_mb": mb(allocated),
-                "total_bytes": allocated,
-                "count": s["count"] if tensors else t.get("live", 0),
-                "tensors": s["tensors"],
-                "live_storages": t.get("live", 0),
-                "pending_bytes": t.get("pending", 0),
-                "reserved_bytes": t.get("reserved"),
-                "visible_bytes": s["total_bytes"],
-            }
-        total = sum(b["total_bytes"] for b in breakdown.values())
-        snap = {
-            "timestamp": _dt.datetime.now().isoformat(timespec="microseconds"),
-            "checkpoint_name": checkpoint_name,
-            "t_ns": now_ns,
-            "total_mb": mb(total),
-            "total_bytes": total,
-            "tensor_count": sum(b["count"] for b in breakdown.values()),
-            "device_breakdown": breakdown,
-        }
+                log.exception("memlord profiler: finding the live tensors failed")
+                section = {}
+        snap = build_snapshot(totals, section, checkpoint_name, time.monotonic_ns())
         with self._lock:
             self._snapshots.append(snap)
         return snap
 
-    def _stack(self) -> list[int]:
+    def _stack(self) -> list[tuple[int, Any]]:
         stack = getattr(self._local, "stack", None)
         if stack is None:
             stack = self._local.stack = []
         return stack
 
+    def _sink(self) -> list:
+        # per thread, so the item a region appends at exit is the last one of this list
+        sink = getattr(self._local, "sink", None)
+        if sink is None:
+            sink = self._local.sink = []
+        return sink
+
     def begin(self, name: str, kind: str = "operation") -> int:
-        """Open a span (the low-level half of :meth:`track_operation`); returns a token
-        for :meth:`end`, or -1 when the tracker is not running."""
+        """Open a span (the low-level half of :meth:`track_operation`) and a lord region
+        of the same name under it; returns a token for :meth:`end`, or -1 when the
+        tracker is not running."""
         name = _check_name(name)
-        if not self._running:
+        if not self._running or self._source is None:
             return -1
         totals = self._sample()
         thread = threading.current_thread()
@@ -318,12 +335,19 @@ class MemoryTracker:
             delta={d: -t["allocated"] for d, t in totals.items()},
             finished=False,
         )
+        region = None
+        try:
+            region = self._source.lord._region_with_sink(name, self._sink())  # type: ignore[attr-defined]
+            region.__enter__()
+        except Exception:  # noqa: BLE001 - the operation runs, measured by the totals only
+            log.exception("memlord profiler: opening the region of %r failed", name)
+            region = None
         with self._lock:
             token = self._next_token
             self._next_token += 1
             self._open[token] = span
             self._threads[str(span.thread)] = thread.name
-        stack.append(token)
+        stack.append((token, region))
         return token
 
     def end(self, token: int) -> None:
@@ -332,27 +356,48 @@ class MemoryTracker:
         if token < 0:
             return
         stack = self._stack()
-        if token not in stack:
+        if not any(t == token for t, _ in stack):
             return
-        totals = self._sample() if self._running else {}
-        end_ns = time.monotonic_ns()
         while stack:
-            top = stack.pop()
+            top, region = stack.pop()
+            item = None
+            if region is not None:
+                sink = self._sink()
+                try:
+                    region.__exit__(None, None, None)
+                    item = sink.pop() if sink else None
+                except Exception:  # noqa: BLE001 - accounting never raises into the caller
+                    log.exception("memlord profiler: closing a region failed")
+                sink.clear()
+            totals = self._sample() if self._running else {}
+            end_ns = time.monotonic_ns()
             with self._lock:
                 span = self._open.pop(top, None)
                 if span is not None:
-                    self._finish(span, totals, end_ns)
+                    self._finish(span, totals, end_ns, item=item)
             if top == token:
                 break
 
     def _finish(
-        self, span: Span, totals: dict[str, dict[str, Any]], end_ns: int, record: bool = True
+        self,
+        span: Span,
+        totals: dict[str, dict[str, Any]],
+        end_ns: int,
+        record: bool = True,
+        item: tuple | None = None,
     ) -> None:
+        """Close ``span``: totals from the ledger; with the operation's closed region
+        (``item``), its exact start, end, per-device delta, peak and storages."""
         span.end_ns = end_ns
         span.post_total = sum(t["allocated"] for t in totals.values())
         span.tensor_delta += sum(t["live"] for t in totals.values())
         for dev, t in totals.items():
             span.delta[dev] = span.delta.get(dev, 0) + t["allocated"]
+        if item is not None:
+            exact = region_span(item[0], item[1])
+            span.start_ns, span.end_ns = exact.start_ns, exact.end_ns
+            span.delta, span.peak, span.tensor_delta = exact.delta, exact.peak, exact.tensor_delta
+            self._op_items[id(item)] = item
         span.finished = True
         if record:
             self._operations.append(span)
@@ -441,6 +486,31 @@ class MemoryTracker:
             samples = self._samples.build()
             pytorch_ops = sorted(self._pytorch_ops.values(), key=lambda r: -r["cpu_time_us"])
             threads = dict(self._threads)
+            op_items = set(self._op_items)
+        events, baseline, regions = None, {}, []
+        ring_meta: dict[str, Any] = {}
+        if src is not None:
+            lord = src.lord
+            # each part on its own: a profile is written even without one of them
+            try:
+                recs, stats = self._frozen or read_consistent(lord)
+                events, baseline, skipped = ring_events(lord, recs, stats)
+                ring_meta = {
+                    "events_capacity": self._ring_capacity,
+                    "events_dropped": (
+                        lord.events_dropped if self._frozen is None else self._frozen_dropped
+                    ),
+                    "events_before_reset": skipped,
+                }
+            except Exception:  # noqa: BLE001 - never raises into the caller
+                log.exception("memlord profiler: reading the event ring failed")
+            try:
+                regions, kept, seen = region_spans(lord, exclude=op_items)
+                ring_meta.update({"regions_kept": kept, "regions_closed": seen})
+            except Exception:  # noqa: BLE001 - never raises into the caller
+                log.exception("memlord profiler: reading the closed regions failed")
+            for s in regions:
+                threads.setdefault(str(s.thread), f"thread {s.thread}")
         metadata = {
             "generated_at": _dt.datetime.now().isoformat(timespec="seconds"),
             "operation_tracking_enabled": True,
@@ -454,12 +524,16 @@ class MemoryTracker:
             "torch_version": torch.__version__,
             "memlord_version": __version__,
             "threads": threads,
-            "top_tensors_from": "gc scan",
+            "top_tensors_from": self._top_from,
+            "event_baseline": baseline,
+            **ring_meta,
         }
         return Profile(
             metadata=metadata,
             snapshots=snapshots,
             operations=operations,
+            regions=regions,
+            events=events if events is not None else Events(),
             samples=samples,
             hotspots=src.hotspots() if src is not None else [],
             counters=src.counters() if src is not None else {},

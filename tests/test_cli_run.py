@@ -14,7 +14,7 @@ import pytest
 
 from memlord import __main__ as memlord_main
 from memlord.cli import main as cli_main
-from memlord.report import load
+from memlord.report import load, memory_series
 
 SCRIPT = """
 import sys, time, torch
@@ -64,11 +64,23 @@ def _module_counts(doc):
 
 def test_run_writes_every_report_with_module_operations(tmp_path):
     html = ["--html", "r.html"] if HAVE_PLOTLY else []
-    proc = _start(tmp_path, "ok", "--modules", "--json", "p.json", "--trace", "p.trace.json", *html)
+    proc = _start(
+        tmp_path,
+        "ok",
+        *("--modules", "--events", "5000", "--json", "p.json", "--trace", "p.trace.json"),
+        *html,
+    )
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert "trained ['ok']" in out  # the script saw its own argv
     doc = load(tmp_path / "p.json")
+    # the events are the lord's ring: the script's factories and deaths, at its lines
+    assert doc.metadata["events_capacity"] == 5000 and doc.metadata["events_dropped"] == 0
+    assert "factory" in doc.events.decode("source")
+    sites = set(doc.events.decode("site"))
+    assert {"train.py:4", "train.py:6"} <= sites, sites
+    final = doc.counters["cpu"]["allocated"]
+    assert int(memory_series(doc)["cpu"].allocated[-1]) == final
     assert _module_counts(doc) == {"Sequential": 5, "0": 5, "1": 5, "2": 5}
     inner = [s for s in doc.operations if s.name == "0"]
     assert all(s.depth == 1 for s in inner)
@@ -142,6 +154,8 @@ def test_cli_errors_are_clear(tmp_path, capsys):
     assert cli_main(["report", str(tmp_path / "nope.json")]) == 2
     with pytest.raises(SystemExit):
         cli_main(["run", "--interval", "-1", "x.py"])
+    with pytest.raises(SystemExit):
+        cli_main(["run", "--events", "-1", "x.py"])
 
 
 def test_the_demo_says_how_to_get_a_report(capsys):

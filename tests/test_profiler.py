@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import memlord.profiler as profiler
+from memlord import MemLord
 from memlord.profiler import (
     MemoryTracker,
     get_memory_tracker,
@@ -23,7 +24,8 @@ from memlord.profiler import (
     memory_checkpoint,
     stop_memory_tracker,
 )
-from memlord.report import load
+from memlord.report import load, memory_series
+from memlord.report._source import LedgerSource
 
 NAME = re.compile(r"memory_profile_\d{8}_\d{6}\.json")
 
@@ -89,6 +91,86 @@ def test_operations_nested_with_exact_deltas(tmp_path):
     shapes = [t["shape"] for t in last["device_breakdown"]["cpu"]["tensors"]]
     assert [1000] in shapes and [250] in shapes
     assert load(path).operation_summary() == summary
+    del keep
+
+
+def test_operations_are_lord_regions_and_events_come_from_the_ring(tmp_path):
+    """Each track_operation call is a region of the tracker's lord: its per-device delta
+    and peak count its own thread only (exact, however busy other threads are), it shows
+    in lord.regions() and not twice in the document; the document's events are the
+    ring's records, with the operations as their regions."""
+    tracker = initialize_memory_tracker(output_dir=tmp_path, interval=None)
+    lord = tracker.source.lord
+    assert lord.events_capacity == profiler.EVENTS
+    keep, theirs = [], []
+    ready, go = threading.Event(), threading.Event()
+
+    def other_thread():
+        ready.set()
+        go.wait()
+        theirs.append(torch.zeros(10_000))  # 40000 bytes, inside "outer" in time only
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    ready.wait()
+    with tracker.track_operation("outer"):
+        keep.append(torch.zeros(1000))  # 4000 bytes
+        go.set()
+        worker.join()
+        with tracker.track_operation("inner"):
+            scratch = torch.zeros(2000)  # 8000 bytes, freed inside "outer"
+        del scratch
+    with lord.region("user region"):
+        keep.append(torch.zeros(10))
+    assert set(lord.regions()) == {"outer", "inner", "user region"}
+    stop_memory_tracker()
+    doc = tracker.profile()
+    ops = {s.name: s for s in doc.operations}
+    outer, inner = ops["outer"], ops["inner"]
+    assert outer.delta == {"cpu": 4000} and outer.peak == {"cpu": outer.pre_total + 12000}
+    assert outer.tensor_delta == 1 and outer.memory_delta == 44000  # the totals see both
+    # peak: the device's bytes when the region first touched it, plus its own highest net
+    assert inner.delta == {"cpu": 8000} and inner.peak == {"cpu": outer.pre_total + 52000}
+    assert outer.start_ns < inner.start_ns <= inner.end_ns < outer.end_ns
+    assert (outer.depth, inner.depth) == (0, 1)
+    assert [s.name for s in doc.regions] == ["user region"]  # the operations not again
+    # the events are the ring's: sites in this file, regions named by the operations
+    ev = doc.events
+    assert doc.metadata["events_capacity"] == profiler.EVENTS
+    assert ev.decode("kind").count("alloc") == 4 and ev.decode("kind").count("free") == 1
+    rows = list(zip(ev.decode("kind"), ev["bytes"].tolist(), ev.decode("region"), strict=True))
+    assert ("alloc", 4000, "outer") in rows and ("alloc", 8000, "inner") in rows
+    assert ("free", 8000, "outer") in rows and ("alloc", 40000, None) in rows
+    assert all(site.startswith("tests/test_profiler.py:") for site in ev.sites)
+    assert set(ev.decode("source")) == {"factory", "death"}
+    final = lord.stats()["cpu"]
+    series = memory_series(doc)["cpu"]
+    assert series.source == "events" and int(series.allocated[-1]) == final["allocated"]
+    assert int(series.allocated.max()) == final["peak_allocated"]
+    # the ring's memory is given back at stop; the profile keeps what it held
+    assert lord.events_capacity == 0 and tracker.profile().events == ev
+    del keep
+
+
+def test_event_ring_capacity_option(tmp_path):
+    tracker = MemoryTracker(tmp_path, interval=None, json_path=False, events=0).start()
+    torch.zeros(10)
+    tracker.stop()
+    assert len(tracker.profile().events) == 0
+    with pytest.raises(ValueError, match="events"):
+        MemoryTracker(tmp_path, events=-1)
+    # a lord that already records keeps its own ring
+    lord = MemLord(auto_gc_bytes=None)
+    lord.record_events(3)
+    tracker = MemoryTracker(
+        tmp_path, interval=None, json_path=False, source=LedgerSource(lord)
+    ).start()
+    keep = [torch.zeros(i + 1) for i in range(5)]
+    tracker.stop()
+    assert lord.events_capacity == 3 and lord.events_dropped == 2
+    doc = tracker.profile()
+    assert doc.events["bytes"].tolist() == [12, 16, 20]
+    assert int(memory_series(doc)["cpu"].allocated[-1]) == 60
     del keep
 
 

@@ -65,3 +65,30 @@ def test_report_loads_and_draws_in_chromium(browser, tmp_path):
     # nothing outside the file is referenced
     assert not re.search(r'<(script|link|img|iframe)[^>]+(src|href)="(https?:)?//', dom)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+def test_lord_export_draws_in_chromium(browser, tmp_path):
+    """lord.export() of a real lord: the timeline of its event ring and a Gantt bar per
+    closed region."""
+    from test_report_lord import Work
+
+    from memlord.report._lord import profile_from_lord
+
+    work = Work()
+    try:
+        page = tmp_path / "lord.html"
+        assert work.lord.export(page) == "html"
+        doc = profile_from_lord(work.lord)
+    finally:
+        work.close()
+    loaded = load_page(page, browser=browser)
+    assert loaded.console == [], f"console messages: {loaded.console}"
+    assert loaded.ready_ms is not None, "the report's script did not finish"
+    timeline, _, rest = loaded.dom.partition('id="gantt"')
+    # cpu only: allocated and its running peak (nothing pending, no reserved, no auto-GC)
+    assert _count(r'class="trace scatter', timeline) == 2
+    names = {s.name for s in doc.regions}
+    assert len(names) <= 12  # each name its own color and bar trace
+    assert _count(r'<g class="point"', rest) == len(doc.regions) >= 8
+    assert _count(r'class="trace bars"', rest) == len(names)
+    assert "scratch" in rest and "Sequential (backward)" in rest

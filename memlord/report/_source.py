@@ -4,14 +4,16 @@ public API, so the profiler and the CLI never reach into the ledger themselves.
 Today it reads a :class:`memlord.MemLord` that the adapter owns (or is given):
 
 * totals per device from ``lord.stats()`` (allocated from the ledger, the live storage
-  count as ``allocs - frees``), pending deferred frees from ``TorchHooks.pending()``,
-  reserved bytes from ``torch.cuda.memory_reserved`` where CUDA is initialised;
+  count as ``allocs - frees``), pending deferred frees from the lord's deferred-free
+  queue, reserved bytes from ``torch.cuda.memory_reserved`` where CUDA is initialised;
 * lifetime tracking through ``lord.hook_into_python()`` (so the ledger equals the live
   storages created while profiling), and optionally ``hook_into_torch()``;
-* hotspots from ``top_alloc_site``/``top_free_site``;
-* the largest live tensors from a scan of ``gc.get_objects()`` (storages counted once),
-  as the memory profiler always did.  When memlord's own registry of live storages
-  (``lord.snapshot()``) and its event ring exist, this module is the one place to switch.
+* the event ring (``lord.record_events``), regions and hotspots, turned into the
+  document's sections by :mod:`memlord.report._lord`;
+* the largest live tensors from :func:`_snapshot_section`, the one place that builds
+  them for every snapshot and every report: memlord's registry of live storages
+  (``lord.snapshot(top, include_untracked)``) when lifetime tracking is on, else a scan
+  of ``gc.get_objects()`` (storages counted once), as the memory profiler always did.
 """
 
 from __future__ import annotations
@@ -66,6 +68,193 @@ def _live_tensors() -> list[torch.Tensor]:
             gc.enable()
 
 
+#: Where ``_snapshot_section`` found the tensors (metadata ``top_tensors_from``).
+FROM_GC_SCAN = "gc scan"
+FROM_REGISTRY = "lifetime registry"
+
+
+def _snapshot_section(
+    lord: MemLord | None, top: int = 10, include_untracked: bool = False
+) -> tuple[dict[str, dict[str, Any]], str]:
+    """The live tensors per device, in the shape of ``lord.snapshot()``: ``{device:
+    {"total_bytes", "count", "top": [{"nbytes", "shape", "dtype", "device",
+    "requires_grad", "site", "region", "age_s", "tracked"}, ...]}}`` (largest first, at
+    most ``top``; shapes as lists), and where they came from.
+
+    This is the single place every snapshot and report gets its tensors from (the
+    profiler's checkpoints and final snapshot, ``lord.export()``'s snapshot section).
+    With lifetime tracking on, memlord's registry of live storages answers
+    (``lord.snapshot(top, include_untracked=...)``: sites, regions and ages known; no
+    scan, so any thread may ask).  Otherwise it is the scan of ``gc.get_objects()``,
+    which knows no site, region, age or tracking (None), and must run on the caller's
+    thread (see :func:`_live_tensors`)."""
+    if lord is not None and lord._life_active():
+        snap = lord.snapshot(top, include_untracked=include_untracked)
+        for entry in snap.values():
+            for t in entry["top"]:
+                t["shape"] = None if t["shape"] is None else list(t["shape"])
+        return snap, FROM_REGISTRY
+    scan = LedgerSource.scan_tensors(top)
+    out: dict[str, dict[str, Any]] = {}
+    for dev, entry in scan.items():
+        out[dev] = {
+            "total_bytes": entry["total_bytes"],
+            "count": entry["count"],
+            "top": [
+                {
+                    "nbytes": t["nbytes"],
+                    "shape": t["shape"],
+                    "dtype": t["dtype"],
+                    "device": t["device"],
+                    "requires_grad": t["requires_grad"],
+                    "site": None,
+                    "region": None,
+                    "age_s": None,
+                    "tracked": None,
+                }
+                for t in entry["tensors"]
+            ],
+        }
+    return out, FROM_GC_SCAN
+
+
+def tensor_rows(top: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A section's ``top`` list as the memory profiler's snapshot rows: ``size_mb``,
+    ``nbytes``, ``shape``, ``dtype``, ``device``, ``requires_grad``, ``operation`` (the
+    region the storage was allocated in, None when unknown), plus ``site``, ``age_s``
+    and ``tracked`` where known."""
+    rows = []
+    for t in top:
+        nbytes = int(t.get("nbytes") or 0)
+        row = {
+            "size_mb": round(nbytes / (1024 * 1024), 4),
+            "nbytes": nbytes,
+            "shape": t.get("shape"),
+            "dtype": t.get("dtype"),
+            "device": t.get("device"),
+            "requires_grad": t.get("requires_grad"),
+            "operation": t.get("region") or None,
+        }
+        for key in ("site", "age_s", "tracked"):
+            if t.get(key) is not None:
+                row[key] = t[key]
+        rows.append(row)
+    return rows
+
+
+def build_snapshot(
+    totals: dict[str, dict[str, Any]],
+    section: dict[str, dict[str, Any]] | None,
+    checkpoint_name: str | None,
+    t_ns: int,
+) -> dict[str, Any]:
+    """One snapshot in the memory profiler's shape from the ledger's totals per device
+    (``allocated``, ``live``, ``pending``, ``reserved``) and, when not None, a
+    :func:`_snapshot_section` (the largest tensors); without a section, ``count`` is
+    the ledger's live storages."""
+    import datetime as _dt
+
+    from ._util import mb
+
+    breakdown = {}
+    devices = set(totals) | set(section or {})
+    for dev in sorted(devices, key=lambda d: (d != "cpu", d)):
+        t = totals.get(dev, {})
+        s = (section or {}).get(dev, {"count": 0, "total_bytes": 0, "top": []})
+        allocated = t.get("allocated", 0)
+        breakdown[dev] = {
+            "total_mb": mb(allocated),
+            "total_bytes": allocated,
+            "count": s["count"] if section is not None else t.get("live", 0),
+            "tensors": tensor_rows(s["top"]),
+            "live_storages": t.get("live", 0),
+            "pending_bytes": t.get("pending", 0),
+            "reserved_bytes": t.get("reserved"),
+            "visible_bytes": s["total_bytes"],
+        }
+    total = sum(b["total_bytes"] for b in breakdown.values())
+    return {
+        "timestamp": _dt.datetime.now().isoformat(timespec="microseconds"),
+        "checkpoint_name": checkpoint_name,
+        "t_ns": t_ns,
+        "total_mb": mb(total),
+        "total_bytes": total,
+        "tensor_count": sum(b["count"] for b in breakdown.values()),
+        "device_breakdown": breakdown,
+    }
+
+
+def reserved_bytes(device: str) -> int | None:
+    """The backend's reserved bytes of ``device`` (CUDA, once initialised), else None."""
+    if not device.startswith("cuda"):
+        return None
+    try:
+        if not torch.cuda.is_initialized():
+            return None
+        index = int(device.partition(":")[2] or 0)
+        return int(torch.cuda.memory_reserved(index))
+    except (RuntimeError, ValueError, AssertionError):
+        return None
+
+
+def pending_bytes(lord: MemLord, device: str) -> int:
+    """Bytes of the lord's deferred frees on ``device`` still waiting for their CUDA
+    event (0 without the torch hooks)."""
+    try:
+        return int(lord._pending_bytes(device))  # type: ignore[attr-defined]
+    except (TypeError, ValueError, RuntimeError):
+        return 0
+
+
+def lord_totals(lord: MemLord) -> dict[str, dict[str, Any]]:
+    """Per device: allocated, live storages, pending and reserved (None: unknown)."""
+    return {
+        dev: {
+            "allocated": st["allocated"],
+            "live": st["allocs"] - st["frees"],
+            "pending": pending_bytes(lord, dev),
+            "reserved": reserved_bytes(dev),
+        }
+        for dev, st in lord.stats().items()
+    }
+
+
+def lord_counters(lord: MemLord) -> dict[str, dict[str, Any]]:
+    """Per device: the lord's ``stats()`` (allocated, peak_allocated, gc_runs, ...) plus
+    ``pending`` and ``reserved`` (None where unknown)."""
+    out = {}
+    for dev, st in lord.stats().items():
+        row = dict(st)
+        row["pending"] = pending_bytes(lord, dev)
+        row["reserved"] = reserved_bytes(dev)
+        out[dev] = row
+    return out
+
+
+def lord_hotspots(lord: MemLord, limit: int = 10) -> list[dict[str, Any]]:
+    """Per device and kind (``alloc``, ``free``), the ``limit`` sites with the most
+    cumulative bytes, folded by ``file:line``, largest first: ``device``, ``kind``,
+    ``site``, ``bytes``."""
+    from memlord._sites import relative_path, site_location
+
+    out = []
+    for kind, free in (("alloc", False), ("free", True)):
+        totals: dict[tuple[str, str], int] = {}
+        for dev, site, nbytes, _key in lord._hotspots(free, None):  # type: ignore[attr-defined]
+            loc = site_location(site)
+            if loc is None:
+                continue
+            k = (str(dev), f"{relative_path(loc[0])}:{loc[1]}")
+            totals[k] = totals.get(k, 0) + nbytes
+        by_dev: dict[str, list[tuple[str, int]]] = {}
+        for (dev, where), nbytes in totals.items():
+            by_dev.setdefault(dev, []).append((where, nbytes))
+        for dev in sorted(by_dev, key=lambda d: (d != "cpu", d)):
+            rows = sorted(by_dev[dev], key=lambda r: (-r[1], r[0]))[:limit]
+            out.extend({"device": dev, "kind": kind, "site": w, "bytes": b} for w, b in rows)
+    return out
+
+
 def _tensor_meta(t: torch.Tensor) -> dict[str, Any]:
     """shape, dtype and requires_grad; a tensor without sizes (nested, some subclasses)
     has shape None."""
@@ -111,62 +300,23 @@ class LedgerSource:
 
     # ---- numbers ----------------------------------------------------------------------
 
-    def _pending(self, device: str) -> int:
-        hooks = self._torch_hooks
-        if hooks is None or not hooks.enabled:
-            return 0
-        try:
-            return int(hooks.pending(device))
-        except (TypeError, ValueError, RuntimeError):
-            return 0
-
-    @staticmethod
-    def _reserved(device: str) -> int | None:
-        if not device.startswith("cuda"):
-            return None
-        try:
-            if not torch.cuda.is_initialized():
-                return None
-            index = int(device.partition(":")[2] or 0)
-            return int(torch.cuda.memory_reserved(index))
-        except (RuntimeError, ValueError, AssertionError):
-            return None
-
     def totals(self) -> dict[str, dict[str, Any]]:
         """Per device: allocated, live storages, pending and reserved (None: unknown)."""
-        out = {}
-        for dev, st in self.lord.stats().items():
-            out[dev] = {
-                "allocated": st["allocated"],
-                "live": st["allocs"] - st["frees"],
-                "pending": self._pending(dev),
-                "reserved": self._reserved(dev),
-            }
-        return out
+        return lord_totals(self.lord)
 
     def counters(self) -> dict[str, dict[str, Any]]:
         """Per device: memlord's stats plus pending and reserved."""
-        out = {}
-        for dev, st in self.lord.stats().items():
-            row = dict(st)
-            row["pending"] = self._pending(dev)
-            row["reserved"] = self._reserved(dev)
-            out[dev] = row
-        return out
+        return lord_counters(self.lord)
 
     def hotspots(self) -> list[dict[str, Any]]:
-        out = []
-        for dev in self.lord.stats():
-            for kind, query in (
-                ("alloc", self.lord.top_alloc_site),
-                ("free", self.lord.top_free_site),
-            ):
-                site = query(dev)
-                if site is not None:
-                    device, where, nbytes = site
-                    row = {"device": str(device), "kind": kind, "site": where, "bytes": nbytes}
-                    out.append(row)
-        return out
+        """The top allocation and free sites per device (:func:`lord_hotspots`)."""
+        return lord_hotspots(self.lord)
+
+    def snapshot_section(self, top: int = 10) -> tuple[dict[str, dict[str, Any]], str]:
+        """The largest live tensors per device (:func:`_snapshot_section`), those made
+        before tracking or out of its sight included, as the memory profiler's scan saw
+        every tensor."""
+        return _snapshot_section(self.lord, top, include_untracked=True)
 
     @staticmethod
     def scan_tensors(top: int = 10) -> dict[str, dict[str, Any]]:

@@ -132,6 +132,24 @@ static PyObject *handle_pending(ml_handle *self, PyObject *const *args, Py_ssize
     return PyLong_FromLongLong(ml_hooks_pending_bytes(self->lord, &sel));
 }
 
+/* lord._pending_bytes(device=None): what handle.pending() answers, without
+ * the handle (the reports read it from the lord alone). */
+// cppcheck-suppress constParameterPointer ; a METH_FASTCALL method's signature
+PyObject *ml_lord_pending_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames)
+{
+    PyObject *device;
+    if (ml_device_arg("_pending_bytes", args, nargs, kwnames, 0, &device) < 0) {
+        return NULL;
+    }
+    const ml_book *lord = (const ml_book *)self; /* a Lord begins with its book */
+    ml_selector sel;
+    if (ml_selector_parse(ml_lord_state(lord), device, &sel) < 0) {
+        return NULL;
+    }
+    return PyLong_FromLongLong(ml_hooks_pending_bytes(lord, &sel));
+}
+
 static PyObject *handle_enter(ml_handle *self, PyObject *Py_UNUSED(ignored))
 {
     return Py_NewRef(self);

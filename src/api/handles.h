@@ -26,5 +26,8 @@ PyObject *ml_handle_enable_torch(ml_book *lord);
 /* lord.hook_into_python(...): lifetime tracking on, and with factories the
  * factory wrappers (hooks.c). */
 PyObject *ml_handle_enable_python(ml_book *lord, int factories, int deep);
+/* lord._pending_bytes(device=None) (a Lord method, lord.c lists it) */
+PyObject *ml_lord_pending_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames);
 
 #endif

@@ -789,6 +789,9 @@ static PyMethodDef lord_methods[] = {
      "_events_bytes($self, clear, /)\n--\n\nThe ring's records, oldest first, as a bytearray."},
     {"_events_info", (PyCFunction)ml_lord_events_info, METH_NOARGS,
      "_events_info($self, /)\n--\n\n(capacity, size, dropped, record size)."},
+    {"_pending_bytes", (PyCFunction)(void (*)(void))ml_lord_pending_bytes, FASTKW,
+     "_pending_bytes($self, /, device=None)\n--\n\nBytes of this lord's deferred frees still "
+     "waiting for their CUDA event (what a torch hooks handle's pending() answers)."},
     {"_region_names", (PyCFunction)lord_region_names, METH_NOARGS,
      "_region_names($self, /)\n--\n\nThe event ring's region names, by index."},
     {"_live", (PyCFunction)(void (*)(void))ml_lord_live, METH_FASTCALL,

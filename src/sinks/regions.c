@@ -188,9 +188,11 @@ const ml_sink ml_region_sink_proto = {"regions", reg_reserve, reg_apply, NULL, N
 /* ---- entering and leaving -------------------------------------------------- */
 
 /* region_close(id) -> (duration_ns, [(device str, entry, net, peak_net,
- * allocs, frees), ...]): close region id (any thread's; usually the
- * caller's).  The region is detached from the table before any Python
- * object is built. */
+ * allocs, frees), ...], start_ns, thread, depth): close region id (any
+ * thread's; usually the caller's).  start_ns is the monotonic clock at entry
+ * (time.monotonic_ns()'s clock), thread the opening thread's ident, depth the
+ * number of regions of that thread open around it.  The region is detached
+ * from the table before any Python object is built. */
 static PyObject *region_close(ml_book *lord, int64_t id)
 {
     struct ml_regions *r = lord->regions;
@@ -204,6 +206,10 @@ static PyObject *region_close(ml_book *lord, int64_t id)
     }
     int64_t now = ml_now_ns();
     ml_region g = r->open[k];
+    int depth = 0;
+    for (int j = 0; j < k; j++) {
+        depth += r->open[j].thread == g.thread;
+    }
     memmove(&r->open[k], &r->open[k + 1], (size_t)(r->n - k - 1) * sizeof(ml_region));
     r->n--;
     /* g.devs is ours now */
@@ -228,7 +234,8 @@ static PyObject *region_close(ml_book *lord, int64_t id)
     if (list == NULL) {
         return NULL;
     }
-    return Py_BuildValue("(LN)", (long long)(now - g.t0_ns), list);
+    return Py_BuildValue("(LNLKi)", (long long)(now - g.t0_ns), list, (long long)g.t0_ns,
+                         (unsigned long long)g.thread, depth);
 }
 
 /* ---- peak and counter resets (the device memory API) ----------------------- */

@@ -1,0 +1,240 @@
+"""A profile document from a lord's own state: what ``lord.export(path)`` writes and what
+the profiler's documents are fed from.
+
+* **events** from the lord's event ring (``lord.record_events``): every record after
+  the last ``reset()``, with its time, kind, source, device, bytes, address, thread,
+  ``file:line`` site and innermost region; ``metadata["event_baseline"]`` makes each
+  device's running sum end exactly at the ledger's allocated bytes, so a ring that
+  dropped its oldest records (or started after memory was allocated) still draws the
+  true levels;
+* **regions**: the lord's history of closed regions (``REGION_HISTORY``, the newest),
+  one span each with its start, end, thread, nesting depth and per-device delta and
+  peak;
+* **hotspots**, **counters** (``stats()`` plus pending and reserved) and one **sample**
+  per device;
+* a **snapshot** with the largest live tensors (``_snapshot_section``, the one place
+  that finds them).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import sys
+import threading
+import time
+from collections.abc import Container
+from typing import Any
+
+import numpy as np
+import torch
+
+from ._model import KNOWN_KINDS, Events, Profile, SampleBuilder, Span
+from ._source import _snapshot_section, build_snapshot, lord_counters, lord_hotspots, lord_totals
+
+#: The document's kind for each ring kind code (memlord._events.EVENT_KINDS order:
+#: alloc, free, gc, reset).
+_KINDS = (*KNOWN_KINDS, "reset")
+_RING_KIND = np.array([_KINDS.index(k) for k in ("alloc", "free", "gc", "reset")], np.int16)
+_RESET = 3
+
+
+def read_consistent(lord: Any, tries: int = 5) -> tuple[np.ndarray, dict[str, dict[str, Any]]]:
+    """The ring's records and the lord's ``stats()`` at the same moment: read again when
+    an event (a death run by the collector while the copy was made) came in between."""
+    recs: np.ndarray = np.empty(0)
+    after: dict[str, dict[str, Any]] = {}
+    for _ in range(tries):
+        before = lord.stats()
+        recs = lord.events()
+        after = lord.stats()
+        if before == after:
+            break
+    return recs, after
+
+
+def ring_events(
+    lord: Any, recs: np.ndarray, stats: dict[str, dict[str, Any]]
+) -> tuple[Events, dict[str, int], int]:
+    """The ring's records as document :class:`Events`, the per-device baseline that makes
+    each device's running sum end at ``stats``' allocated bytes, and how many records
+    (up to and including the last ``reset()``) were left out."""
+    skipped = 0
+    if recs.shape[0]:
+        resets = np.flatnonzero(recs["kind"] == _RESET)
+        if resets.size:
+            skipped = int(resets[-1]) + 1
+            recs = recs[skipped:]
+    n = recs.shape[0]
+
+    def table(codes: np.ndarray, name_of: Any, none: int | None) -> tuple[np.ndarray, list[str]]:
+        # codes -> indices into a table of distinct names (two site ids can be one
+        # file:line)
+        uniq, inverse = np.unique(codes, return_inverse=True)
+        names: list[str] = []
+        index: dict[str, int] = {}
+        remap = np.empty(uniq.shape[0], dtype=np.int64)
+        for i, code in enumerate(uniq.tolist()):
+            if none is not None and code == none:
+                remap[i] = -1
+                continue
+            name = name_of(code)
+            if name not in index:
+                index[name] = len(names)
+                names.append(name)
+            remap[i] = index[name]
+        return remap[inverse.reshape(-1)], names
+
+    from memlord._events import EVENT_SOURCES
+    from memlord._sites import site_text
+
+    region_names = lord._region_names()
+    dev_col, devices = table(recs["device"], lord._device_name, None)
+    site_col, sites = table(recs["site"], site_text, 0)
+    region_col, regions = table(
+        recs["region"],
+        lambda c: region_names[c] if c < len(region_names) else "",
+        0,
+    )
+    kind_codes = recs["kind"].astype(np.int64)
+    if n and int(kind_codes.max()) >= _RING_KIND.shape[0]:  # a kind this build does not know
+        raise ValueError(f"event ring: unknown event kind {int(kind_codes.max())}")
+    events = Events(
+        {
+            "t_ns": recs["t_ns"],
+            "kind": _RING_KIND[kind_codes] if n else np.empty(0, np.int16),
+            "source": recs["source"].astype(np.int16),
+            "device": dev_col,
+            "bytes": recs["bytes"],
+            "address": recs["address"],
+            "site": site_col,
+            "thread": recs["thread"].astype(np.int64),
+            "region": region_col,
+            # the ring does not measure lifetimes (its field is always 0): unknown
+            "lifetime_ns": np.full(n, -1, dtype=np.int64),
+        },
+        kinds=_KINDS,
+        sources=EVENT_SOURCES,
+        devices=devices,
+        sites=sites,
+        regions=regions,
+    )
+    baseline: dict[str, int] = {}
+    if n:
+        signed = np.where(
+            kind_codes == 0, recs["bytes"], np.where(kind_codes == 1, -recs["bytes"], 0)
+        )
+        net = np.zeros(len(devices), dtype=np.int64)
+        np.add.at(net, dev_col, signed)
+        for i, dev in enumerate(devices):
+            allocated = int(stats.get(dev, {}).get("allocated", 0))
+            baseline[dev] = allocated - int(net[i])
+    return events, baseline, skipped
+
+
+def region_span(name: str, raw: tuple, kind: str = "region") -> Span:
+    """One closed region (``(name, (duration_ns, rows, start_ns, thread, depth))``) as a
+    span: ``delta`` per device is the net bytes its own thread allocated inside,
+    ``peak`` the device's allocated bytes at the region's highest point, ``pre_total``
+    the devices' allocated bytes when the region first touched them and ``post_total``
+    that plus the deltas, ``tensor_delta`` storages allocated minus freed."""
+    duration_ns, rows, start_ns, thread, depth = raw[:5]
+    delta: dict[str, int] = {}
+    peak: dict[str, int] = {}
+    pre = storages = 0
+    for dev, entry, net, peak_net, allocs, frees in rows:
+        delta[dev] = net
+        peak[dev] = entry + peak_net
+        pre += entry
+        storages += allocs - frees
+    return Span(
+        name=name,
+        start_ns=start_ns,
+        end_ns=start_ns + duration_ns,
+        thread=thread,
+        depth=depth,
+        kind=kind,
+        pre_total=pre,
+        post_total=pre + sum(delta.values()),
+        tensor_delta=storages,
+        delta=delta,
+        peak=peak,
+    )
+
+
+def region_spans(lord: Any, exclude: Container[int] = ()) -> tuple[list[Span], int, int]:
+    """The lord's kept closed regions as spans (oldest first), except the items whose
+    ``id`` is in ``exclude`` (the profiler's own operations); plus how many were kept
+    and how many closed in all."""
+    history, seen = lord._region_history()
+    spans = [region_span(name, raw) for name, raw in (i for i in history if id(i) not in exclude)]
+    spans.sort(key=lambda s: (s.start_ns, -s.end_ns))
+    return spans, len(history), seen
+
+
+def thread_names(idents: set[int]) -> dict[str, str]:
+    """``{str(ident): name}`` for threads alive now; a thread that ended shows as
+    ``thread <ident>``."""
+    alive = {t.ident: t.name for t in threading.enumerate()}
+    return {str(i): alive.get(i, f"thread {i}") for i in sorted(idents)}
+
+
+def base_metadata(title: str, start_ns: int) -> dict[str, Any]:
+    from memlord import __version__
+
+    now_mono, now_unix = time.monotonic_ns(), time.time()
+    return {
+        "generated_at": _dt.datetime.now().isoformat(timespec="seconds"),
+        "title": title,
+        "start_ns": start_ns,
+        "start_unix": now_unix - (now_mono - start_ns) / 1e9,
+        "pid": os.getpid(),
+        "argv": list(sys.argv),
+        "python_version": platform.python_version(),
+        "torch_version": torch.__version__,
+        "memlord_version": __version__,
+    }
+
+
+def profile_from_lord(lord: Any, *, top: int = 10, title: str | None = None) -> Profile:
+    """The profile document of ``lord`` now (what ``lord.export`` writes)."""
+    recs, stats = read_consistent(lord)
+    events, baseline, skipped = ring_events(lord, recs, stats)
+    spans, kept, seen = region_spans(lord)
+    now = time.monotonic_ns()
+    totals = lord_totals(lord)
+    samples = SampleBuilder()
+    for dev, t in totals.items():
+        samples.add(now, dev, t["allocated"], t["pending"], t["reserved"])
+    section, origin = _snapshot_section(lord, top)
+    snapshot = build_snapshot(totals, section, "export", now)
+    starts = [now] + [s.start_ns for s in spans]
+    if len(events):
+        starts.append(int(events["t_ns"].min()))
+    idents = {s.thread for s in spans}
+    if len(events):
+        idents.update(int(t) for t in np.unique(events["thread"]).tolist())
+    metadata = base_metadata(title or "memlord lord export", min(starts))
+    metadata.update(
+        {
+            "operation_tracking_enabled": False,
+            "threads": thread_names(idents),
+            "top_tensors_from": origin,
+            "event_baseline": baseline,
+            "events_capacity": lord.events_capacity,
+            "events_dropped": lord.events_dropped,
+            "events_before_reset": skipped,
+            "regions_kept": kept,
+            "regions_closed": seen,
+        }
+    )
+    return Profile(
+        metadata=metadata,
+        snapshots=[snapshot],
+        regions=spans,
+        samples=samples.build(),
+        events=events,
+        hotspots=lord_hotspots(lord),
+        counters=lord_counters(lord),
+    )
