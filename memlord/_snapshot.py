@@ -29,8 +29,6 @@ import gc
 from collections import deque
 from typing import Any
 
-import torch
-
 from ._core import format_bytes
 from ._sites import site_text
 
