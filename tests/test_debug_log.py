@@ -120,6 +120,37 @@ def test_debug_is_read_while_the_program_runs(lord, memlog, monkeypatch):
     assert memlog.text() == ""
 
 
+def test_level_changes_between_events_are_seen_at_once(lord, memlog):
+    """memlord keeps its answer to "is DEBUG on?" between events while neither the
+    environment nor the logger's cache changes; any change is seen at the next event."""
+    logger = logging.getLogger("memlord")
+    t = torch.empty(3)
+    for _ in range(3):  # the same answer, kept
+        lord.allocate(t)
+    assert memlog.text() == ""
+    logger.setLevel(logging.DEBUG)
+    for _ in range(3):
+        lord.allocate(t)
+    assert memlog.text().count("[allocate]") == 3
+    logging.disable(logging.DEBUG)  # the process-wide switch: it clears every cache too
+    lord.allocate(t)
+    assert memlog.text() == ""
+    logging.disable(logging.NOTSET)
+    lord.allocate(t)
+    assert "[allocate]" in memlog.text()
+    logger.setLevel(logging.INFO)
+    lord.allocate(t)
+    assert memlog.text() == ""
+    os.environ["DEBUG"] = "1"  # os.environ itself, as a program would
+    try:
+        lord.allocate(t)
+        assert "[allocate]" in memlog.text()
+    finally:
+        del os.environ["DEBUG"]
+    lord.allocate(t)
+    assert memlog.text() == ""
+
+
 def test_application_enabling_debug_sees_records_without_the_variable(lord, caplog):
     caplog.set_level(logging.DEBUG, logger="memlord")
     lord.allocate(torch.empty(3))

@@ -222,7 +222,7 @@ static PyObject *entry_tuple(ml_state *st, const ml_live *e)
 // cppcheck-suppress constParameterPointer ; a METH_FASTCALL method's signature
 PyObject *ml_lord_live(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    ml_book *lord = (ml_book *)self; /* a Lord begins with its book (api/lord.h) */
+    const ml_book *lord = (const ml_book *)self; /* a Lord begins with its book (api/lord.h) */
     if (nargs != 2) {
         PyErr_SetString(PyExc_TypeError, "_live() takes 2 arguments (top, since_ns)");
         return NULL;

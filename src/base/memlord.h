@@ -138,6 +138,10 @@ typedef struct {
     PyObject *env_data;        /* os.environ._data, or NULL (then getenv) */
     PyObject *debug_key;       /* its key for DEBUG */
     PyObject *debug_seen;      /* the DEBUG value last handed to log_env_changed */
+    /* ml_log_wants' last answers (DEBUG, INFO) and the versions of env_data and
+     * log_cache they were computed at (logsink.c); valid 0: ask again */
+    uint64_t log_env_version[2], log_cache_version[2];
+    unsigned char log_answer[2], log_answer_valid[2];
     int last_code_internal;
 } ml_state;
 

@@ -46,6 +46,7 @@ int ml_log_configure(ml_state *st, PyObject *logger, PyObject *env_changed, PyOb
     st->env_data = env_data;
     st->debug_key = key;
     st->debug_seen = NULL;
+    st->log_answer_valid[0] = st->log_answer_valid[1] = 0;
     return 0;
 }
 
@@ -59,6 +60,7 @@ void ml_log_clear(ml_state *st)
     Py_CLEAR(st->env_data);
     Py_CLEAR(st->debug_key);
     Py_CLEAR(st->debug_seen);
+    st->log_answer_valid[0] = st->log_answer_valid[1] = 0;
 }
 
 int ml_log_traverse(ml_state *st, visitproc visit, void *arg)
@@ -128,11 +130,61 @@ static PyObject *cached_answer(const ml_state *st, int level)
     return ans;
 }
 
+/* A number that changes whenever the dict d changes, or 0 when none can be
+ * read cheaply.  CPython 3.10 and 3.11 keep one in every dict (PEP 509's
+ * ma_version_tag, bumped by every insert, delete and clear); it is
+ * deprecated from 3.12, where the answers are not kept (ask every time). */
+static int dict_version(PyObject *d, uint64_t *out)
+{
+#if PY_VERSION_HEX < 0x030C0000 && !defined(Py_LIMITED_API)
+    if (d != NULL && PyDict_CheckExact(d)) {
+        *out = ((PyDictObject *)d)->ma_version_tag;
+        return 1;
+    }
+#else
+    (void)d;
+#endif
+    *out = 0;
+    return 0;
+}
+
+/* Both versions the answers depend on; 0 when they cannot be read. */
+static int log_versions(const ml_state *st, uint64_t *env, uint64_t *cache)
+{
+    return st->env_data != NULL && st->log_cache != NULL && dict_version(st->env_data, env) &&
+           dict_version(st->log_cache, cache);
+}
+
+static int ask_wants(ml_state *st, int level);
+
 int ml_log_wants(ml_state *st, int level)
 {
     if (st->log_logger == NULL || finalizing()) {
         return 0;
     }
+    /* Every event asks: the DEBUG variable and the logger's cache are read
+     * again only when one of the two dicts changed since the last answer. */
+    int li = level == ML_LOG_DEBUG ? 0 : 1;
+    uint64_t env = 0, cache = 0;
+    int versioned = log_versions(st, &env, &cache);
+    if (versioned && st->log_answer_valid[li] && st->log_env_version[li] == env &&
+        st->log_cache_version[li] == cache) {
+        return st->log_answer[li];
+    }
+    int on = ask_wants(st, level);
+    /* Kept only when nothing changed while it was worked out (asking fills
+     * the logger's cache, and may run Python that changes either dict). */
+    uint64_t env2 = 0, cache2 = 0;
+    st->log_answer_valid[li] = (unsigned char)(versioned && log_versions(st, &env2, &cache2) &&
+                                               env2 == env && cache2 == cache);
+    st->log_env_version[li] = env;
+    st->log_cache_version[li] = cache;
+    st->log_answer[li] = (unsigned char)on;
+    return on;
+}
+
+static int ask_wants(ml_state *st, int level)
+{
     PyObject *v = debug_value(st);
     const PyObject *ans = cached_answer(st, level);
     if (v != st->debug_seen || ans == NULL) {

@@ -77,8 +77,7 @@ typedef struct {
 typedef void (*ml_live_visit)(void *ctx, const ml_live *e);
 /* Visit every live storage lord tracks that was born at or after since_ns;
  * returns how many.  Runs no Python: the table cannot change meanwhile. */
-Py_ssize_t ml_life_each(const ml_book *lord, int64_t since_ns, ml_live_visit visit,
-                        void *ctx);
+Py_ssize_t ml_life_each(const ml_book *lord, int64_t since_ns, ml_live_visit visit, void *ctx);
 
 /* Storages lord tracks (for tests and the memory benchmark). */
 Py_ssize_t ml_life_tracked(ml_book *lord);
