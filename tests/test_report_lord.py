@@ -84,6 +84,13 @@ def test_json_round_trip_equals_the_lords_numbers(work, tmp_path):
     assert ev.decode("site") == [None if r["site"] == "<unknown>:0" else r["site"] for r in ring]
     assert ev.decode("region") == [r["region"] or None for r in ring]
     assert ev["thread"].tolist() == [r["thread"] for r in ring]
+    # a tracked storage's death carries its lifetime; everything else is unknown (-1)
+    life = ev["lifetime_ns"].tolist()
+    assert life == [r["lifetime_ns"] if r["lifetime_ns"] > 0 else -1 for r in ring]
+    deaths = [
+        x for x, r in zip(life, ring, strict=True) if r["source"] == "death" and r["bytes"] == 2000
+    ]
+    assert deaths and all(x > 0 for x in deaths)  # tmp, deleted after the scratch region
     assert work.site in ev.sites
     assert {"load", "scratch", "step"} <= set(ev.regions)
     # the running sum of the events is the ledger: it ends at allocated, peaks at the peak

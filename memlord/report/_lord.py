@@ -111,8 +111,11 @@ def ring_events(
             "site": site_col,
             "thread": recs["thread"].astype(np.int64),
             "region": region_col,
-            # the ring does not measure lifetimes (its field is always 0): unknown
-            "lifetime_ns": np.full(n, -1, dtype=np.int64),
+            # the ring measures a tracked storage's lifetime on its free; 0 elsewhere
+            # (allocs, untracked storages) is the document's "unknown", -1
+            "lifetime_ns": np.where(recs["lifetime_ns"] > 0, recs["lifetime_ns"], -1).astype(
+                np.int64
+            ),
         },
         kinds=_KINDS,
         sources=EVENT_SOURCES,
