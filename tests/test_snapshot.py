@@ -463,6 +463,16 @@ def test_tracker_size_and_hash(lord):
     assert type(tracker).__basicsize__ == weakref.ref.__basicsize__ + 40
     assert hash(tracker) == hash(s)  # the key in the hash field is not what hash() says
     assert tracker() is s
+    # the guard for keeping the table key in weakref.ref's `hash` field: whatever CPython
+    # does with the reference (hash it, compare it, list it), the key stays, so the
+    # lord still finds the storage and credits it once
+    for _ in range(3):
+        assert hash(tracker) == hash(s) and tracker == weakref.ref(s)
+        assert tracker in weakref.getweakrefs(s) and {tracker: 1}[tracker] == 1
+    assert lord._tracks_storage(s)
+    before = lord.memory_allocated("cpu")
+    lord.free(t)
+    assert lord.memory_allocated("cpu") == before - 16 and not lord._tracks_storage(s)
     del t, s
     with pytest.raises(TypeError):
         hash(tracker)
