@@ -1698,21 +1698,25 @@ static int ensure_death_callback(void)
     return disp.on_lord_death != NULL ? 0 : -1;
 }
 
-int ml_hooks_py_subscribe(ml_book *lord)
+/* Add lord to a group's subscribers (*refs), installing the group's patches
+ * when it is the first; nothing changes on failure. */
+static int subscribe(PyObject **refs, int group, int (*install)(PyObject *), ml_book *lord)
 {
-    if (ensure_death_callback() < 0) {
-        return -1;
-    }
-    PyObject *lords = lords_with(disp.py_lord_refs, (PyObject *)lord, 1);
+    PyObject *lords = ensure_death_callback() < 0 ? NULL : lords_with(*refs, (PyObject *)lord, 1);
     if (lords == NULL) {
         return -1;
     }
-    if (!group_installed(G_PY) && install_py(lord->module) < 0) {
+    if (!group_installed(group) && install(lord->module) < 0) {
         Py_DECREF(lords);
         return -1;
     }
-    Py_XSETREF(disp.py_lord_refs, lords);
+    Py_XSETREF(*refs, lords);
     return 0;
+}
+
+int ml_hooks_py_subscribe(ml_book *lord)
+{
+    return subscribe(&disp.py_lord_refs, G_PY, install_py, lord);
 }
 
 int ml_hooks_py_unsubscribe(ml_book *lord)
@@ -1736,17 +1740,7 @@ int ml_hooks_py_unsubscribe(ml_book *lord)
 
 int ml_hooks_torch_subscribe(ml_book *lord)
 {
-    PyObject *lords =
-        ensure_death_callback() < 0 ? NULL : lords_with(disp.lord_refs, (PyObject *)lord, 1);
-    if (lords == NULL) {
-        return -1;
-    }
-    if (!group_installed(G_TORCH) && install_torch(lord->module) < 0) {
-        Py_DECREF(lords);
-        return -1;
-    }
-    Py_XSETREF(disp.lord_refs, lords);
-    return 0;
+    return subscribe(&disp.lord_refs, G_TORCH, install_torch, lord);
 }
 
 int ml_hooks_torch_unsubscribe(ml_book *lord)
