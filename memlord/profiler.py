@@ -281,8 +281,9 @@ class MemoryTracker:
         self, checkpoint_name: str | None = None, *, tensors: bool = True
     ) -> dict[str, Any] | None:
         """A snapshot now: totals from the ledger and, with ``tensors``, the largest live
-        tensors per device (``_snapshot_section``: today a scan of Python's objects, so
-        only on the caller's thread).  None when the tracker is not running."""
+        tensors per device (``_snapshot_section``: the lord's registry of live storages
+        plus a scan of Python's objects for the tensors it never saw, so only on the
+        caller's thread).  None when the tracker is not running."""
         if checkpoint_name is not None:
             _check_name(checkpoint_name, "checkpoint_name")
         if not self._running or self._source is None:

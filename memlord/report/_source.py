@@ -52,8 +52,9 @@ def _live_tensors() -> list[torch.Tensor]:
     briefly as possible: it is filtered down to tensors by C code only (no bytecode, so
     no thread switch, inside the filter), with the collector off (no finalizers).  A
     switch can still happen between the two calls, so the profiler never scans from its
-    background thread: periodic snapshots carry the ledger's totals only.  memlord's own
-    registry of live storages will replace this scan."""
+    background thread: periodic snapshots carry the ledger's totals only.  With
+    lifetime tracking on, memlord's registry of live storages answers instead (see
+    :func:`_snapshot_section`)."""
     contains = _tensor_types().__contains__
     was_enabled = gc.isenabled()
     gc.disable()
