@@ -455,7 +455,7 @@ static int track_new_tensor(ml_state *st, PyObject *lords, PyObject *t, const ch
 {
     ml_life_item item;
     uintptr_t ptr;
-    if (ml_abi_storage(st, t, &item.dev, &ptr, &item.bytes)) {
+    if (ml_tensor_storage_in_c(st, t, &item.dev, &ptr, &item.bytes)) {
         item.tensor = t; /* the caller holds it */
         item.ptr = ptr;
         if (item.bytes <= 0) {
@@ -813,7 +813,7 @@ static inline int read_in_c(const ml_state *st, PyObject *t)
 {
     const PyTypeObject *tp = Py_TYPE(t);
     return (tp == (PyTypeObject *)st->tensor_type || tp == (PyTypeObject *)st->parameter_type) &&
-           ml_abi_enabled();
+           ml_sizing_in_c();
 }
 
 /* An accounting failure never reaches the caller: it is reported as

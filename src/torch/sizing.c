@@ -5,6 +5,7 @@
  * _buffers, _modules in the instance dict): the data nn.Module.parameters()
  * reads, without a Python generator per tensor. */
 #include "torch/sizing.h"
+#include "torch/tensorabi.h"
 
 #define NO_IMPORT_ARRAY
 #define PY_ARRAY_UNIQUE_SYMBOL memlord_ARRAY_API
@@ -1038,6 +1039,17 @@ int ml_tensor_storage_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nby
 {
     uintptr_t ptr;
     return ml_tensor_storage(st, t, dev, &ptr, nbytes);
+}
+
+int ml_tensor_storage_in_c(const ml_state *st, PyObject *t, ml_dev *dev, uintptr_t *ptr,
+                           int64_t *nbytes)
+{
+    return ml_abi_storage(st, t, dev, ptr, nbytes);
+}
+
+int ml_sizing_in_c(void)
+{
+    return ml_abi_enabled();
 }
 
 int ml_tensor_storage(ml_state *st, PyObject *t, ml_dev *dev, uintptr_t *ptr, int64_t *nbytes)

@@ -6,7 +6,7 @@
 #ifndef MEMLORD_SIZING_H
 #define MEMLORD_SIZING_H
 
-#include "torch/tensorabi.h"
+#include "base/memlord.h"
 
 typedef struct {
     ml_dev dev;
@@ -61,6 +61,14 @@ int ml_tensor_storage_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nby
 /* The same, with the storage's data pointer (0 when several storages or
  * none readable). */
 int ml_tensor_storage(ml_state *st, PyObject *t, ml_dev *dev, uintptr_t *ptr, int64_t *nbytes);
+/* A plain tensor's one storage read in C through the stable-ABI reader: 1 and
+ * *dev, *ptr, *nbytes set; 0 when it cannot be read that way (a subclass, the
+ * reader off or unusable): then ml_tensor_storage or a walk.  Runs no Python. */
+int ml_tensor_storage_in_c(const ml_state *st, PyObject *t, ml_dev *dev, uintptr_t *ptr,
+                           int64_t *nbytes);
+/* 1 when plain tensors are sized in C (the stable-ABI reader is on): sizing
+ * them runs no getter, so no __torch_function__. */
+int ml_sizing_in_c(void);
 /* t.untyped_storage() through torch's own method (a new reference). */
 PyObject *ml_tensor_untyped_storage(ml_state *st, PyObject *t);
 /* The device of a tensor. */
