@@ -255,7 +255,9 @@ PyObject *ml_lord_live(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_NoMemory();
         goto done;
     }
-    qsort(c.e, (size_t)c.n, sizeof(ml_live), cmp_entries);
+    if (c.n > 1) { /* qsort() takes no NULL array, even an empty one */
+        qsort(c.e, (size_t)c.n, sizeof(ml_live), cmp_entries);
+    }
     /* 3. Python objects, from the copies only */
     ml_state *st = ml_lord_state(lord);
     totals = PyList_New(c.ntot);
@@ -340,7 +342,9 @@ PyObject *ml_lord_live_by_site(PyObject *self, PyObject *Py_UNUSED(ignored))
         PyMem_Free(c.e);
         return PyErr_NoMemory();
     }
-    qsort(c.e, (size_t)c.n, sizeof(sitebytes), cmp_site);
+    if (c.n > 1) { /* qsort() takes no NULL array, even an empty one */
+        qsort(c.e, (size_t)c.n, sizeof(sitebytes), cmp_site);
+    }
     PyObject *out = PyDict_New();
     for (Py_ssize_t i = 0; out != NULL && i < c.n;) {
         uint32_t site = c.e[i].site;
