@@ -297,12 +297,19 @@ def test_extra_exports_and_explicit_json(tmp_path):
     assert tracker.stop() == []  # stopped once
 
 
+#: SIGINT's handler before any test ran (Python's default, or SIG_IGN when the test run
+#: was started as a background job): every tracker gives it back
+SIGINT_AT_IMPORT = signal.getsignal(signal.SIGINT)
+
 # ---- exit and signals, in real processes ----------------------------------------------------
 
 SCRIPT = """
 import os, signal, sys, time, torch
 from memlord.profiler import initialize_memory_tracker, get_memory_tracker
 mode, out = sys.argv[1], sys.argv[2]
+# Python's own SIGINT handler, as a program started from a terminal has it (a parent that
+# ignores SIGINT, such as a shell's background job, would leave it ignored)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 if mode == "chain":
     def previous(signum, frame):
         open(os.path.join(out, "previous_handler_ran"), "w").close()
@@ -366,4 +373,4 @@ def test_sigterm_chains_the_previous_handler(tmp_path):
 
 def test_module_state_is_restored():
     assert profiler._tracker is None or not profiler._tracker.running
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is SIGINT_AT_IMPORT
