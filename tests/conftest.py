@@ -22,6 +22,7 @@ pytest's default ``prepend`` import mode puts ``tests/`` on ``sys.path``.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import os
 import sys
@@ -420,3 +421,17 @@ def rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+@pytest.fixture
+def no_plotly(monkeypatch):
+    """From here on, importing plotly fails, as where the memlord[report] extra is not
+    installed."""
+    real_import = builtins.__import__
+
+    def fake_import(name, *args, **kwargs):
+        if name == "plotly" or name.startswith("plotly."):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", fake_import)

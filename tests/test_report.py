@@ -4,7 +4,6 @@ HTML report's escaping and optional extra."""
 
 from __future__ import annotations
 
-import builtins
 import json
 import pickle
 from collections import defaultdict
@@ -382,15 +381,7 @@ def test_export_rejects_bad_arguments(doc, tmp_path):
     ]
 
 
-def test_html_without_plotly_names_the_extra(doc, tmp_path, monkeypatch):
-    real_import = builtins.__import__
-
-    def no_plotly(name, *args, **kwargs):
-        if name == "plotly" or name.startswith("plotly."):
-            raise ImportError(f"No module named {name!r}")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_plotly)
+def test_html_without_plotly_names_the_extra(doc, tmp_path, no_plotly):
     with pytest.raises(ImportError, match=r"pip install memlord\[report\]"):
         export(doc, tmp_path / "r.html")
     assert not (tmp_path / "r.html").exists()

@@ -4,7 +4,6 @@ in every format, checked against the lord's own numbers."""
 
 from __future__ import annotations
 
-import builtins
 import json
 import pickle
 from collections import Counter
@@ -192,7 +191,7 @@ def test_html_report(work, tmp_path):
     assert "Operations and regions" in text and "scratch" in text
 
 
-def test_bad_names_and_arguments_write_nothing(work, tmp_path, monkeypatch):
+def test_bad_names_and_arguments_write_nothing(work, tmp_path, request):
     with pytest.raises(ValueError) as info:
         work.lord.export(tmp_path / "lord.csv")
     message = str(info.value)
@@ -202,14 +201,7 @@ def test_bad_names_and_arguments_write_nothing(work, tmp_path, monkeypatch):
         work.lord.export(3)
     with pytest.raises(ValueError, match="'top'"):
         work.lord.export(tmp_path / "x.json", top=-1)
-    real_import = builtins.__import__
-
-    def no_plotly(name, *args, **kwargs):
-        if name == "plotly" or name.startswith("plotly."):
-            raise ImportError(f"No module named {name!r}")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_plotly)
+    request.getfixturevalue("no_plotly")  # from here on, as without the extra
     with pytest.raises(ImportError, match=r"pip install memlord\[report\]"):
         work.lord.export(tmp_path / "r.html")
     assert list(tmp_path.iterdir()) == []
