@@ -71,6 +71,17 @@ def test_bad_device_argument(arg, exc, fragment):
         MemLord().device_memory(arg)
 
 
+def test_wrong_type_is_not_told_none_would_do():
+    """device_memory() needs one device: its TypeError for a wrong type must not list None
+    among the accepted values, as the queries' message does (r16)."""
+    lord = MemLord()
+    for arg in (0, 1.5, ["cpu"]):
+        with pytest.raises(TypeError, match="argument 'device'") as err:
+            lord.device_memory(arg)
+        assert "None" not in str(err.value) and "'cpu'" in str(err.value), err.value
+        assert type(arg).__name__ in str(err.value)
+
+
 def test_bad_call_shapes():
     lord = MemLord()
     with pytest.raises(TypeError):

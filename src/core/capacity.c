@@ -327,6 +327,14 @@ int ml_capacity_parse_device(ml_state *st, ml_capacity *c, PyObject *arg, ml_dev
         return -1;
     }
     if (ml_selector_parse(st, arg, &sel) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) {
+            /* the queries' message offers None, which names no single device */
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError,
+                         "argument 'device': expected one device, a str or a torch.device "
+                         "such as 'cpu' or 'cuda:0', got %.100s",
+                         Py_TYPE(arg)->tp_name);
+        }
         return -1;
     }
     if (sel.type != ML_TYPE_CPU && sel.index < 0) {
