@@ -205,6 +205,20 @@ def test_snapshot_bad_arguments(lord, kwargs, exc, text):
         lord.snapshot(**kwargs)
 
 
+@pytest.mark.parametrize("method", ["leak_check", "assert_no_leak"])
+@pytest.mark.parametrize("value", [1, None, "yes"])
+def test_leak_check_bad_collect_changes_nothing(lord, method, value):
+    t = torch.empty(10)
+    before = lord.snapshot()
+    with pytest.raises(TypeError, match="'collect'"):
+        getattr(lord, method)(collect=value)
+    assert lord.snapshot()["cpu"]["count"] == before["cpu"]["count"]
+    with getattr(lord, method)() as check:  # a check works as before
+        pass
+    assert check.leaked == []
+    del t
+
+
 def test_numpy_arrays_are_tracked_without_tensor_metadata(lord):
     a = np.zeros(50, dtype=np.float64)
     lord.allocate(a)
