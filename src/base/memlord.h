@@ -176,4 +176,14 @@ static inline int ml_dev_has_cache(const ml_state *st, ml_dev d)
 int ml_format_bytes(long long n, char *buf, size_t size);
 PyObject *ml_format_bytes_py(PyObject *module, PyObject *arg);
 
+/* 1 while the interpreter is shutting down (no Python may be called then). */
+static inline int ml_finalizing(void)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    return Py_IsFinalizing();
+#else
+    return _Py_IsFinalizing();
+#endif
+}
+
 #endif

@@ -75,15 +75,6 @@ int ml_log_traverse(ml_state *st, visitproc visit, void *arg)
     return 0;
 }
 
-static int finalizing(void)
-{
-#if PY_VERSION_HEX >= 0x030D0000
-    return Py_IsFinalizing();
-#else
-    return _Py_IsFinalizing();
-#endif
-}
-
 /* The DEBUG value now: an object compared by identity with the last one. */
 static PyObject *debug_value(ml_state *st)
 {
@@ -159,7 +150,7 @@ static int ask_wants(ml_state *st, int level);
 
 int ml_log_wants(ml_state *st, int level)
 {
-    if (st->log_logger == NULL || finalizing()) {
+    if (st->log_logger == NULL || ml_finalizing()) {
         return 0;
     }
     /* Every event asks: the DEBUG variable and the logger's cache are read

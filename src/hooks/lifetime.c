@@ -329,15 +329,6 @@ static void release_all(TrackerObject **slots, Py_ssize_t count)
     PyMem_Free(slots);
 }
 
-static int finalizing(void)
-{
-#if PY_VERSION_HEX >= 0x030D0000
-    return Py_IsFinalizing();
-#else
-    return _Py_IsFinalizing();
-#endif
-}
-
 /* A tracked storage died.  Called by the interpreter with the dead tracker;
  * called by hand (the callback is reachable from Python as
  * tracker.__callback__) with anything else, it does nothing. */
@@ -354,7 +345,7 @@ static PyObject *registry_vectorcall(PyObject *callable, PyObject *const *args, 
     }
     /* From here this function owns the table's reference to tr. */
     ml_book *lord = reg->lord;
-    if (lord != NULL && !finalizing()) {
+    if (lord != NULL && !ml_finalizing()) {
         Py_INCREF(lord); /* before anything that can allocate */
         int64_t now = ml_now_ns();
         ml_delta d = {tracker_dev(tr), tracker_bytes(tr), 1, tr->ptr,
