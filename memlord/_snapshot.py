@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import gc
 from collections import deque
+from itertools import compress
 from typing import Any
+
+import torch
 
 from ._core import format_bytes
 from ._sites import site_text
@@ -91,6 +94,45 @@ class _Decoder:
         }
 
 
+def _tensor_types() -> set[type]:
+    """torch.Tensor and every subclass defined so far."""
+    out: set[type] = set()
+    todo = [torch.Tensor]
+    while todo:
+        t = todo.pop()
+        if t not in out:
+            out.add(t)
+            todo.extend(type.__subclasses__(t))
+    return out
+
+
+def _live_tensors() -> list[torch.Tensor]:
+    """Every tensor the cyclic GC tracks, for the caller's thread to inspect.
+
+    ``gc.get_objects()`` returns a list holding a reference to every tracked object,
+    including objects another thread is still building: a tuple that ``tuple(gen)`` is
+    filling may be resized only while nothing else refers to it, and CPython fails with
+    ``SystemError: bad argument to internal function`` otherwise.  So the list lives as
+    briefly as possible: it is filtered down to tensors by C code only (no bytecode, so
+    no thread switch, inside the filter), with the collector off (no finalizers).  A
+    switch can still happen between the two calls, so the profiler never scans from its
+    background thread: periodic snapshots carry the ledger's totals only.  With
+    lifetime tracking on, memlord's registry of live storages answers instead (see
+    :func:`_snapshot_section`)."""
+    contains = _tensor_types().__contains__
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        objs = gc.get_objects()
+        try:
+            return list(compress(objs, map(contains, map(type, objs))))
+        finally:
+            del objs
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def _shape_or_none(t: Any) -> tuple[int, ...] | None:
     """t's shape, or None for a tensor without sizes (a jagged nested tensor)."""
     try:
@@ -103,8 +145,6 @@ def _untracked_storages(lord: Any) -> list[dict[str, Any]]:
     """Entries for the storages of live tensors that lord does not track, found with a
     scan of the objects the cyclic GC knows; one per storage (the first tensor found
     gives its shape, dtype and requires_grad)."""
-    from .report._source import _live_tensors  # the scan every report uses
-
     seen: dict[int, Any] = {}  # id(storage) -> storage, kept alive for the scan
     out = []
     for obj in _live_tensors():

@@ -18,55 +18,15 @@ Today it reads a :class:`memlord.MemLord` that the adapter owns (or is given):
 
 from __future__ import annotations
 
-import gc
 import logging
-from itertools import compress
 from typing import Any
 
 import torch
 
 from memlord import MemLord
+from memlord._snapshot import _live_tensors
 
 log = logging.getLogger("memlord")
-
-
-def _tensor_types() -> set[type]:
-    """torch.Tensor and every subclass defined so far."""
-    out: set[type] = set()
-    todo = [torch.Tensor]
-    while todo:
-        t = todo.pop()
-        if t not in out:
-            out.add(t)
-            todo.extend(type.__subclasses__(t))
-    return out
-
-
-def _live_tensors() -> list[torch.Tensor]:
-    """Every tensor the cyclic GC tracks, for the caller's thread to inspect.
-
-    ``gc.get_objects()`` returns a list holding a reference to every tracked object,
-    including objects another thread is still building: a tuple that ``tuple(gen)`` is
-    filling may be resized only while nothing else refers to it, and CPython fails with
-    ``SystemError: bad argument to internal function`` otherwise.  So the list lives as
-    briefly as possible: it is filtered down to tensors by C code only (no bytecode, so
-    no thread switch, inside the filter), with the collector off (no finalizers).  A
-    switch can still happen between the two calls, so the profiler never scans from its
-    background thread: periodic snapshots carry the ledger's totals only.  With
-    lifetime tracking on, memlord's registry of live storages answers instead (see
-    :func:`_snapshot_section`)."""
-    contains = _tensor_types().__contains__
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        objs = gc.get_objects()
-        try:
-            return list(compress(objs, map(contains, map(type, objs))))
-        finally:
-            del objs
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 #: Where ``_snapshot_section`` found the tensors (metadata ``top_tensors_from``).
