@@ -281,6 +281,7 @@ static PyObject *core_set_cache_type(PyObject *module, PyObject *args)
             PyUnicode_CompareWithASCIIString(st->type_names[t], name) == 0) {
             int was = st->type_has_cache[t];
             st->type_has_cache[t] = (unsigned char)on;
+            st->cache_in_use |= on;
             return PyBool_FromLong(was);
         }
     }

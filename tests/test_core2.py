@@ -383,3 +383,58 @@ def test_site_ids_are_stable_and_resolved_on_demand():
     filename, resolved = _core._site(site)
     assert filename == __file__ and resolved == line
     assert _core._site(0) is None
+
+
+# ---- the seam's plan: which sinks run follows their busy words --------------------------
+
+
+def test_ring_started_after_events_records_and_reads_addresses():
+    lord = MemLord(auto_gc_bytes=None)
+    t = torch.empty(64)
+    with lord.hook_into_torch():
+        t.half()  # the seam plans without the ring: no address is read
+        lord.record_events(8)
+        h = t.half()
+        (e,) = lord.decode_events(lord.events())
+        assert (e["kind"], e["source"], e["bytes"]) == ("alloc", "convert", 128)
+        assert e["address"] == h.untyped_storage().data_ptr() and e["t_ns"] > 0
+        lord.record_events(0)
+        t.half()
+        assert len(lord.events()) == 0
+        lord.record_events(8)
+        t.double()
+        assert [x["bytes"] for x in lord.decode_events(lord.events())] == [512]
+    assert lord.allocated("cpu")[0] == 128 + 128 + 128 + 512
+
+
+def test_region_opened_after_events_sees_them():
+    lord = MemLord(auto_gc_bytes=None)
+    a, b = torch.empty(10), torch.empty(20)
+    lord.allocate(a)  # planned while no region is open
+    with lord.region("late") as r:
+        lord.allocate(b)
+    lord.free(a)  # after the region: not its event
+    assert r.stats["cpu"]["allocs"] == 1 and r.stats["cpu"]["delta"] == 80
+    assert r.stats["cpu"]["frees"] == 0
+
+
+WAKE = """
+import torch
+from memlord import MemLord, _core
+lord = MemLord(auto_gc_bytes=1)
+t = torch.ones(100)
+lord.allocate(t); lord.free(t)  # cpu has no cache: auto-GC has nothing to do
+_core._safe_point()
+before = lord.gc_runs
+_core._set_cache_type("cpu", True)  # now it has: the seam must plan auto-GC in
+lord.allocate(t); lord.free(t)
+_core._safe_point()
+print(before, lord.gc_runs)
+"""
+
+
+def test_auto_gc_wakes_when_a_device_with_a_cache_appears():
+    # A fresh process: nothing has made a device with a cache count yet.
+    r = subprocess.run([sys.executable, "-c", WAKE], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["0", "1"], (r.stdout, r.stderr)

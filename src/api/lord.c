@@ -659,12 +659,15 @@ static PyObject *lord_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObjec
     }
     ml_sink regions = ml_region_sink_proto;
     regions.data = self->book.regions;
+    regions.busy = ml_regions_busy(self->book.regions);
     ml_sink ring = ml_ring_sink_proto;
     ring.data = self->book.ring;
+    ring.busy = ml_ring_busy(self->book.ring);
+    ml_sink autogc = ml_autogc_sink;
+    autogc.busy = ml_autogc_busy(self->book.st);
     if (ml_sink_add(&self->book, &ml_hotspot_sink) < 0 ||
-        ml_sink_add(&self->book, &ml_log_sink) < 0 ||
-        ml_sink_add(&self->book, &ml_autogc_sink) < 0 || ml_sink_add(&self->book, &regions) < 0 ||
-        ml_sink_add(&self->book, &ring) < 0) {
+        ml_sink_add(&self->book, &ml_log_sink) < 0 || ml_sink_add(&self->book, &autogc) < 0 ||
+        ml_sink_add(&self->book, &regions) < 0 || ml_sink_add(&self->book, &ring) < 0) {
         Py_DECREF(self);
         return NULL;
     }

@@ -71,6 +71,7 @@ typedef struct {
     uint32_t n, cap;      /* ids 1..n in use */
     uint32_t *index;      /* open addressing: id, 0 = empty */
     uint32_t nindex;      /* power of two */
+    uint32_t last;        /* the id interned last: a loop hits one site */
 } ml_sitetab;
 
 #define ML_MAX_DTYPES 255
@@ -115,6 +116,10 @@ typedef struct {
     /* type code -> name ("cpu", "cuda", ...), interned str or NULL */
     PyObject *type_names[ML_MAX_DEV_TYPES];
     unsigned char type_has_cache[ML_MAX_DEV_TYPES]; /* cuda, xpu, mps, ...: 1 */
+    /* 1 once any lord has counted on a device with a cache (or a test made a
+     * type one): until then auto-GC has nothing to release, and the seam
+     * skips its sink (the sink's busy word, core/event.h).  Never reset. */
+    int cache_in_use;
     /* interned attribute and method names used on hot paths */
     PyObject *s_untyped_storage, *s_data_ptr, *s_nbytes, *s_device, *s_layout, *s_type, *s_index;
     PyObject *s_dtype, *s_shape, *s_requires_grad;

@@ -173,6 +173,11 @@ static void autogc_notify(void *Py_UNUSED(data), ml_book *lord, const ml_event *
 
 const ml_sink ml_autogc_sink = {"auto_gc", NULL, NULL, autogc_notify, NULL};
 
+const int *ml_autogc_busy(const ml_state *st)
+{
+    return &st->cache_in_use;
+}
+
 /* ---- deferral out of deallocators ------------------------------------------- */
 
 void ml_defer_notify(ml_book *lord, const ml_event *ev, int n)

@@ -14,6 +14,8 @@
 #include "core/event.h"
 
 extern const ml_sink ml_autogc_sink;
+/* Its busy word: st->cache_in_use. */
+const int *ml_autogc_busy(const ml_state *st);
 
 /* Events from a deallocator: their sinks run at the next safe point (only
  * when a sink can want them: the DEBUG log on, or auto-GC configured). */

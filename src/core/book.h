@@ -40,6 +40,7 @@ typedef struct ml_book {
     int deep_autowrap;           /* register conversion results of the torch hooks */
     ml_sink sinks[ML_MAX_SINKS]; /* event.h: hotspots, log, auto-GC, ... */
     int nsinks;
+    ml_sink_plan plan;          /* emit.c: which sinks run in each phase, cached */
     struct ml_regions *regions; /* regions.c: open regions (sink data), owned */
     PyObject *region_done;      /* list: (name, raw) of closed regions, for Python to fold */
     struct ml_ring *ring;       /* ring.c: the event ring (sink data), owned */

@@ -37,25 +37,88 @@ int ml_sink_add(ml_book *lord, const ml_sink *sink)
         return -1;
     }
     lord->sinks[lord->nsinks++] = *sink;
+    lord->plan.valid = 0;
     return 0;
+}
+
+static void plan_make(ml_book *lord)
+{
+    ml_sink_plan *p = &lord->plan;
+    memset(p, 0, sizeof(*p));
+    for (int i = 0; i < lord->nsinks && i < ML_MAX_SINKS; i++) {
+        const ml_sink *s = &lord->sinks[i];
+        int busy = 1;
+        if (s->busy != NULL) {
+            busy = *s->busy != 0;
+            p->watch[p->nwatch] = s->busy;
+            p->watched[p->nwatch++] = *s->busy;
+        }
+        if (!busy) {
+            continue;
+        }
+        p->needs |= s->needs;
+        if (s->reserve != NULL) {
+            p->reserve[p->nreserve++] = (uint8_t)i;
+        }
+        if (s->apply != NULL) {
+            p->apply[p->napply++] = (uint8_t)i;
+        }
+        if (s->notify != NULL) {
+            p->notify[p->nnotify++] = (uint8_t)i;
+        }
+    }
+    p->valid = 1;
+}
+
+/* The plan for the next event: remade when a busy word changed (any
+ * change: a region opening inside another remakes it too, which is cheap
+ * next to the region). */
+static inline const ml_sink_plan *plan_of(ml_book *lord)
+{
+    ml_sink_plan *p = &lord->plan;
+    int stale = !p->valid;
+    for (int k = 0; k < p->nwatch; k++) {
+        stale |= *p->watch[k] != p->watched[k];
+    }
+    if (stale) {
+        plan_make(lord);
+    }
+    return p;
+}
+
+unsigned ml_book_needs(ml_book *lord)
+{
+    return plan_of(lord)->needs;
 }
 
 /* ---- phase 0 ------------------------------------------------------------- */
 
-static int reserve(ml_book *lord, const ml_event *ev, int n)
+/* The event's ledger slot, made if missing; -1 with an exception set. */
+static inline int reserve_slot(ml_book *lord, const ml_event *e)
 {
-    ml_ledger *l = &lord->ledger;
+    if (e->kind != ML_EV_ALLOC && e->kind != ML_EV_FREE && e->kind != ML_EV_GC) {
+        return 0;
+    }
+    if (ml_ledger_find(&lord->ledger, e->dev) != NULL) {
+        return 0;
+    }
+    ml_delta d = {e->dev, 0, 0};
+    if (ml_dev_has_cache(lord->st, e->dev)) {
+        lord->st->cache_in_use = 1; /* wakes the auto-GC sink */
+    }
+    return ml_ledger_reserve(&lord->ledger, &d, 1);
+}
+
+static int reserve(ml_book *lord, const ml_sink_plan *p, const ml_event *ev, int n)
+{
     for (int i = 0; i < n; i++) {
-        if (ev[i].kind == ML_EV_ALLOC || ev[i].kind == ML_EV_FREE || ev[i].kind == ML_EV_GC) {
-            ml_delta d = {ev[i].dev, 0, 0};
-            if (ml_ledger_reserve(l, &d, 1) < 0) {
-                return -1;
-            }
+        if (reserve_slot(lord, &ev[i]) < 0) {
+            return -1;
         }
     }
-    for (int i = 0; i < lord->nsinks; i++) {
-        const ml_sink *s = &lord->sinks[i];
-        if (s->reserve != NULL && s->reserve(s->data, lord, ev, n) < 0) {
+    for (int k = 0; k < p->nreserve; k++) {
+        const ml_sink *s = &lord->sinks[p->reserve[k]];
+        if (s->reserve(s->data, lord, ev, n) < 0) {
             return -1;
         }
     }
@@ -64,7 +127,7 @@ static int reserve(ml_book *lord, const ml_event *ev, int n)
 
 /* ---- phase 1: no Python, no failure -------------------------------------- */
 
-static void apply(ml_book *lord, ml_event *ev, int n)
+static void apply(ml_book *lord, const ml_sink_plan *p, ml_event *ev, int n)
 {
     ml_ledger *l = &lord->ledger;
     for (int i = 0; i < n; i++) {
@@ -98,25 +161,29 @@ static void apply(ml_book *lord, ml_event *ev, int n)
         }
         e->total_after = slot != NULL ? slot->allocated : 0;
     }
-    for (int i = 0; i < lord->nsinks; i++) {
-        const ml_sink *s = &lord->sinks[i];
-        if (s->apply != NULL) {
-            s->apply(s->data, lord, ev, n);
-        }
+    for (int k = 0; k < p->napply; k++) {
+        const ml_sink *s = &lord->sinks[p->apply[k]];
+        s->apply(s->data, lord, ev, n);
     }
     lord->version++;
 }
 
 /* ---- phase 2 ------------------------------------------------------------- */
 
-static void notify(ml_book *lord, const ml_event *ev, int n, const ml_emit_ctx *ctx)
+static void notify(ml_book *lord, const ml_sink_plan *p, const ml_event *ev, int n,
+                   const ml_emit_ctx *ctx)
 {
-    /* The table is read afresh at every step: a notify may run Python that
-     * adds a sink (or clears the lord's sinks); the table lives inside the
-     * lord, which the caller holds. */
-    for (int i = 0; i < lord->nsinks && i < ML_MAX_SINKS; i++) {
+    /* The plan's list is copied first and the table read afresh at every
+     * step: a notify may run Python that adds a sink or changes which are
+     * busy (the plan is then remade); sinks are never removed, and the table
+     * lives inside the lord, which the caller holds. */
+    uint8_t order[ML_MAX_SINKS];
+    int nn = p->nnotify;
+    memcpy(order, p->notify, sizeof(order));
+    for (int k = 0; k < nn; k++) {
+        int i = order[k];
         void (*fn)(void *, ml_book *, const ml_event *, int, const ml_emit_ctx *) =
-            lord->sinks[i].notify;
+            i < lord->nsinks ? lord->sinks[i].notify : NULL;
         if (fn != NULL) {
             fn(lord->sinks[i].data, lord, ev, n, ctx);
             if (PyErr_Occurred()) {
@@ -126,29 +193,81 @@ static void notify(ml_book *lord, const ml_event *ev, int n, const ml_emit_ctx *
     }
 }
 
+/* Phase 2 of ml_emit. */
+static void notify_copy(ml_book *lord, const ml_event *ev, int n, const ml_emit_ctx *ctx);
+
+/* One allocation or free: the same phases as ml_emit, without its loops
+ * (most calls of every source carry one event). */
+static int emit_one(ml_book *lord, ml_event *e, const ml_emit_ctx *ctx)
+{
+    const ml_sink_plan *p = plan_of(lord);
+    if (p->needs & ML_NEED_CLOCK) {
+        e->t_ns = ml_now_ns();
+        e->thread = (uint64_t)PyThread_get_thread_ident();
+    }
+    ml_slot *slot = ml_ledger_find_quick(&lord->ledger, e->dev);
+    if (slot == NULL) {
+        if (reserve_slot(lord, e) < 0) {
+            return -1;
+        }
+        slot = ml_ledger_find(&lord->ledger, e->dev);
+    }
+    for (int k = 0; k < p->nreserve; k++) {
+        const ml_sink *s = &lord->sinks[p->reserve[k]];
+        if (s->reserve(s->data, lord, e, 1) < 0) {
+            return -1;
+        }
+    }
+    /* phase 1 */
+    if (e->kind == ML_EV_ALLOC) {
+        ml_slot_alloc(slot, e->bytes, e->count);
+    } else {
+        ml_slot_free(slot, e->bytes, e->count);
+    }
+    e->total_after = slot->allocated;
+    for (int k = 0; k < p->napply; k++) {
+        const ml_sink *s = &lord->sinks[p->apply[k]];
+        s->apply(s->data, lord, e, 1);
+    }
+    lord->version++;
+    notify_copy(lord, e, 1, ctx);
+    return 0;
+}
+
 int ml_emit(ml_book *lord, ml_event *ev, int n, const ml_emit_ctx *ctx)
 {
+    if (n == 1 && (ev[0].kind == ML_EV_ALLOC || ev[0].kind == ML_EV_FREE)) {
+        return emit_one(lord, ev, ctx);
+    }
     if (n <= 0) {
         return 0;
     }
-    int64_t now = ml_now_ns();
-    uint64_t thread = (uint64_t)PyThread_get_thread_ident();
-    for (int i = 0; i < n; i++) {
-        ev[i].t_ns = now;
-        ev[i].thread = thread;
+    const ml_sink_plan *plan = plan_of(lord);
+    if (plan->needs & ML_NEED_CLOCK) {
+        int64_t now = ml_now_ns();
+        uint64_t thread = (uint64_t)PyThread_get_thread_ident();
+        for (int i = 0; i < n; i++) {
+            ev[i].t_ns = now;
+            ev[i].thread = thread;
+        }
     }
-    if (reserve(lord, ev, n) < 0) {
+    if (reserve(lord, plan, ev, n) < 0) {
         return -1;
     }
-    apply(lord, ev, n);
-    /* Phase 2 runs on a copy: a sink that runs Python may re-enter the
-     * source, which reuses its buffers. */
-    ml_event local[8];
-    ml_event *copy = n <= 8 ? local : PyMem_Malloc((size_t)n * sizeof(ml_event));
-    if (copy == NULL) {
-        return 0; /* applied; only the notifications are lost */
+    apply(lord, plan, ev, n);
+    notify_copy(lord, ev, n, ctx);
+    return 0;
+}
+
+static void notify_copy(ml_book *lord, const ml_event *ev, int n, const ml_emit_ctx *ctx)
+{
+    /* A busy word changes only when Python runs, and none ran since the
+     * plan was read, unless phase 0 woke a sink (a first device with a
+     * cache wakes auto-GC): plan_of sees it. */
+    const ml_sink_plan *plan = plan_of(lord);
+    if (plan->nnotify == 0 && ev[0].source != ML_SRC_DEATH) {
+        return;
     }
-    memcpy(copy, ev, (size_t)n * sizeof(ml_event));
     PyObject *exc_type = NULL, *exc_value = NULL, *exc_tb = NULL;
     int saved = PyErr_Occurred() != NULL; /* a source may emit with an error pending */
     if (saved) {
@@ -157,21 +276,17 @@ int ml_emit(ml_book *lord, ml_event *ev, int n, const ml_emit_ctx *ctx)
     if (ev[0].source == ML_SRC_DEATH) {
         /* Inside a deallocator: nothing heavy here.  The sinks run at the
          * next safe point (autogc.c). */
-        ml_defer_notify(lord, copy, n);
+        ml_defer_notify(lord, ev, n);
     } else {
         /* The source runs the safe point once it has recorded into every
          * lord it serves: a device is then released once per event. */
-        notify(lord, copy, n, ctx);
+        notify(lord, plan, ev, n, ctx);
     }
     if (saved) {
         PyErr_Restore(exc_type, exc_value, exc_tb);
     } else if (PyErr_Occurred()) {
         PyErr_Clear(); /* the sinks report their own errors; none reaches the source */
     }
-    if (copy != local) {
-        PyMem_Free(copy);
-    }
-    return 0;
 }
 
 /* Called from the safe-point queue for events deferred out of a
@@ -179,7 +294,7 @@ int ml_emit(ml_book *lord, ml_event *ev, int n, const ml_emit_ctx *ctx)
 void ml_emit_notify_deferred(ml_book *lord, const ml_event *ev, int n)
 {
     ml_emit_ctx ctx = {NULL, NULL};
-    notify(lord, ev, n, &ctx);
+    notify(lord, plan_of(lord), ev, n, &ctx);
 }
 
 /* ---- recording: what the sources call ------------------------------------ */
@@ -221,16 +336,16 @@ int ml_record(ml_book *lord, int kind, int source, const ml_delta *d, int n, con
         sid = ml_site_intern(&ml_lord_state(lord)->sites, site);
     }
     for (int i = 0; i < n; i++) {
-        memset(&ev[i], 0, sizeof(ml_event));
-        ev[i].kind = (uint8_t)kind;
-        ev[i].source = (uint8_t)source;
-        ev[i].dev = d[i].dev;
-        ev[i].bytes = d[i].bytes;
-        ev[i].count = d[i].count;
         /* one storage's pointer and lifetime; a merged delta has none */
-        ev[i].address = d[i].count == 1 ? d[i].address : 0;
-        ev[i].lifetime_ns = d[i].count == 1 ? d[i].lifetime_ns : 0;
-        ev[i].site = sid;
+        int one = d[i].count == 1;
+        ev[i] = (ml_event){.bytes = d[i].bytes,
+                           .count = d[i].count,
+                           .address = one ? d[i].address : 0,
+                           .lifetime_ns = one ? d[i].lifetime_ns : 0,
+                           .site = sid,
+                           .dev = d[i].dev,
+                           .kind = (uint8_t)kind,
+                           .source = (uint8_t)source};
     }
     static const ml_emit_ctx none = {NULL, NULL};
     int rc = ml_emit(lord, ev, n, ctx != NULL ? ctx : &none);
@@ -252,6 +367,13 @@ int ml_lord_record(ml_book *self, int flags, const ml_delta *d, int n, const ml_
 
 static int hot_reserve(void *Py_UNUSED(data), ml_book *lord, const ml_event *ev, int n)
 {
+    if (n == 1) { /* most calls: one event */
+        ml_hotspots *h = ev[0].kind == ML_EV_ALLOC  ? &lord->alloc_sites
+                         : ev[0].kind == ML_EV_FREE ? &lord->free_sites
+                                                    : NULL;
+        return ev[0].site == 0 || h == NULL || (h->n + 1) * 2 <= h->cap ? 0
+                                                                        : ml_hotspots_reserve(h, 1);
+    }
     Py_ssize_t na = 0, nf = 0;
     for (int i = 0; i < n; i++) {
         if (ev[i].site != 0) {

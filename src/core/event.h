@@ -7,7 +7,7 @@
  *   phase 1  apply: the ledger and every sink's `apply`.  Pure C: no Python
  *            object is created or released, nothing can fail, so no GC, no
  *            finalizer and no other thread can see a half-applied update.
- *   phase 2  notify: every sink's `notify` on a private copy of the events
+ *   phase 2  notify: every busy sink's `notify` on the events
  *            (the DEBUG log, the auto-GC release at a safe point).  May run
  *            Python; errors are reported as unraisable, never raised.
  *
@@ -42,13 +42,14 @@ enum ml_ev_source {
 };
 
 typedef struct {
-    int64_t t_ns;        /* monotonic clock, set by ml_emit */
+    int64_t t_ns;        /* monotonic clock, set by ml_emit (ML_NEED_CLOCK) */
     int64_t bytes;       /* >= 0 */
     int64_t count;       /* storages */
     int64_t total_after; /* the device's allocated bytes after this event, set by ml_emit */
-    uint64_t thread;     /* PyThread_get_thread_ident(), set by ml_emit */
+    uint64_t thread;     /* PyThread_get_thread_ident(), set by ml_emit (ML_NEED_CLOCK) */
     uintptr_t address;   /* the storage's data pointer when the event is about one
-                          * storage whose pointer the source knows, else 0 */
+                          * storage whose pointer the source knows (ML_NEED_ADDRESS),
+                          * else 0 */
     int64_t lifetime_ns; /* a free of a tracked storage: its death minus its birth, else 0 */
     uint32_t site;       /* site id (sites.h), 0 when unknown */
     ml_dev dev;
@@ -75,17 +76,47 @@ typedef struct {
     void (*notify)(void *data, struct ml_book *lord, const ml_event *ev, int n,
                    const ml_emit_ctx *ctx);
     void *data;
+    /* Optional: a word in the sink's data that reads 0 while no event can
+     * concern the sink (the ring while not recording, regions while none is
+     * open); the seam then skips it, and its `needs`, without a call. */
+    const int *busy;
+    unsigned needs; /* ML_NEED_*: what a busy sink reads of an event */
 } ml_sink;
+
+/* What a sink reads beyond kind, source, device, bytes, count and site.
+ * The seam fills t_ns and thread only while a busy sink needs the clock, and
+ * sources read a storage's data pointer only while one needs addresses:
+ * without such a sink they are 0. */
+#define ML_NEED_CLOCK 1u   /* t_ns and thread */
+#define ML_NEED_ADDRESS 2u /* address */
 
 #define ML_MAX_SINKS 8
 
+/* The seam's cached plan (emit.c): per phase, the indexes of the sinks that
+ * run in it (busy, with that phase's function), and the busy words it was
+ * made from.  Remade when a watched busy word changes or a sink is added, so
+ * an event costs one call per sink with work, not a pass over the table. */
+typedef struct {
+    int valid;
+    unsigned needs;
+    uint8_t nreserve, napply, nnotify, nwatch;
+    uint8_t reserve[ML_MAX_SINKS], apply[ML_MAX_SINKS], notify[ML_MAX_SINKS];
+    const int *watch[ML_MAX_SINKS];
+    int watched[ML_MAX_SINKS]; /* *watch[k] when the plan was made */
+} ml_sink_plan;
+
 /* Apply n events to lord (see the phases above).  The caller holds a strong
- * reference to lord for the duration.  Returns 0, or -1 with an exception
- * set when phase 0 failed (then nothing changed). */
+ * reference to lord for the duration, and ev is its own buffer (the stack,
+ * or memory of this call): phase 2 hands it to the sinks, whose Python may
+ * re-enter the source, so it must not be a buffer the source reuses.  Returns 0, or -1 with an
+ * exception set when phase 0 failed (then nothing changed). */
 int ml_emit(struct ml_book *lord, ml_event *ev, int n, const ml_emit_ctx *ctx);
 
 /* Add a sink to lord (at most ML_MAX_SINKS); -1 with an exception set. */
 int ml_sink_add(struct ml_book *lord, const ml_sink *sink);
+
+/* ML_NEED_* of lord's busy sinks. */
+unsigned ml_book_needs(struct ml_book *lord);
 
 /* Monotonic nanoseconds. */
 int64_t ml_now_ns(void);

@@ -84,25 +84,14 @@ int ml_ledger_reserve(ml_ledger *l, const ml_delta *d, int n)
 void ml_ledger_apply_alloc(ml_ledger *l, const ml_delta *d, int n)
 {
     for (int i = 0; i < n; i++) {
-        ml_slot *s = ml_ledger_find(l, d[i].dev);
-        s->allocated += d[i].bytes;
-        s->alloc_since_gc += d[i].bytes;
-        s->allocated_total += d[i].bytes;
-        s->allocs += d[i].count;
-        if (s->allocated > s->peak_allocated) {
-            s->peak_allocated = s->allocated;
-        }
+        ml_slot_alloc(ml_ledger_find(l, d[i].dev), d[i].bytes, d[i].count);
     }
 }
 
 void ml_ledger_apply_free(ml_ledger *l, const ml_delta *d, int n)
 {
     for (int i = 0; i < n; i++) {
-        ml_slot *s = ml_ledger_find(l, d[i].dev);
-        s->allocated = s->allocated > d[i].bytes ? s->allocated - d[i].bytes : 0;
-        s->freed += d[i].bytes;
-        s->freed_total += d[i].bytes;
-        s->frees += d[i].count;
+        ml_slot_free(ml_ledger_find(l, d[i].dev), d[i].bytes, d[i].count);
     }
 }
 

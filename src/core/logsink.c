@@ -150,7 +150,7 @@ static int ask_wants(ml_state *st, int level);
 
 int ml_log_wants(ml_state *st, int level)
 {
-    if (st->log_logger == NULL || ml_finalizing()) {
+    if (st->log_logger == NULL) {
         return 0;
     }
     /* Every event asks: the DEBUG variable and the logger's cache are read
@@ -160,7 +160,10 @@ int ml_log_wants(ml_state *st, int level)
     int versioned = log_versions(st, &env, &cache);
     if (versioned && st->log_answer_valid[li] && st->log_env_version[li] == env &&
         st->log_cache_version[li] == cache) {
-        return st->log_answer[li];
+        return st->log_answer[li] && !ml_finalizing();
+    }
+    if (ml_finalizing()) {
+        return 0;
     }
     int on = ask_wants(st, level);
     /* Kept only when nothing changed while it was worked out (asking fills
@@ -199,18 +202,37 @@ int ml_log_cached_wants(const ml_state *st, int level)
     if (st->log_logger == NULL) {
         return 0;
     }
+    /* The last answer, while neither dict changed since (no lookup). */
+    int li = level == ML_LOG_DEBUG ? 0 : 1;
+    uint64_t env = 0, cache = 0;
+    if (st->log_answer_valid[li] && log_versions(st, &env, &cache) &&
+        st->log_env_version[li] == env && st->log_cache_version[li] == cache) {
+        return st->log_answer[li];
+    }
     const PyObject *ans = cached_answer(st, level);
     return ans == NULL || ans == Py_True; /* unknown: defer, the safe point asks */
 }
 
 /* One DEBUG record per event, or a summary of an explicit call. */
+static void log_records(ml_state *st, ml_book *lord, const ml_event *ev, int n,
+                        const ml_emit_ctx *ctx);
+
+/* Kept small: every event passes here, and almost always DEBUG is off. */
 static void log_notify(void *Py_UNUSED(data), ml_book *lord, const ml_event *ev, int n,
                        const ml_emit_ctx *ctx)
 {
     ml_state *st = ml_lord_state(lord);
-    if (!ml_log_wants(st, ML_LOG_DEBUG)) {
-        return;
+    if (ml_log_wants(st, ML_LOG_DEBUG)) {
+        log_records(st, lord, ev, n, ctx);
     }
+}
+
+#if defined(__GNUC__)
+__attribute__((noinline))
+#endif
+static void log_records(ml_state *st, ml_book *lord, const ml_event *ev, int n,
+                        const ml_emit_ctx *ctx)
+{
     /* Copy what the record needs first: building it runs Python. */
     PyObject *records = PyList_New(0);
     if (records == NULL) {

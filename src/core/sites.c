@@ -81,6 +81,7 @@ void ml_sitetab_init(ml_sitetab *t)
     t->n = t->cap = 0;
     t->index = NULL;
     t->nindex = 0;
+    t->last = 0;
 }
 
 void ml_sitetab_clear(ml_sitetab *t)
@@ -159,9 +160,14 @@ uint32_t ml_site_intern(ml_sitetab *t, const ml_site *site)
     if (site->code == NULL) {
         return 0;
     }
+    if (t->last != 0 && t->by_id[t->last].code == site->code &&
+        t->by_id[t->last].offset == site->line) {
+        return t->last;
+    }
     if (t->nindex > 0) {
         uint32_t id = *index_slot(t->index, t->nindex, t->by_id, site->code, site->line);
         if (id != 0) {
+            t->last = id;
             return id;
         }
     }
@@ -172,6 +178,7 @@ uint32_t ml_site_intern(ml_sitetab *t, const ml_site *site)
     t->by_id[id].code = Py_NewRef(site->code);
     t->by_id[id].offset = site->line;
     *index_slot(t->index, t->nindex, t->by_id, site->code, site->line) = id;
+    t->last = id;
     return id;
 }
 

@@ -143,28 +143,88 @@ static int lords_contain(PyObject *lords, const PyObject *lord)
     return 0;
 }
 
-/* The live lords of a subscriber tuple, as a new tuple of strong
- * references (empty when none is alive); NULL with an exception set. */
-static PyObject *live_lords(PyObject *refs)
+/* The lords one hooked call serves: strong references to the live lords of
+ * a subscriber tuple, held for the call.  Up to ML_LORDS_INLINE sit in the
+ * struct itself, so the common case (one lord) allocates nothing; more go
+ * to a PyMem array (which never runs the cyclic GC).  Passed by pointer
+ * only: v may point into the struct. */
+#define ML_LORDS_INLINE 4
+typedef struct {
+    Py_ssize_t n;
+    PyObject **v;
+    PyObject *inl[ML_LORDS_INLINE];
+} ml_lords;
+
+static int lords_alloc(ml_lords *l, Py_ssize_t cap)
+{
+    l->n = 0;
+    l->v = l->inl;
+    if (cap > ML_LORDS_INLINE) {
+        l->v = PyMem_Malloc((size_t)cap * sizeof(PyObject *));
+        if (l->v == NULL) {
+            l->v = l->inl;
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The live lords of refs (NULL: none); -1 with an exception set. */
+static int lords_acquire(PyObject *refs, ml_lords *out)
 {
     Py_ssize_t n = refs != NULL ? PyTuple_GET_SIZE(refs) : 0;
-    PyObject *out = PyTuple_New(n);
-    if (out == NULL) {
-        return NULL;
+    if (lords_alloc(out, n) < 0) {
+        return -1;
     }
-    /* Reading a weak reference runs no Python, and the tuple was allocated
-     * before the first read: nothing below can run the cyclic GC. */
-    Py_ssize_t k = 0;
+    /* Reading a weak reference runs no Python, and the array exists before
+     * the first read: nothing below can run the cyclic GC. */
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *lord = PyWeakref_GET_OBJECT(PyTuple_GET_ITEM(refs, i)); /* borrowed */
         if (lord != Py_None && Py_REFCNT(lord) > 0) {
-            PyTuple_SET_ITEM(out, k++, Py_NewRef(lord));
+            out->v[out->n++] = Py_NewRef(lord);
         }
     }
-    if (k < n && _PyTuple_Resize(&out, k) < 0) {
-        return NULL;
+    return 0;
+}
+
+/* The lords of all that track conversions (deep) or do not (!deep). */
+static int lords_subset(const ml_lords *all, ml_lords *out, int deep)
+{
+    if (lords_alloc(out, all->n) < 0) {
+        return -1;
     }
-    return out;
+    for (Py_ssize_t i = 0; i < all->n; i++) {
+        if (ml_life_deep((ml_book *)all->v[i]) == deep) {
+            out->v[out->n++] = Py_NewRef(all->v[i]);
+        }
+    }
+    return 0;
+}
+
+static void lords_release(ml_lords *l)
+{
+    /* Detached first: releasing a lord may run Python. */
+    Py_ssize_t n = l->n;
+    PyObject **v = l->v;
+    l->n = 0;
+    l->v = l->inl;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_DECREF(v[i]);
+    }
+    if (v != l->inl) {
+        PyMem_Free(v);
+    }
+}
+
+/* A new tuple of the lords (a pending free keeps one). */
+static PyObject *lords_tuple(const ml_lords *l)
+{
+    PyObject *t = PyTuple_New(l->n);
+    for (Py_ssize_t i = 0; t != NULL && i < l->n; i++) {
+        PyTuple_SET_ITEM(t, i, Py_NewRef(l->v[i]));
+    }
+    return t;
 }
 
 static void credit(ml_pending *p, const char *label)
@@ -300,12 +360,17 @@ static void pending_drain(int wait, PyObject *only, int head_only)
 }
 
 static int pending_push(ml_cuda_event *ev, ml_dev dev, int64_t bytes, uintptr_t ptr,
-                        PyObject *lords, const ml_site *site)
+                        const ml_lords *lords, const ml_site *site)
 {
+    PyObject *tuple = lords_tuple(lords);
+    if (tuple == NULL) {
+        return -1;
+    }
     if (disp.npending == disp.cap) {
         Py_ssize_t cap = disp.cap ? disp.cap * 2 : 64;
         ml_pending *p = PyMem_Realloc(disp.pending, (size_t)cap * sizeof(ml_pending));
         if (p == NULL) {
+            Py_DECREF(tuple);
             PyErr_NoMemory();
             return -1;
         }
@@ -317,7 +382,7 @@ static int pending_push(ml_cuda_event *ev, ml_dev dev, int64_t bytes, uintptr_t 
     p->dev = dev;
     p->bytes = bytes;
     p->ptr = ptr;
-    p->lords = Py_NewRef(lords);
+    p->lords = tuple;
     p->site.code = Py_XNewRef(site->code);
     p->site.line = site->line;
     return 0;
@@ -337,10 +402,10 @@ static int64_t pending_bytes(const PyObject *lord, const ml_selector *sel)
 
 /* ---- accounting of one conversion -------------------------------------- */
 
-static int any_tracks_callsite(PyObject *lords)
+static int any_tracks_callsite(const ml_lords *lords)
 {
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
-        if (((ml_book *)PyTuple_GET_ITEM(lords, i))->track_callsite) {
+    for (Py_ssize_t i = 0; i < lords->n; i++) {
+        if (((ml_book *)lords->v[i])->track_callsite) {
             return 1;
         }
     }
@@ -348,13 +413,13 @@ static int any_tracks_callsite(PyObject *lords)
 }
 
 /* One event for every subscribed lord; subject is the tensor it is about. */
-static void record_all(PyObject *lords, int flags, ml_dev dev, int64_t bytes, uintptr_t ptr,
+static void record_all(const ml_lords *lords, int flags, ml_dev dev, int64_t bytes, uintptr_t ptr,
                        const ml_site *site, PyObject *subject)
 {
     ml_delta d = {dev, bytes, 1, ptr, 0};
     ml_emit_ctx ctx = {subject, NULL};
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
-        ml_book *lord = (ml_book *)PyTuple_GET_ITEM(lords, i);
+    for (Py_ssize_t i = 0; i < lords->n; i++) {
+        ml_book *lord = (ml_book *)lords->v[i];
         if (ml_record(lord, (flags & ML_REC_FREE) ? ML_EV_FREE : ML_EV_ALLOC, ML_SRC_CONVERT, &d, 1,
                       site, &ctx) < 0) {
             PyErr_WriteUnraisable((PyObject *)lord);
@@ -442,16 +507,16 @@ static int storages_of(ml_state *st, PyObject *t, ml_walk *w)
     return 0;
 }
 
-static void track_items(PyObject *lords, const ml_life_item *items, Py_ssize_t n,
+static void track_items(const ml_lords *lords, const ml_life_item *items, Py_ssize_t n,
                         const ml_site *site, const char *label, int deep_only);
-static void track_for(PyObject *lords, const ml_walk *w, const ml_site *site, const char *label,
-                      int deep_only);
+static void track_for(const ml_lords *lords, const ml_walk *w, const ml_site *site,
+                      const char *label, int deep_only);
 
 /* A new tensor seen by a tracked source (a factory, nn.Parameter): count and
  * track its storages for every lord of lords with lifetime tracking on.  A
  * plain tensor's storage is read in C, without a walk.  -1 only when memory
  * runs out. */
-static int track_new_tensor(ml_state *st, PyObject *lords, PyObject *t, const char *label)
+static int track_new_tensor(ml_state *st, const ml_lords *lords, PyObject *t, const char *label)
 {
     ml_life_item item;
     uintptr_t ptr;
@@ -493,11 +558,11 @@ static int track_new_tensor(ml_state *st, PyObject *lords, PyObject *t, const ch
     return rc;
 }
 
-static void track_items(PyObject *lords, const ml_life_item *items, Py_ssize_t n,
+static void track_items(const ml_lords *lords, const ml_life_item *items, Py_ssize_t n,
                         const ml_site *site, const char *label, int deep_only)
 {
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
-        ml_book *lord = (ml_book *)PyTuple_GET_ITEM(lords, i);
+    for (Py_ssize_t i = 0; i < lords->n; i++) {
+        ml_book *lord = (ml_book *)lords->v[i];
         if (deep_only ? !ml_life_deep(lord) : !ml_life_active(lord)) {
             continue;
         }
@@ -511,11 +576,11 @@ static void track_items(PyObject *lords, const ml_life_item *items, Py_ssize_t n
 
 /* Count and track the storages of a walk for every lord of lords that
  * tracks conversions (only): what a lord tracks already adds nothing. */
-static void track_for(PyObject *lords, const ml_walk *w, const ml_site *site, const char *label,
-                      int deep_only)
+static void track_for(const ml_lords *lords, const ml_walk *w, const ml_site *site,
+                      const char *label, int deep_only)
 {
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
-        ml_book *lord = (ml_book *)PyTuple_GET_ITEM(lords, i);
+    for (Py_ssize_t i = 0; i < lords->n; i++) {
+        ml_book *lord = (ml_book *)lords->v[i];
         if (deep_only ? !ml_life_deep(lord) : !ml_life_active(lord)) {
             continue;
         }
@@ -524,23 +589,6 @@ static void track_for(PyObject *lords, const ml_walk *w, const ml_site *site, co
             PyErr_WriteUnraisable((PyObject *)lord);
         }
     }
-}
-
-/* lords less those that track conversions: a new tuple. */
-static PyObject *plain_lords(PyObject *lords, Py_ssize_t nplain)
-{
-    PyObject *out = PyTuple_New(nplain);
-    if (out == NULL) {
-        return NULL;
-    }
-    Py_ssize_t k = 0;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords) && k < nplain; i++) {
-        ml_book *lord = (ml_book *)PyTuple_GET_ITEM(lords, i);
-        if (!ml_life_deep(lord)) {
-            PyTuple_SET_ITEM(out, k++, Py_NewRef(lord));
-        }
-    }
-    return out;
 }
 
 /* Lords that track conversions (hook_into_python with enable_deep_autowrap)
@@ -555,14 +603,77 @@ static inline void walk_clear_if(ml_walk *w, int inited)
     }
 }
 
-static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyObject *dst, int kind,
-                              int non_blocking)
+/* Whether a storage's data pointer is worth reading for the plain lords:
+ * only a sink that records addresses (the event ring) reads it, and a
+ * pending CUDA free carries it to its credit. */
+static int want_address(const ml_lords *lords)
 {
+    for (Py_ssize_t i = 0; i < lords->n; i++) {
+        if (ml_book_needs((ml_book *)lords->v[i]) & ML_NEED_ADDRESS) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The common case, kept short: one lord with the plain rule, and a
+ * conversion that stays on its device (every cast, most .to calls): the
+ * result's storage is counted, nothing is credited.  1 when it applied, 0
+ * when the general path must run, -1 when memory ran out. */
+static int account_on_device(ml_state *st, const ml_lords *lords, PyObject *src, PyObject *dst,
+                             int kind)
+{
+    ml_book *lord = (ml_book *)lords->v[0];
+    if (lords->n != 1 || ml_life_deep(lord)) {
+        return 0;
+    }
+    ml_dev sdev, ddev;
+    int64_t bytes;
+    uintptr_t ptr = 0;
+    int addr = (ml_book_needs(lord) & ML_NEED_ADDRESS) != 0;
+    if (ml_tensor_storage(st, dst, &ddev, addr ? &ptr : NULL, &bytes) < 0) {
+        return -1;
+    }
+    if (kind == HK_MOVE && (ml_tensor_device(st, src, &sdev) < 0 || sdev != ddev)) {
+        PyErr_Clear();
+        return 0; /* moved (or unreadable): the general path decides */
+    }
+    if (bytes > 0) {
+        ml_hook_tls *tl = &hook_tls;
+        ml_site site = {NULL, 0};
+        if (tl->module_site_set) {
+            site.code = Py_XNewRef(tl->module_site.code);
+            site.line = tl->module_site.line;
+        } else if (lord->track_callsite) {
+            ml_site_capture(st, &site);
+        }
+        ml_delta d = {ddev, bytes, 1, ptr, 0};
+        ml_emit_ctx ctx = {dst, NULL};
+        if (ml_record(lord, ML_EV_ALLOC, ML_SRC_CONVERT, &d, 1, &site, &ctx) < 0) {
+            PyErr_WriteUnraisable((PyObject *)lord);
+        }
+        ml_site_clear(&site);
+    }
+    if (disp.npending > 0) {
+        pending_drain(0, NULL, 1);
+    }
+    return 1;
+}
+
+static int account_conversion(ml_state *st, const ml_lords *lords, PyObject *src, PyObject *dst,
+                              int kind, int non_blocking)
+{
+    if (lords->n == 1) {
+        int done = account_on_device(st, lords, src, dst, kind);
+        if (done != 0) {
+            return done < 0 ? -1 : 0;
+        }
+    }
     ml_hook_tls *tl = &hook_tls;
     Py_ssize_t ndeep = 0, nplain = 0;
     int untrack = 0;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
-        const ml_book *lord = (const ml_book *)PyTuple_GET_ITEM(lords, i);
+    for (Py_ssize_t i = 0; i < lords->n; i++) {
+        const ml_book *lord = (const ml_book *)lords->v[i];
         if (ml_life_deep(lord)) {
             ndeep++;
         } else {
@@ -575,6 +686,7 @@ static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyOb
     /* The destination's storages, walked only when a lord tracks them (most
      * conversions need none: the walk's set-up is a measurable part of a cast). */
     uintptr_t sptr = 0, dptr = 0;
+    uintptr_t *want_ptr = NULL;
     ml_walk dw;
     if (ndeep > 0) {
         ml_walk_init(&dw);
@@ -582,7 +694,10 @@ static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyOb
     if (ndeep > 0 && storages_of(st, dst, &dw) < 0) {
         return -1;
     }
-    if (nplain > 0 ? ml_tensor_storage(st, dst, &ddev, &dptr, &dbytes) < 0
+    if (nplain > 0) {
+        want_ptr = (non_blocking && kind == HK_MOVE) || want_address(lords) ? &dptr : NULL;
+    }
+    if (nplain > 0 ? ml_tensor_storage(st, dst, &ddev, want_ptr, &dbytes) < 0
                    : ml_tensor_device(st, dst, &ddev) < 0) {
         walk_clear_if(&dw, ndeep > 0);
         return -1;
@@ -594,7 +709,8 @@ static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyOb
             return -1;
         }
         moved = sdev != ddev;
-        if (moved && nplain > 0 && ml_tensor_storage(st, src, &sdev, &sptr, &sbytes) < 0) {
+        if (moved && nplain > 0 &&
+            ml_tensor_storage(st, src, &sdev, want_ptr ? &sptr : NULL, &sbytes) < 0) {
             walk_clear_if(&dw, ndeep > 0);
             return -1;
         }
@@ -612,10 +728,14 @@ static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyOb
     walk_clear_if(&dw, ndeep > 0);
     int queued = 0;
     if (nplain > 0) {
-        PyObject *plain = ndeep == 0 ? Py_NewRef(lords) : plain_lords(lords, nplain);
-        if (plain == NULL) {
-            ml_site_clear(&site);
-            return -1;
+        ml_lords subset;
+        const ml_lords *plain = lords;
+        if (ndeep > 0) {
+            if (lords_subset(lords, &subset, 0) < 0) {
+                ml_site_clear(&site);
+                return -1;
+            }
+            plain = &subset;
         }
         if (dbytes > 0) {
             record_all(plain, 0, ddev, dbytes, dptr, &site, dst);
@@ -648,8 +768,8 @@ static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyOb
             ml_walk sw;
             ml_walk_init(&sw);
             if (storages_of(st, src, &sw) == 0) {
-                for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(plain); i++) {
-                    ml_book *lord = (ml_book *)PyTuple_GET_ITEM(plain, i);
+                for (Py_ssize_t i = 0; i < plain->n; i++) {
+                    ml_book *lord = (ml_book *)plain->v[i];
                     for (Py_ssize_t j = 0; j < sw.n; j++) {
                         ml_life_untrack(lord, sw.keys[j]);
                     }
@@ -659,7 +779,9 @@ static int account_conversion(ml_state *st, PyObject *lords, PyObject *src, PyOb
             }
             ml_walk_clear(&sw);
         }
-        Py_DECREF(plain);
+        if (plain == &subset) {
+            lords_release(&subset);
+        }
     }
     ml_site_clear(&site);
     if (!queued && disp.npending > 0) {
@@ -757,7 +879,12 @@ static int tf_mode_active(void)
             return 1; /* cannot tell: stay quiet */
         }
     }
-    PyObject *r = PyObject_CallNoArgs(fn);
+    /* A builtin taking no arguments (it is, in every torch memlord supports)
+     * is called through its C function: the call protocol costs as much as
+     * the answer, on every factory call. */
+    PyObject *r = PyCFunction_Check(fn) && PyCFunction_GET_FLAGS(fn) == METH_NOARGS
+                      ? PyCFunction_GET_FUNCTION(fn)(PyCFunction_GET_SELF(fn), NULL)
+                      : PyObject_CallNoArgs(fn);
     if (r == NULL) {
         PyErr_Clear();
         return 1;
@@ -852,8 +979,8 @@ static PyObject *hook_tensor(PyObject *callable, PyObject *const *args, size_t n
         !PyObject_TypeCheck(args[0], (PyTypeObject *)st->tensor_type) || uncounted(st, result)) {
         return result;
     }
-    PyObject *lords = live_lords(disp.lord_refs); /* a snapshot: subscribers may change */
-    if (lords == NULL) {
+    ml_lords lords; /* a snapshot: subscribers may change */
+    if (lords_acquire(disp.lord_refs, &lords) < 0) {
         PyErr_WriteUnraisable(callable);
         return result;
     }
@@ -863,8 +990,8 @@ static PyObject *hook_tensor(PyObject *callable, PyObject *const *args, size_t n
                               (disp.py_lord_refs == NULL || !tf_mode_active())
                           ? NULL
                           : quiet_enter();
-    int rc = account_conversion(st, lords, args[0], result, self->kind, nb);
-    Py_DECREF(lords);
+    int rc = account_conversion(st, &lords, args[0], result, self->kind, nb);
+    lords_release(&lords);
     ml_safe_point();
     if (rc < 0) {
         report_failure(callable);
@@ -883,14 +1010,16 @@ static PyObject *hook_module_to(PyObject *callable, PyObject *const *args, size_
     /* Nested Module.to calls keep the outermost call's site. */
     int own_site = 0;
     if (!tl->module_site_set && disp.lord_refs != NULL && disp.module != NULL) {
-        PyObject *lords = live_lords(disp.lord_refs);
-        if (lords == NULL) {
+        ml_lords lords;
+        if (lords_acquire(disp.lord_refs, &lords) < 0) {
             PyErr_WriteUnraisable(callable);
-        } else if (any_tracks_callsite(lords)) {
-            ml_site_capture(ml_state_of_module(disp.module), &tl->module_site);
-            tl->module_site_set = own_site = 1;
+        } else {
+            if (any_tracks_callsite(&lords)) {
+                ml_site_capture(ml_state_of_module(disp.module), &tl->module_site);
+                tl->module_site_set = own_site = 1;
+            }
+            lords_release(&lords);
         }
-        Py_XDECREF(lords);
     }
     tl->module_non_blocking += nb;
     tl->module_depth++;
@@ -909,17 +1038,17 @@ static PyObject *hook_module_to(PyObject *callable, PyObject *const *args, size_
  * result is returned unchanged whatever happens. */
 static PyObject *track_result(PyObject *callable, ml_state *st, PyObject *result, const char *label)
 {
-    PyObject *lords = live_lords(disp.py_lord_refs); /* a snapshot: subscribers may change */
-    if (lords == NULL) {
+    ml_lords lords; /* a snapshot: subscribers may change */
+    if (lords_acquire(disp.py_lord_refs, &lords) < 0) {
         report_failure(callable);
         return result;
     }
     PyObject *guard = read_in_c(st, result) && !tf_mode_active() ? NULL : quiet_enter();
-    if (track_new_tensor(st, lords, result, label) < 0) {
+    if (track_new_tensor(st, &lords, result, label) < 0) {
         report_failure(callable);
     }
     quiet_exit(guard);
-    Py_DECREF(lords);
+    lords_release(&lords);
     ml_safe_point();
     return result;
 }
@@ -980,18 +1109,18 @@ static PyObject *hook_module_apply(PyObject *callable, PyObject *const *args, si
         disp.lord_refs == NULL || disp.module == NULL) {
         return result;
     }
-    PyObject *lords = live_lords(disp.lord_refs);
-    if (lords == NULL) {
+    ml_lords lords;
+    if (lords_acquire(disp.lord_refs, &lords) < 0) {
         PyErr_WriteUnraisable(callable);
         return result;
     }
     int any = 0;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(lords); i++) {
-        any |= ml_life_deep((ml_book *)PyTuple_GET_ITEM(lords, i));
+    for (Py_ssize_t i = 0; i < lords.n; i++) {
+        any |= ml_life_deep((ml_book *)lords.v[i]);
     }
     ml_state *st = ml_state_of_module(disp.module);
     if (!any || !PyObject_TypeCheck(args[0], (PyTypeObject *)st->module_type)) {
-        Py_DECREF(lords);
+        lords_release(&lords);
         return result;
     }
     ml_walk w;
@@ -1017,14 +1146,14 @@ static PyObject *hook_module_apply(PyObject *callable, PyObject *const *args, si
         if (tl->module_site_set) {
             site.code = Py_XNewRef(tl->module_site.code);
             site.line = tl->module_site.line;
-        } else if (any_tracks_callsite(lords)) {
+        } else if (any_tracks_callsite(&lords)) {
             ml_site_capture(st, &site);
         }
-        track_for(lords, &w, &site, "(hook)", 1);
+        track_for(&lords, &w, &site, "(hook)", 1);
         ml_site_clear(&site);
     }
     ml_walk_clear(&w);
-    Py_DECREF(lords);
+    lords_release(&lords);
     return result;
 }
 

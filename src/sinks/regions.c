@@ -183,7 +183,13 @@ static void reg_apply(void *data, ml_book *Py_UNUSED(lord), ml_event *ev, int n)
     }
 }
 
-const ml_sink ml_region_sink_proto = {"regions", reg_reserve, reg_apply, NULL, NULL};
+const ml_sink ml_region_sink_proto = {"regions", reg_reserve, reg_apply,    NULL,
+                                      NULL,      NULL,        ML_NEED_CLOCK};
+
+const int *ml_regions_busy(const struct ml_regions *r)
+{
+    return &r->n; /* open regions */
+}
 
 /* ---- entering and leaving -------------------------------------------------- */
 

@@ -10,7 +10,8 @@ struct ml_regions;
 
 extern const ml_sink ml_region_sink_proto; /* data: the lord's ml_regions */
 
-struct ml_regions *ml_regions_new(void); /* NULL with an exception set */
+struct ml_regions *ml_regions_new(void);                /* NULL with an exception set */
+const int *ml_regions_busy(const struct ml_regions *r); /* the sink's busy word (event.h) */
 void ml_regions_free(struct ml_regions *r);
 /* While on (the event ring records: ring.c), a region opened gets the index
  * of its name in the lord's region names, which the ring stores. */

@@ -14,6 +14,7 @@ struct ml_ring {
     int64_t cap; /* 0: not recording */
     int64_t start, n;
     int64_t dropped;
+    int busy; /* cap > 0: the seam's busy word (event.h) */
 };
 
 struct ml_ring *ml_ring_new(void)
@@ -67,7 +68,13 @@ static void ring_apply(void *data, ml_book *lord, ml_event *ev, int n)
     }
 }
 
-const ml_sink ml_ring_sink_proto = {"event_ring", NULL, ring_apply, NULL, NULL};
+const ml_sink ml_ring_sink_proto = {
+    "event_ring", NULL, ring_apply, NULL, NULL, NULL, ML_NEED_CLOCK | ML_NEED_ADDRESS};
+
+const int *ml_ring_busy(const struct ml_ring *r)
+{
+    return &r->busy;
+}
 
 /* _record_events(capacity): start recording into a fresh ring of capacity
  * records (0 stops); the old ring and its dropped count are discarded. */
@@ -95,6 +102,7 @@ PyObject *ml_lord_record_events(PyObject *self, PyObject *capacity)
     ml_rec *old = r->buf;
     r->buf = buf;
     r->cap = cap;
+    r->busy = cap > 0;
     r->start = r->n = r->dropped = 0;
     ml_regions_set_naming(lord->regions, cap > 0);
     PyMem_Free(old);

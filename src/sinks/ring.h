@@ -25,7 +25,8 @@ struct ml_ring;
 
 extern const ml_sink ml_ring_sink_proto; /* data: the lord's ml_ring */
 
-struct ml_ring *ml_ring_new(void); /* NULL with an exception set */
+struct ml_ring *ml_ring_new(void);                /* NULL with an exception set */
+const int *ml_ring_busy(const struct ml_ring *r); /* the sink's busy word (event.h) */
 void ml_ring_free(struct ml_ring *r);
 
 PyObject *ml_lord_record_events(PyObject *self, PyObject *capacity);

@@ -1037,8 +1037,7 @@ int ml_walk_object(ml_state *st, ml_walk *w, PyObject *obj, const char *what)
 
 int ml_tensor_storage_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes)
 {
-    uintptr_t ptr;
-    return ml_tensor_storage(st, t, dev, &ptr, nbytes);
+    return ml_tensor_storage(st, t, dev, NULL, nbytes);
 }
 
 int ml_tensor_storage_in_c(const ml_state *st, PyObject *t, ml_dev *dev, uintptr_t *ptr,
@@ -1054,7 +1053,9 @@ int ml_sizing_in_c(void)
 
 int ml_tensor_storage(ml_state *st, PyObject *t, ml_dev *dev, uintptr_t *ptr, int64_t *nbytes)
 {
-    *ptr = 0;
+    if (ptr != NULL) {
+        *ptr = 0;
+    }
     if (ml_abi_storage(st, t, dev, ptr, nbytes)) {
         return 0;
     }
@@ -1077,7 +1078,7 @@ int ml_tensor_storage(ml_state *st, PyObject *t, ml_dev *dev, uintptr_t *ptr, in
         *dev = w.n > 0 ? w.blocks[0].dev : ML_DEV(ML_TYPE_CPU, -1);
         /* one storage: its pointer (an opaque tensor's block is keyed by
          * the tensor object itself, not by memory) */
-        if (w.n == 1 && w.blocks[0].ptr != (uintptr_t)t) {
+        if (ptr != NULL && w.n == 1 && w.blocks[0].ptr != (uintptr_t)t) {
             *ptr = w.blocks[0].ptr;
         }
         if (w.n == 0 && ml_tensor_device(st, t, dev) < 0) {

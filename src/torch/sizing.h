@@ -58,8 +58,9 @@ int ml_walk_object(ml_state *st, ml_walk *w, PyObject *obj, const char *what);
  * for a tensor without a readable storage (mkldnn).  *dev receives its
  * device.  Never reads data; never overflows. */
 int ml_tensor_storage_bytes(ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes);
-/* The same, with the storage's data pointer (0 when several storages or
- * none readable). */
+/* The same, with the storage's data pointer in *ptr (0 when several
+ * storages or none readable); ptr NULL: the pointer is not read (three
+ * fewer reads through the shim). */
 int ml_tensor_storage(ml_state *st, PyObject *t, ml_dev *dev, uintptr_t *ptr, int64_t *nbytes);
 /* A plain tensor's one storage read in C through the stable-ABI reader: 1 and
  * *dev, *ptr, *nbytes set; 0 when it cannot be read that way (a subclass, the

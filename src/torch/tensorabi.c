@@ -157,7 +157,9 @@ int ml_abi_storage(const ml_state *st, PyObject *t, ml_dev *dev, uintptr_t *ptr,
         return 0;
     }
     if (ML_DEV_TYPE(*dev) == st->meta_type) {
-        *ptr = 0;
+        if (ptr != NULL) {
+            *ptr = 0;
+        }
         *nbytes = 0; /* meta storages hold no memory */
         return 1;
     }
@@ -169,9 +171,11 @@ int ml_abi_storage(const ml_state *st, PyObject *t, ml_dev *dev, uintptr_t *ptr,
     if (abi.storage_size(h, &size) != 0 || size < 0) {
         return 0;
     }
-    if (size == 0) {
-        *ptr = 0;
-        *nbytes = 0;
+    if (size == 0 || ptr == NULL) {
+        if (ptr != NULL) {
+            *ptr = 0;
+        }
+        *nbytes = size; /* without ptr, the pointer is not read */
         return 1;
     }
     if (abi.storage_offset(h, &offset) != 0 || abi.data_ptr(h, &data) != 0 ||

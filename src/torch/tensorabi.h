@@ -16,8 +16,8 @@ int ml_abi_init(ml_state *st);
  * other than torch.Tensor or nn.Parameter, a non-strided layout, a device
  * code memlord does not know, the shim off or failing).  Never raises. */
 int ml_abi_meta_bytes(const ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes);
-/* The storage of a strided tensor read in C: its device, base address and
- * bytes (0 for a meta storage).  Same contract as ml_abi_meta_bytes; a
+/* The storage of a strided tensor read in C: its device, base address
+ * (unless ptr is NULL) and bytes (0 for a meta storage).  Same contract as ml_abi_meta_bytes; a
  * functorch wrapper, which has no storage of its own, takes the getter path. */
 int ml_abi_storage(const ml_state *st, PyObject *t, ml_dev *dev, uintptr_t *ptr, int64_t *nbytes);
 /* The dtype code (c10::ScalarType) and shape of a strided tensor: *ndim is
