@@ -50,6 +50,30 @@ typedef struct ml_book {
 
 extern const ml_sink ml_hotspot_sink; /* emit.c */
 
+/* Make lord's sink plan afresh (emit.c). */
+void ml_plan_make(ml_book *lord);
+
+/* lord's sink plan for the next event: remade when a watched busy word
+ * changed (a sink added invalidates it). */
+static inline const ml_sink_plan *ml_plan_of(ml_book *lord)
+{
+    ml_sink_plan *p = &lord->plan;
+    int stale = !p->valid;
+    for (int k = 0; k < p->nwatch; k++) {
+        stale |= *p->watch[k] != p->watched[k];
+    }
+    if (stale) {
+        ml_plan_make(lord);
+    }
+    return p;
+}
+
+/* ML_NEED_* of lord's busy sinks (event.h). */
+static inline unsigned ml_book_needs(ml_book *lord)
+{
+    return ml_plan_of(lord)->needs;
+}
+
 static inline ml_state *ml_lord_state(const ml_book *self)
 {
     return self->st;

@@ -41,7 +41,7 @@ int ml_sink_add(ml_book *lord, const ml_sink *sink)
     return 0;
 }
 
-static void plan_make(ml_book *lord)
+void ml_plan_make(ml_book *lord)
 {
     ml_sink_plan *p = &lord->plan;
     memset(p, 0, sizeof(*p));
@@ -68,27 +68,6 @@ static void plan_make(ml_book *lord)
         }
     }
     p->valid = 1;
-}
-
-/* The plan for the next event: remade when a busy word changed (any
- * change: a region opening inside another remakes it too, which is cheap
- * next to the region). */
-static inline const ml_sink_plan *plan_of(ml_book *lord)
-{
-    ml_sink_plan *p = &lord->plan;
-    int stale = !p->valid;
-    for (int k = 0; k < p->nwatch; k++) {
-        stale |= *p->watch[k] != p->watched[k];
-    }
-    if (stale) {
-        plan_make(lord);
-    }
-    return p;
-}
-
-unsigned ml_book_needs(ml_book *lord)
-{
-    return plan_of(lord)->needs;
 }
 
 /* ---- phase 0 ------------------------------------------------------------- */
@@ -200,7 +179,7 @@ static void notify_copy(ml_book *lord, const ml_event *ev, int n, const ml_emit_
  * (most calls of every source carry one event). */
 static int emit_one(ml_book *lord, ml_event *e, const ml_emit_ctx *ctx)
 {
-    const ml_sink_plan *p = plan_of(lord);
+    const ml_sink_plan *p = ml_plan_of(lord);
     if (p->needs & ML_NEED_CLOCK) {
         e->t_ns = ml_now_ns();
         e->thread = (uint64_t)PyThread_get_thread_ident();
@@ -242,7 +221,7 @@ int ml_emit(ml_book *lord, ml_event *ev, int n, const ml_emit_ctx *ctx)
     if (n <= 0) {
         return 0;
     }
-    const ml_sink_plan *plan = plan_of(lord);
+    const ml_sink_plan *plan = ml_plan_of(lord);
     if (plan->needs & ML_NEED_CLOCK) {
         int64_t now = ml_now_ns();
         uint64_t thread = (uint64_t)PyThread_get_thread_ident();
@@ -263,8 +242,8 @@ static void notify_copy(ml_book *lord, const ml_event *ev, int n, const ml_emit_
 {
     /* A busy word changes only when Python runs, and none ran since the
      * plan was read, unless phase 0 woke a sink (a first device with a
-     * cache wakes auto-GC): plan_of sees it. */
-    const ml_sink_plan *plan = plan_of(lord);
+     * cache wakes auto-GC): ml_plan_of sees it. */
+    const ml_sink_plan *plan = ml_plan_of(lord);
     if (plan->nnotify == 0 && ev[0].source != ML_SRC_DEATH) {
         return;
     }
@@ -294,7 +273,7 @@ static void notify_copy(ml_book *lord, const ml_event *ev, int n, const ml_emit_
 void ml_emit_notify_deferred(ml_book *lord, const ml_event *ev, int n)
 {
     ml_emit_ctx ctx = {NULL, NULL};
-    notify(lord, plan_of(lord), ev, n, &ctx);
+    notify(lord, ml_plan_of(lord), ev, n, &ctx);
 }
 
 /* ---- recording: what the sources call ------------------------------------ */
@@ -348,7 +327,11 @@ int ml_record(ml_book *lord, int kind, int source, const ml_delta *d, int n, con
                            .source = (uint8_t)source};
     }
     static const ml_emit_ctx none = {NULL, NULL};
-    int rc = ml_emit(lord, ev, n, ctx != NULL ? ctx : &none);
+    if (ctx == NULL) {
+        ctx = &none;
+    }
+    int rc = n == 1 && (kind == ML_EV_ALLOC || kind == ML_EV_FREE) ? emit_one(lord, ev, ctx)
+                                                                   : ml_emit(lord, ev, n, ctx);
     if (ev != inline_ev) {
         PyMem_Free(ev);
     }

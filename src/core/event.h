@@ -115,9 +115,6 @@ int ml_emit(struct ml_book *lord, ml_event *ev, int n, const ml_emit_ctx *ctx);
 /* Add a sink to lord (at most ML_MAX_SINKS); -1 with an exception set. */
 int ml_sink_add(struct ml_book *lord, const ml_sink *sink);
 
-/* ML_NEED_* of lord's busy sinks. */
-unsigned ml_book_needs(struct ml_book *lord);
-
 /* Monotonic nanoseconds. */
 int64_t ml_now_ns(void);
 

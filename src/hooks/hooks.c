@@ -174,7 +174,9 @@ static int lords_alloc(ml_lords *l, Py_ssize_t cap)
 static int lords_acquire(PyObject *refs, ml_lords *out)
 {
     Py_ssize_t n = refs != NULL ? PyTuple_GET_SIZE(refs) : 0;
-    if (lords_alloc(out, n) < 0) {
+    out->n = 0;
+    out->v = out->inl;
+    if (n > ML_LORDS_INLINE && lords_alloc(out, n) < 0) {
         return -1;
     }
     /* Reading a weak reference runs no Python, and the array exists before
@@ -620,8 +622,8 @@ static int want_address(const ml_lords *lords)
  * conversion that stays on its device (every cast, most .to calls): the
  * result's storage is counted, nothing is credited.  1 when it applied, 0
  * when the general path must run, -1 when memory ran out. */
-static int account_on_device(ml_state *st, const ml_lords *lords, PyObject *src, PyObject *dst,
-                             int kind)
+static int account_on_device(ml_state *st, ml_hook_tls *tl, const ml_lords *lords, PyObject *src,
+                             PyObject *dst, int kind)
 {
     ml_book *lord = (ml_book *)lords->v[0];
     if (lords->n != 1 || ml_life_deep(lord)) {
@@ -639,7 +641,6 @@ static int account_on_device(ml_state *st, const ml_lords *lords, PyObject *src,
         return 0; /* moved (or unreadable): the general path decides */
     }
     if (bytes > 0) {
-        ml_hook_tls *tl = &hook_tls;
         ml_site site = {NULL, 0};
         if (tl->module_site_set) {
             site.code = Py_XNewRef(tl->module_site.code);
@@ -660,16 +661,15 @@ static int account_on_device(ml_state *st, const ml_lords *lords, PyObject *src,
     return 1;
 }
 
-static int account_conversion(ml_state *st, const ml_lords *lords, PyObject *src, PyObject *dst,
-                              int kind, int non_blocking)
+static int account_conversion(ml_state *st, ml_hook_tls *tl, const ml_lords *lords, PyObject *src,
+                              PyObject *dst, int kind, int non_blocking)
 {
     if (lords->n == 1) {
-        int done = account_on_device(st, lords, src, dst, kind);
+        int done = account_on_device(st, tl, lords, src, dst, kind);
         if (done != 0) {
             return done < 0 ? -1 : 0;
         }
     }
-    ml_hook_tls *tl = &hook_tls;
     Py_ssize_t ndeep = 0, nplain = 0;
     int untrack = 0;
     for (Py_ssize_t i = 0; i < lords->n; i++) {
@@ -845,10 +845,9 @@ static inline int uncounted(const ml_state *st, PyObject *t)
 
 /* Run the original as the hooked call (name, src) of this thread; *reentered
  * tells whether that same call was already running (see hook_tls). */
-static inline PyObject *run_original(const HookObject *self, PyObject *const *args, size_t nargsf,
-                                     PyObject *kwnames, int *reentered)
+static inline PyObject *run_original(ml_hook_tls *tl, const HookObject *self, PyObject *const *args,
+                                     size_t nargsf, PyObject *kwnames, int *reentered)
 {
-    ml_hook_tls *tl = &hook_tls;
     const PyObject *src = PyVectorcall_NARGS(nargsf) > 0 ? args[0] : NULL;
     const PyObject *saved_name = tl->cur_name, *saved_src = tl->cur_src;
     *reentered = saved_name == self->name && saved_src == src;
@@ -962,8 +961,9 @@ static PyObject *hook_tensor(PyObject *callable, PyObject *const *args, size_t n
     if (uncounted(st, args[0])) {
         return call_original(self, args, nargsf, kwnames); /* tracing: nothing to count */
     }
+    ml_hook_tls *tl = &hook_tls; /* one thread-local lookup for the whole call */
     int reentered;
-    PyObject *result = run_original(self, args, nargsf, kwnames, &reentered);
+    PyObject *result = run_original(tl, self, args, nargsf, kwnames, &reentered);
     if (reentered || result == NULL || disp.lord_refs == NULL || disp.module == NULL) {
         return result; /* re-entered through __torch_function__: the outer call counts */
     }
@@ -990,7 +990,7 @@ static PyObject *hook_tensor(PyObject *callable, PyObject *const *args, size_t n
                               (disp.py_lord_refs == NULL || !tf_mode_active())
                           ? NULL
                           : quiet_enter();
-    int rc = account_conversion(st, &lords, args[0], result, self->kind, nb);
+    int rc = account_conversion(st, tl, &lords, args[0], result, self->kind, nb);
     lords_release(&lords);
     ml_safe_point();
     if (rc < 0) {
@@ -1065,7 +1065,7 @@ static PyObject *hook_factory(PyObject *callable, PyObject *const *args, size_t 
         return call_original(self, args, nargsf, kwnames);
     }
     int reentered;
-    PyObject *result = run_original(self, args, nargsf, kwnames, &reentered);
+    PyObject *result = run_original(&hook_tls, self, args, nargsf, kwnames, &reentered);
     if (reentered || result == NULL || disp.py_lord_refs == NULL || disp.module == NULL) {
         return result; /* re-entered through __torch_function__: the outer call counts */
     }
