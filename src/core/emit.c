@@ -88,13 +88,9 @@ static inline int reserve_slot(ml_book *lord, const ml_event *e)
     return ml_ledger_reserve(&lord->ledger, &d, 1);
 }
 
-static int reserve(ml_book *lord, const ml_sink_plan *p, const ml_event *ev, int n)
+/* The planned sinks' reserve and apply (phases 0 and 1). */
+static inline int reserve_sinks(ml_book *lord, const ml_sink_plan *p, const ml_event *ev, int n)
 {
-    for (int i = 0; i < n; i++) {
-        if (reserve_slot(lord, &ev[i]) < 0) {
-            return -1;
-        }
-    }
     for (int k = 0; k < p->nreserve; k++) {
         const ml_sink *s = &lord->sinks[p->reserve[k]];
         if (s->reserve(s->data, lord, ev, n) < 0) {
@@ -102,6 +98,24 @@ static int reserve(ml_book *lord, const ml_sink_plan *p, const ml_event *ev, int
         }
     }
     return 0;
+}
+
+static inline void apply_sinks(ml_book *lord, const ml_sink_plan *p, ml_event *ev, int n)
+{
+    for (int k = 0; k < p->napply; k++) {
+        const ml_sink *s = &lord->sinks[p->apply[k]];
+        s->apply(s->data, lord, ev, n);
+    }
+}
+
+static int reserve(ml_book *lord, const ml_sink_plan *p, const ml_event *ev, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (reserve_slot(lord, &ev[i]) < 0) {
+            return -1;
+        }
+    }
+    return reserve_sinks(lord, p, ev, n);
 }
 
 /* ---- phase 1: no Python, no failure -------------------------------------- */
@@ -140,10 +154,7 @@ static void apply(ml_book *lord, const ml_sink_plan *p, ml_event *ev, int n)
         }
         e->total_after = slot != NULL ? slot->allocated : 0;
     }
-    for (int k = 0; k < p->napply; k++) {
-        const ml_sink *s = &lord->sinks[p->apply[k]];
-        s->apply(s->data, lord, ev, n);
-    }
+    apply_sinks(lord, p, ev, n);
     lord->version++;
 }
 
@@ -173,7 +184,7 @@ static void notify(ml_book *lord, const ml_sink_plan *p, const ml_event *ev, int
 }
 
 /* Phase 2 of ml_emit. */
-static void notify_copy(ml_book *lord, const ml_event *ev, int n, const ml_emit_ctx *ctx);
+static void notify_busy(ml_book *lord, const ml_event *ev, int n, const ml_emit_ctx *ctx);
 
 /* One allocation or free: the same phases as ml_emit, without its loops
  * (most calls of every source carry one event). */
@@ -184,32 +195,20 @@ static int emit_one(ml_book *lord, ml_event *e, const ml_emit_ctx *ctx)
         e->t_ns = ml_now_ns();
         e->thread = (uint64_t)PyThread_get_thread_ident();
     }
-    ml_slot *slot = ml_ledger_find_quick(&lord->ledger, e->dev);
-    if (slot == NULL) {
-        if (reserve_slot(lord, e) < 0) {
-            return -1;
-        }
-        slot = ml_ledger_find(&lord->ledger, e->dev);
+    if (reserve_slot(lord, e) < 0 || reserve_sinks(lord, p, e, 1) < 0) {
+        return -1;
     }
-    for (int k = 0; k < p->nreserve; k++) {
-        const ml_sink *s = &lord->sinks[p->reserve[k]];
-        if (s->reserve(s->data, lord, e, 1) < 0) {
-            return -1;
-        }
-    }
-    /* phase 1 */
+    /* phase 1: the slot exists now, and no sink's reserve touches the ledger */
+    ml_slot *slot = ml_ledger_find(&lord->ledger, e->dev);
     if (e->kind == ML_EV_ALLOC) {
         ml_slot_alloc(slot, e->bytes, e->count);
     } else {
         ml_slot_free(slot, e->bytes, e->count);
     }
     e->total_after = slot->allocated;
-    for (int k = 0; k < p->napply; k++) {
-        const ml_sink *s = &lord->sinks[p->apply[k]];
-        s->apply(s->data, lord, e, 1);
-    }
+    apply_sinks(lord, p, e, 1);
     lord->version++;
-    notify_copy(lord, e, 1, ctx);
+    notify_busy(lord, e, 1, ctx);
     return 0;
 }
 
@@ -234,11 +233,11 @@ int ml_emit(ml_book *lord, ml_event *ev, int n, const ml_emit_ctx *ctx)
         return -1;
     }
     apply(lord, plan, ev, n);
-    notify_copy(lord, ev, n, ctx);
+    notify_busy(lord, ev, n, ctx);
     return 0;
 }
 
-static void notify_copy(ml_book *lord, const ml_event *ev, int n, const ml_emit_ctx *ctx)
+static void notify_busy(ml_book *lord, const ml_event *ev, int n, const ml_emit_ctx *ctx)
 {
     /* A busy word changes only when Python runs, and none ran since the
      * plan was read, unless phase 0 woke a sink (a first device with a
@@ -327,11 +326,7 @@ int ml_record(ml_book *lord, int kind, int source, const ml_delta *d, int n, con
                            .source = (uint8_t)source};
     }
     static const ml_emit_ctx none = {NULL, NULL};
-    if (ctx == NULL) {
-        ctx = &none;
-    }
-    int rc = n == 1 && (kind == ML_EV_ALLOC || kind == ML_EV_FREE) ? emit_one(lord, ev, ctx)
-                                                                   : ml_emit(lord, ev, n, ctx);
+    int rc = ml_emit(lord, ev, n, ctx != NULL ? ctx : &none);
     if (ev != inline_ev) {
         PyMem_Free(ev);
     }
@@ -354,8 +349,7 @@ static int hot_reserve(void *Py_UNUSED(data), ml_book *lord, const ml_event *ev,
         ml_hotspots *h = ev[0].kind == ML_EV_ALLOC  ? &lord->alloc_sites
                          : ev[0].kind == ML_EV_FREE ? &lord->free_sites
                                                     : NULL;
-        return ev[0].site == 0 || h == NULL || (h->n + 1) * 2 <= h->cap ? 0
-                                                                        : ml_hotspots_reserve(h, 1);
+        return ev[0].site == 0 || h == NULL ? 0 : ml_hotspots_reserve(h, 1);
     }
     Py_ssize_t na = 0, nf = 0;
     for (int i = 0; i < n; i++) {

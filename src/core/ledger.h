@@ -42,16 +42,6 @@ void ml_ledger_reset(ml_ledger *l);
 /* Make sure a slot exists for every delta, so that applying cannot fail. */
 int ml_ledger_reserve(ml_ledger *l, const ml_delta *d, int n);
 ml_slot *ml_ledger_find(ml_ledger *l, ml_dev dev);
-/* The slot found last when it is dev's (most events hit one device), else
- * the search. */
-static inline ml_slot *ml_ledger_find_quick(ml_ledger *l, ml_dev dev)
-{
-    if (l->last < l->n && l->slots[l->last].dev == dev) {
-        return &l->slots[l->last];
-    }
-    return ml_ledger_find(l, dev);
-}
-
 /* One slot's share of an allocation or a free (what ml_ledger_apply_alloc
  * and ml_ledger_apply_free do per delta). */
 static inline void ml_slot_alloc(ml_slot *s, int64_t bytes, int64_t count)

@@ -148,6 +148,19 @@ static int log_versions(const ml_state *st, uint64_t *env, uint64_t *cache)
 
 static int ask_wants(ml_state *st, int level);
 
+/* The answer for level kept from the last time it was asked, while neither
+ * dict changed since: 0 or 1; -1 when it must be asked again.  *env and
+ * *cache receive the versions now, *versioned whether they could be read. */
+static int kept_answer(const ml_state *st, int li, uint64_t *env, uint64_t *cache, int *versioned)
+{
+    *versioned = log_versions(st, env, cache);
+    if (*versioned && st->log_answer_valid[li] && st->log_env_version[li] == *env &&
+        st->log_cache_version[li] == *cache) {
+        return st->log_answer[li];
+    }
+    return -1;
+}
+
 int ml_log_wants(ml_state *st, int level)
 {
     if (st->log_logger == NULL) {
@@ -157,10 +170,10 @@ int ml_log_wants(ml_state *st, int level)
      * again only when one of the two dicts changed since the last answer. */
     int li = level == ML_LOG_DEBUG ? 0 : 1;
     uint64_t env = 0, cache = 0;
-    int versioned = log_versions(st, &env, &cache);
-    if (versioned && st->log_answer_valid[li] && st->log_env_version[li] == env &&
-        st->log_cache_version[li] == cache) {
-        return st->log_answer[li] && !ml_finalizing();
+    int versioned;
+    int kept = kept_answer(st, li, &env, &cache, &versioned);
+    if (kept >= 0) {
+        return kept && !ml_finalizing();
     }
     if (ml_finalizing()) {
         return 0;
@@ -203,11 +216,11 @@ int ml_log_cached_wants(const ml_state *st, int level)
         return 0;
     }
     /* The last answer, while neither dict changed since (no lookup). */
-    int li = level == ML_LOG_DEBUG ? 0 : 1;
     uint64_t env = 0, cache = 0;
-    if (st->log_answer_valid[li] && log_versions(st, &env, &cache) &&
-        st->log_env_version[li] == env && st->log_cache_version[li] == cache) {
-        return st->log_answer[li];
+    int versioned;
+    int kept = kept_answer(st, level == ML_LOG_DEBUG ? 0 : 1, &env, &cache, &versioned);
+    if (kept >= 0) {
+        return kept;
     }
     const PyObject *ans = cached_answer(st, level);
     return ans == NULL || ans == Py_True; /* unknown: defer, the safe point asks */

@@ -174,9 +174,7 @@ static int lords_alloc(ml_lords *l, Py_ssize_t cap)
 static int lords_acquire(PyObject *refs, ml_lords *out)
 {
     Py_ssize_t n = refs != NULL ? PyTuple_GET_SIZE(refs) : 0;
-    out->n = 0;
-    out->v = out->inl;
-    if (n > ML_LORDS_INLINE && lords_alloc(out, n) < 0) {
+    if (lords_alloc(out, n) < 0) {
         return -1;
     }
     /* Reading a weak reference runs no Python, and the array exists before
@@ -414,6 +412,22 @@ static int any_tracks_callsite(const ml_lords *lords)
     return 0;
 }
 
+/* The call site of a conversion: the user's line of the Module.to being run
+ * on this thread, else the innermost frame outside torch and memlord when a
+ * lord tracks call sites, else none.  The caller clears *site. */
+static void conversion_site(ml_state *st, const ml_hook_tls *tl, const ml_lords *lords,
+                            ml_site *site)
+{
+    site->code = NULL;
+    site->line = 0;
+    if (tl->module_site_set) {
+        site->code = Py_XNewRef(tl->module_site.code);
+        site->line = tl->module_site.line;
+    } else if (any_tracks_callsite(lords)) {
+        ml_site_capture(st, site);
+    }
+}
+
 /* One event for every subscribed lord; subject is the tensor it is about. */
 static void record_all(const ml_lords *lords, int flags, ml_dev dev, int64_t bytes, uintptr_t ptr,
                        const ml_site *site, PyObject *subject)
@@ -622,13 +636,13 @@ static int want_address(const ml_lords *lords)
  * conversion that stays on its device (every cast, most .to calls): the
  * result's storage is counted, nothing is credited.  1 when it applied, 0
  * when the general path must run, -1 when memory ran out. */
-static int account_on_device(ml_state *st, ml_hook_tls *tl, const ml_lords *lords, PyObject *src,
-                             PyObject *dst, int kind)
+static int account_on_device(ml_state *st, const ml_hook_tls *tl, const ml_lords *lords,
+                             PyObject *src, PyObject *dst, int kind)
 {
-    ml_book *lord = (ml_book *)lords->v[0];
-    if (lords->n != 1 || ml_life_deep(lord)) {
+    if (lords->n != 1 || ml_life_deep((ml_book *)lords->v[0])) {
         return 0;
     }
+    ml_book *lord = (ml_book *)lords->v[0];
     ml_dev sdev, ddev;
     int64_t bytes;
     uintptr_t ptr = 0;
@@ -641,13 +655,8 @@ static int account_on_device(ml_state *st, ml_hook_tls *tl, const ml_lords *lord
         return 0; /* moved (or unreadable): the general path decides */
     }
     if (bytes > 0) {
-        ml_site site = {NULL, 0};
-        if (tl->module_site_set) {
-            site.code = Py_XNewRef(tl->module_site.code);
-            site.line = tl->module_site.line;
-        } else if (lord->track_callsite) {
-            ml_site_capture(st, &site);
-        }
+        ml_site site;
+        conversion_site(st, tl, lords, &site);
         ml_delta d = {ddev, bytes, 1, ptr, 0};
         ml_emit_ctx ctx = {dst, NULL};
         if (ml_record(lord, ML_EV_ALLOC, ML_SRC_CONVERT, &d, 1, &site, &ctx) < 0) {
@@ -661,14 +670,12 @@ static int account_on_device(ml_state *st, ml_hook_tls *tl, const ml_lords *lord
     return 1;
 }
 
-static int account_conversion(ml_state *st, ml_hook_tls *tl, const ml_lords *lords, PyObject *src,
-                              PyObject *dst, int kind, int non_blocking)
+static int account_conversion(ml_state *st, const ml_hook_tls *tl, const ml_lords *lords,
+                              PyObject *src, PyObject *dst, int kind, int non_blocking)
 {
-    if (lords->n == 1) {
-        int done = account_on_device(st, tl, lords, src, dst, kind);
-        if (done != 0) {
-            return done < 0 ? -1 : 0;
-        }
+    int done = account_on_device(st, tl, lords, src, dst, kind);
+    if (done != 0) {
+        return done < 0 ? -1 : 0;
     }
     Py_ssize_t ndeep = 0, nplain = 0;
     int untrack = 0;
@@ -715,13 +722,8 @@ static int account_conversion(ml_state *st, ml_hook_tls *tl, const ml_lords *lor
             return -1;
         }
     }
-    ml_site site = {NULL, 0};
-    if (tl->module_site_set) {
-        site.code = Py_XNewRef(tl->module_site.code);
-        site.line = tl->module_site.line;
-    } else if (any_tracks_callsite(lords)) {
-        ml_site_capture(st, &site);
-    }
+    ml_site site;
+    conversion_site(st, tl, lords, &site);
     if (ndeep > 0) {
         track_for(lords, &dw, &site, "(hook)", 1);
     }
@@ -1142,13 +1144,8 @@ static PyObject *hook_module_apply(PyObject *callable, PyObject *const *args, si
     if (rc < 0) {
         report_failure(callable);
     } else if (w.n > 0) {
-        ml_site site = {NULL, 0};
-        if (tl->module_site_set) {
-            site.code = Py_XNewRef(tl->module_site.code);
-            site.line = tl->module_site.line;
-        } else if (any_tracks_callsite(&lords)) {
-            ml_site_capture(st, &site);
-        }
+        ml_site site;
+        conversion_site(st, tl, &lords, &site);
         track_for(&lords, &w, &site, "(hook)", 1);
         ml_site_clear(&site);
     }
