@@ -36,7 +36,7 @@ static int load_interned(ml_state *st)
             intern(&st->s_ccol_indices, "ccol_indices") ||
             intern(&st->s_row_indices, "row_indices") || intern(&st->s_values_pub, "values") ||
             intern(&st->s_write, "write") || intern(&st->s_flush, "flush") ||
-            intern(&st->s_main_py, "__main__.py") || intern(&st->s_dtype, "dtype") ||
+            intern(&st->s_demo_py, "_demo.py") || intern(&st->s_dtype, "dtype") ||
             intern(&st->s_shape, "shape") || intern(&st->s_requires_grad, "requires_grad"))
                ? -1
                : 0;
@@ -368,7 +368,7 @@ static size_t state_objects(ml_state *st, PyObject ***out)
         &st->s_values_pub,
         &st->s_write,
         &st->s_flush,
-        &st->s_main_py,
+        &st->s_demo_py,
         &st->s_dtype,
         &st->s_shape,
         &st->s_requires_grad,

@@ -161,3 +161,32 @@ def test_cli_errors_are_clear(tmp_path, capsys):
 def test_the_demo_says_how_to_get_a_report(capsys):
     assert memlord_main.main(["--layers", "2"]) == 0
     assert "python -m memlord run --html" in capsys.readouterr().out
+
+
+def test_run_attributes_no_site_to_memlord_itself(tmp_path):
+    """Storages that die once the script is over (its globals cleared) have no user line
+    left on the stack: their frees are unattributed, never put on memlord's own
+    `python -m memlord` frame (they were, at memlord/__main__.py)."""
+    script = tmp_path / "keep.py"
+    script.write_text("import torch\nkeep = [torch.empty(1024) for _ in range(4)]\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "memlord", "run", "--interval", "0", "--json", "p.json"]
+        + [str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    hotspots = load(tmp_path / "p.json").hotspots
+    by_kind = {(h["kind"], h["site"]): h["bytes"] for h in hotspots}
+    assert by_kind[("alloc", "keep.py:2")] == 4 * 4096
+    assert not [site for _, site in by_kind if "memlord" in site], hotspots
+
+
+def test_the_demo_names_its_own_lines_as_user_code(capsys):
+    """The demo is memlord's code run as a user's: its sites are its own lines."""
+    assert memlord_main.main(["--layers", "2"]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("top allocation site:"))
+    assert "_demo.py:" in line, line

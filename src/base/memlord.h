@@ -126,7 +126,7 @@ typedef struct {
     PyObject *s_parameters, *s_buffers, *s_modules;
     PyObject *s_indices, *s_values, *s_crow_indices, *s_col_indices, *s_ccol_indices,
         *s_row_indices, *s_values_pub;
-    PyObject *s_write, *s_flush, *s_main_py;
+    PyObject *s_write, *s_flush, *s_demo_py;
     /* configured from Python (memlord/__init__.py) */
     PyObject *release_cache; /* callable(type_name, index) or NULL */
     PyObject *module_grads;  /* callable(module) -> its parameters' gradients, or NULL */

@@ -18,8 +18,10 @@ static int is_internal(ml_state *st, PyObject *filename)
     }
     if (st->memlord_prefix != NULL &&
         PyUnicode_Tailmatch(filename, st->memlord_prefix, 0, PY_SSIZE_T_MAX, -1) == 1) {
-        /* memlord's own demo is user code as far as sites go */
-        return PyUnicode_Tailmatch(filename, st->s_main_py, 0, PY_SSIZE_T_MAX, 1) != 1;
+        /* memlord's own demo (memlord/_demo.py, the only such name there) is
+         * user code as far as sites go; the rest, __main__.py and the CLI
+         * included, is not */
+        return PyUnicode_Tailmatch(filename, st->s_demo_py, 0, PY_SSIZE_T_MAX, 1) != 1;
     }
     return 0;
 }
