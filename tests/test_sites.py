@@ -65,6 +65,36 @@ def test_sites_are_cumulative_and_biggest_wins(lord):
     assert lord.top_alloc_site() == (CPU, f"{HERE}:{big_line3}", 200)
 
 
+def test_sites_taking_turns_keep_their_own_bytes(lord):
+    """Three sites taking turns in a loop (more than the site table's recent-id
+    cache holds), each with its own bytes; and the births and deaths of a factory
+    loop, on two lines, counted per line."""
+    from memlord.report._source import lord_hotspots
+
+    a, b, c = torch.empty(1), torch.empty(2), torch.empty(4)
+    for _ in range(5):
+        la = here() + 1
+        lord.allocate(a)
+        lb = here() + 1
+        lord.allocate(b)
+        lc = here() + 1
+        lord.allocate(c)
+    with lord.hook_into_python():
+        for _ in range(3):
+            born = here() + 1
+            t = torch.empty(8)
+            died = here() + 1
+            del t
+    got = {(h["kind"], h["site"]): h["bytes"] for h in lord_hotspots(lord, limit=20)}
+    assert got == {
+        ("alloc", f"{HERE}:{la}"): 20,
+        ("alloc", f"{HERE}:{lb}"): 40,
+        ("alloc", f"{HERE}:{lc}"): 80,
+        ("alloc", f"{HERE}:{born}"): 96,
+        ("free", f"{HERE}:{died}"): 96,
+    }
+
+
 def test_site_bytes_count_deduplicated_storages(lord):
     base = torch.empty(50)
     line = here() + 1

@@ -71,7 +71,8 @@ typedef struct {
     uint32_t n, cap;      /* ids 1..n in use */
     uint32_t *index;      /* open addressing: id, 0 = empty */
     uint32_t nindex;      /* power of two */
-    uint32_t last;        /* the id interned last: a loop hits one site */
+    uint32_t recent[2];   /* the ids interned last, newest first: a loop hits one
+                           * or two sites (a factory's line and its result's death) */
 } ml_sitetab;
 
 #define ML_MAX_DTYPES 255

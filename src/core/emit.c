@@ -72,20 +72,29 @@ void ml_plan_make(ml_book *lord)
 
 /* ---- phase 0 ------------------------------------------------------------- */
 
-/* The event's ledger slot, made if missing; -1 with an exception set. */
-static inline int reserve_slot(ml_book *lord, const ml_event *e)
+/* The event's ledger slot, made if missing: the slot, or NULL for an event
+ * without one (reset); *made tells whether it was made (phase 0 may then
+ * have woken a sink).  -1 in *made, with an exception set, on failure. */
+static inline ml_slot *reserve_slot(ml_book *lord, const ml_event *e, int *made)
 {
+    *made = 0;
     if (e->kind != ML_EV_ALLOC && e->kind != ML_EV_FREE && e->kind != ML_EV_GC) {
-        return 0;
+        return NULL;
     }
-    if (ml_ledger_find(&lord->ledger, e->dev) != NULL) {
-        return 0;
+    ml_slot *slot = ml_ledger_find(&lord->ledger, e->dev);
+    if (slot != NULL) {
+        return slot;
     }
     ml_delta d = {e->dev, 0, 0};
     if (ml_dev_has_cache(lord->st, e->dev)) {
         lord->st->cache_in_use = 1; /* wakes the auto-GC sink */
     }
-    return ml_ledger_reserve(&lord->ledger, &d, 1);
+    if (ml_ledger_reserve(&lord->ledger, &d, 1) < 0) {
+        *made = -1;
+        return NULL;
+    }
+    *made = 1;
+    return NULL; /* found afresh after the sinks' reserve: the table may have moved */
 }
 
 /* The planned sinks' reserve and apply (phases 0 and 1). */
@@ -111,7 +120,9 @@ static inline void apply_sinks(ml_book *lord, const ml_sink_plan *p, ml_event *e
 static int reserve(ml_book *lord, const ml_sink_plan *p, const ml_event *ev, int n)
 {
     for (int i = 0; i < n; i++) {
-        if (reserve_slot(lord, &ev[i]) < 0) {
+        int made;
+        reserve_slot(lord, &ev[i], &made);
+        if (made < 0) {
             return -1;
         }
     }
@@ -184,7 +195,8 @@ static void notify(ml_book *lord, const ml_sink_plan *p, const ml_event *ev, int
 }
 
 /* Phase 2 of ml_emit. */
-static void notify_busy(ml_book *lord, const ml_event *ev, int n, const ml_emit_ctx *ctx);
+static void notify_busy(ml_book *lord, const ml_sink_plan *plan, const ml_event *ev, int n,
+                        const ml_emit_ctx *ctx);
 
 /* One allocation or free: the same phases as ml_emit, without its loops
  * (most calls of every source carry one event). */
@@ -195,11 +207,15 @@ static int emit_one(ml_book *lord, ml_event *e, const ml_emit_ctx *ctx)
         e->t_ns = ml_now_ns();
         e->thread = (uint64_t)PyThread_get_thread_ident();
     }
-    if (reserve_slot(lord, e) < 0 || reserve_sinks(lord, p, e, 1) < 0) {
+    int made;
+    ml_slot *slot = reserve_slot(lord, e, &made);
+    if (made < 0 || reserve_sinks(lord, p, e, 1) < 0) {
         return -1;
     }
     /* phase 1: the slot exists now, and no sink's reserve touches the ledger */
-    ml_slot *slot = ml_ledger_find(&lord->ledger, e->dev);
+    if (made) {
+        slot = ml_ledger_find(&lord->ledger, e->dev);
+    }
     if (e->kind == ML_EV_ALLOC) {
         ml_slot_alloc(slot, e->bytes, e->count);
     } else {
@@ -208,7 +224,10 @@ static int emit_one(ml_book *lord, ml_event *e, const ml_emit_ctx *ctx)
     e->total_after = slot->allocated;
     apply_sinks(lord, p, e, 1);
     lord->version++;
-    notify_busy(lord, e, 1, ctx);
+    /* A busy word changes only when Python runs, and none ran since the
+     * plan was read, unless making the slot woke a sink (a first device
+     * with a cache wakes auto-GC): then the plan is read afresh. */
+    notify_busy(lord, made ? ml_plan_of(lord) : p, e, 1, ctx);
     return 0;
 }
 
@@ -233,16 +252,14 @@ int ml_emit(ml_book *lord, ml_event *ev, int n, const ml_emit_ctx *ctx)
         return -1;
     }
     apply(lord, plan, ev, n);
-    notify_busy(lord, ev, n, ctx);
+    /* phase 0 may have woken a sink (see emit_one) */
+    notify_busy(lord, ml_plan_of(lord), ev, n, ctx);
     return 0;
 }
 
-static void notify_busy(ml_book *lord, const ml_event *ev, int n, const ml_emit_ctx *ctx)
+static void notify_busy(ml_book *lord, const ml_sink_plan *plan, const ml_event *ev, int n,
+                        const ml_emit_ctx *ctx)
 {
-    /* A busy word changes only when Python runs, and none ran since the
-     * plan was read, unless phase 0 woke a sink (a first device with a
-     * cache wakes auto-GC): ml_plan_of sees it. */
-    const ml_sink_plan *plan = ml_plan_of(lord);
     if (plan->nnotify == 0 && ev[0].source != ML_SRC_DEATH) {
         return;
     }
@@ -303,15 +320,29 @@ static int source_of_label(const char *label)
 int ml_record(ml_book *lord, int kind, int source, const ml_delta *d, int n, const ml_site *site,
               const ml_emit_ctx *ctx)
 {
+    static const ml_emit_ctx none = {NULL, NULL};
+    uint32_t sid = 0;
+    if (lord->track_callsite && site != NULL && site->code != NULL) {
+        sid = ml_site_intern(&ml_lord_state(lord)->sites, site);
+    }
+    if (n == 1 && (kind == ML_EV_ALLOC || kind == ML_EV_FREE)) {
+        /* most calls: one event, straight to the one-event path */
+        int one = d[0].count == 1;
+        ml_event e = {.bytes = d[0].bytes,
+                      .count = d[0].count,
+                      .address = one ? d[0].address : 0,
+                      .lifetime_ns = one ? d[0].lifetime_ns : 0,
+                      .site = sid,
+                      .dev = d[0].dev,
+                      .kind = (uint8_t)kind,
+                      .source = (uint8_t)source};
+        return emit_one(lord, &e, ctx != NULL ? ctx : &none);
+    }
     ml_event inline_ev[ML_DELTAS_INLINE];
     ml_event *ev = n <= ML_DELTAS_INLINE ? inline_ev : PyMem_Malloc((size_t)n * sizeof(ml_event));
     if (ev == NULL) {
         PyErr_NoMemory();
         return -1;
-    }
-    uint32_t sid = 0;
-    if (lord->track_callsite && site != NULL && site->code != NULL) {
-        sid = ml_site_intern(&ml_lord_state(lord)->sites, site);
     }
     for (int i = 0; i < n; i++) {
         /* one storage's pointer and lifetime; a merged delta has none */
@@ -325,7 +356,6 @@ int ml_record(ml_book *lord, int kind, int source, const ml_delta *d, int n, con
                            .kind = (uint8_t)kind,
                            .source = (uint8_t)source};
     }
-    static const ml_emit_ctx none = {NULL, NULL};
     int rc = ml_emit(lord, ev, n, ctx != NULL ? ctx : &none);
     if (ev != inline_ev) {
         PyMem_Free(ev);

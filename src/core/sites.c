@@ -83,7 +83,7 @@ void ml_sitetab_init(ml_sitetab *t)
     t->n = t->cap = 0;
     t->index = NULL;
     t->nindex = 0;
-    t->last = 0;
+    t->recent[0] = t->recent[1] = 0;
 }
 
 void ml_sitetab_clear(ml_sitetab *t)
@@ -157,20 +157,35 @@ static int sitetab_grow(ml_sitetab *t)
     return 0;
 }
 
+static inline int site_is(const ml_sitetab *t, uint32_t id, const ml_site *site)
+{
+    return id != 0 && t->by_id[id].code == site->code && t->by_id[id].offset == site->line;
+}
+
+static inline uint32_t site_seen(ml_sitetab *t, uint32_t id)
+{
+    if (t->recent[0] != id) {
+        t->recent[1] = t->recent[0];
+        t->recent[0] = id;
+    }
+    return id;
+}
+
 uint32_t ml_site_intern(ml_sitetab *t, const ml_site *site)
 {
     if (site->code == NULL) {
         return 0;
     }
-    if (t->last != 0 && t->by_id[t->last].code == site->code &&
-        t->by_id[t->last].offset == site->line) {
-        return t->last;
+    if (site_is(t, t->recent[0], site)) {
+        return t->recent[0];
+    }
+    if (site_is(t, t->recent[1], site)) {
+        return site_seen(t, t->recent[1]);
     }
     if (t->nindex > 0) {
         uint32_t id = *index_slot(t->index, t->nindex, t->by_id, site->code, site->line);
         if (id != 0) {
-            t->last = id;
-            return id;
+            return site_seen(t, id);
         }
     }
     if (sitetab_grow(t) < 0) {
@@ -180,8 +195,7 @@ uint32_t ml_site_intern(ml_sitetab *t, const ml_site *site)
     t->by_id[id].code = Py_NewRef(site->code);
     t->by_id[id].offset = site->line;
     *index_slot(t->index, t->nindex, t->by_id, site->code, site->line) = id;
-    t->last = id;
-    return id;
+    return site_seen(t, id);
 }
 
 int ml_site_lookup(const ml_sitetab *t, uint32_t id, PyObject **code, int *line)
