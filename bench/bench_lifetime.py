@@ -11,6 +11,10 @@ reference (the tracker) whose callback credits the storage's bytes when it dies.
    free through the tracker's callback, call sites on) or disabled (the floor: torch's own
    function, the very object it was before memlord). Samples alternate A/B/B/A..., medians over
    ``max(cfg.samples, 21)`` samples of ~``cfg.sample_ms`` each, the cyclic GC off.
+   The row's note gives, from the same run, what the mechanism costs without memlord:
+   ``torch.empty(16).untyped_storage()`` (the storage object torch materialises for the
+   tracker to watch) and ``weakref.ref(torch.empty(16).untyped_storage(), id)`` (plus a weak
+   reference whose C callback runs at the storage's death), each against the bare call.
 
 2. Extra memory per live tracked storage, C allocations plus Python objects: **target <= 192
    bytes**. Measured with tracemalloc (default allocator; memlord's PyMem_* allocations and
@@ -48,7 +52,7 @@ import sys
 import tracemalloc
 
 import torch
-from _harness import Case, Config, Row, main, switch_compare
+from _harness import Case, Config, Row, compare, main, switch_compare
 
 from memlord import MemLord, _core
 
@@ -83,6 +87,7 @@ def empty_row(cfg: Config) -> Row:
     s = lord.stats()["cpu"]
     assert s["allocs"] > 0 and s["allocs"] == s["frees"], s
     assert s["allocated"] == 0 and s["freed_total"] == s["allocated_total"], s
+    mech = mechanism_floor(cfg)
     return Row(
         name=f"{case.name} (python hooks)",
         median_ns=statistics.median(results[True]),
@@ -90,10 +95,31 @@ def empty_row(cfg: Config) -> Row:
         floor_median_ns=statistics.median(results[False]),
         target=EMPTY_TARGET,
         note="factory wrapper + storage object + tracker + (del) credit through the weakref "
-        "callback, call sites on",
+        "callback, call sites on. The mechanism alone, without memlord, in this run: "
+        + ", ".join(f"{name} {ratio:.2f}x" for name, ratio in mech)
+        + " the bare torch.empty(16)",
         samples_ns=results[True],
         floor_samples_ns=results[False],
     )
+
+
+def mechanism_floor(cfg: Config) -> list[tuple[str, float]]:
+    """What following storages costs before memlord does anything: materialising the
+    storage's Python object (``untyped_storage()``), then also weak-referencing it with
+    a C callback (``id``) that runs at its death, as torch's own mem_tracker does (with a
+    Python callback). Each against the bare ``torch.empty(16)``, in alternation."""
+    import weakref
+
+    env = {"torch": torch, "ref": weakref.ref}
+    bare = Case("torch.empty(16)", "torch.empty(16)", env, unroll=20)
+    out = []
+    for name, stmt in (
+        ("untyped_storage()", "torch.empty(16).untyped_storage()"),
+        ("weakref.ref(untyped_storage(), id)", "ref(torch.empty(16).untyped_storage(), id)"),
+    ):
+        row = compare(Case(name, stmt, env, unroll=20), bare, target=EMPTY_TARGET, cfg=cfg)
+        out.append((name, row.ratio))
+    return out
 
 
 # ---------------------------------------------------------------------------- 2. memory
