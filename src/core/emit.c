@@ -72,29 +72,27 @@ void ml_plan_make(ml_book *lord)
 
 /* ---- phase 0 ------------------------------------------------------------- */
 
-/* The event's ledger slot, made if missing: the slot, or NULL for an event
- * without one (reset); *made tells whether it was made (phase 0 may then
- * have woken a sink).  -1 in *made, with an exception set, on failure. */
-static inline ml_slot *reserve_slot(ml_book *lord, const ml_event *e, int *made)
+/* Make sure the event's ledger slot exists: 1 when it was made now (the
+ * table may have moved, and a first device with a cache wakes the auto-GC
+ * sink), 0 when it was there (*slot, if slot is not NULL) or the event has
+ * none (reset), -1 with an exception set. */
+static inline int reserve_slot(ml_book *lord, const ml_event *e, ml_slot **slot)
 {
-    *made = 0;
     if (e->kind != ML_EV_ALLOC && e->kind != ML_EV_FREE && e->kind != ML_EV_GC) {
-        return NULL;
+        return 0;
     }
-    ml_slot *slot = ml_ledger_find(&lord->ledger, e->dev);
-    if (slot != NULL) {
-        return slot;
+    ml_slot *found = ml_ledger_find(&lord->ledger, e->dev);
+    if (found != NULL) {
+        if (slot != NULL) {
+            *slot = found;
+        }
+        return 0;
     }
     ml_delta d = {e->dev, 0, 0};
     if (ml_dev_has_cache(lord->st, e->dev)) {
         lord->st->cache_in_use = 1; /* wakes the auto-GC sink */
     }
-    if (ml_ledger_reserve(&lord->ledger, &d, 1) < 0) {
-        *made = -1;
-        return NULL;
-    }
-    *made = 1;
-    return NULL; /* found afresh after the sinks' reserve: the table may have moved */
+    return ml_ledger_reserve(&lord->ledger, &d, 1) < 0 ? -1 : 1;
 }
 
 /* The planned sinks' reserve and apply (phases 0 and 1). */
@@ -120,9 +118,7 @@ static inline void apply_sinks(ml_book *lord, const ml_sink_plan *p, ml_event *e
 static int reserve(ml_book *lord, const ml_sink_plan *p, const ml_event *ev, int n)
 {
     for (int i = 0; i < n; i++) {
-        int made;
-        reserve_slot(lord, &ev[i], &made);
-        if (made < 0) {
+        if (reserve_slot(lord, &ev[i], NULL) < 0) {
             return -1;
         }
     }
@@ -207,8 +203,8 @@ static int emit_one(ml_book *lord, ml_event *e, const ml_emit_ctx *ctx)
         e->t_ns = ml_now_ns();
         e->thread = (uint64_t)PyThread_get_thread_ident();
     }
-    int made;
-    ml_slot *slot = reserve_slot(lord, e, &made);
+    ml_slot *slot = NULL;
+    int made = reserve_slot(lord, e, &slot);
     if (made < 0 || reserve_sinks(lord, p, e, 1) < 0) {
         return -1;
     }
@@ -317,6 +313,21 @@ static int source_of_label(const char *label)
     return ML_SRC_CONVERT;
 }
 
+/* The event of one delta: a storage's pointer and lifetime only when the
+ * delta is about one storage (a merged delta has none). */
+static inline ml_event event_of(const ml_delta *d, int kind, int source, uint32_t sid)
+{
+    int one = d->count == 1;
+    return (ml_event){.bytes = d->bytes,
+                      .count = d->count,
+                      .address = one ? d->address : 0,
+                      .lifetime_ns = one ? d->lifetime_ns : 0,
+                      .site = sid,
+                      .dev = d->dev,
+                      .kind = (uint8_t)kind,
+                      .source = (uint8_t)source};
+}
+
 int ml_record(ml_book *lord, int kind, int source, const ml_delta *d, int n, const ml_site *site,
               const ml_emit_ctx *ctx)
 {
@@ -326,16 +337,7 @@ int ml_record(ml_book *lord, int kind, int source, const ml_delta *d, int n, con
         sid = ml_site_intern(&ml_lord_state(lord)->sites, site);
     }
     if (n == 1 && (kind == ML_EV_ALLOC || kind == ML_EV_FREE)) {
-        /* most calls: one event, straight to the one-event path */
-        int one = d[0].count == 1;
-        ml_event e = {.bytes = d[0].bytes,
-                      .count = d[0].count,
-                      .address = one ? d[0].address : 0,
-                      .lifetime_ns = one ? d[0].lifetime_ns : 0,
-                      .site = sid,
-                      .dev = d[0].dev,
-                      .kind = (uint8_t)kind,
-                      .source = (uint8_t)source};
+        ml_event e = event_of(&d[0], kind, source, sid); /* most calls: one event */
         return emit_one(lord, &e, ctx != NULL ? ctx : &none);
     }
     ml_event inline_ev[ML_DELTAS_INLINE];
@@ -345,16 +347,7 @@ int ml_record(ml_book *lord, int kind, int source, const ml_delta *d, int n, con
         return -1;
     }
     for (int i = 0; i < n; i++) {
-        /* one storage's pointer and lifetime; a merged delta has none */
-        int one = d[i].count == 1;
-        ev[i] = (ml_event){.bytes = d[i].bytes,
-                           .count = d[i].count,
-                           .address = one ? d[i].address : 0,
-                           .lifetime_ns = one ? d[i].lifetime_ns : 0,
-                           .site = sid,
-                           .dev = d[i].dev,
-                           .kind = (uint8_t)kind,
-                           .source = (uint8_t)source};
+        ev[i] = event_of(&d[i], kind, source, sid);
     }
     int rc = ml_emit(lord, ev, n, ctx != NULL ? ctx : &none);
     if (ev != inline_ev) {

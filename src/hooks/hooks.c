@@ -188,14 +188,14 @@ static int lords_acquire(PyObject *refs, ml_lords *out)
     return 0;
 }
 
-/* The lords of all that track conversions (deep) or do not (!deep). */
-static int lords_subset(const ml_lords *all, ml_lords *out, int deep)
+/* The lords of all that keep the plain rule (do not track conversions). */
+static int lords_plain(const ml_lords *all, ml_lords *out)
 {
     if (lords_alloc(out, all->n) < 0) {
         return -1;
     }
     for (Py_ssize_t i = 0; i < all->n; i++) {
-        if (ml_life_deep((ml_book *)all->v[i]) == deep) {
+        if (!ml_life_deep((ml_book *)all->v[i])) {
             out->v[out->n++] = Py_NewRef(all->v[i]);
         }
     }
@@ -642,12 +642,10 @@ static int account_on_device(ml_state *st, const ml_hook_tls *tl, const ml_lords
     if (lords->n != 1 || ml_life_deep((ml_book *)lords->v[0])) {
         return 0;
     }
-    ml_book *lord = (ml_book *)lords->v[0];
     ml_dev sdev, ddev;
     int64_t bytes;
     uintptr_t ptr = 0;
-    int addr = (ml_book_needs(lord) & ML_NEED_ADDRESS) != 0;
-    if (ml_tensor_storage(st, dst, &ddev, addr ? &ptr : NULL, &bytes) < 0) {
+    if (ml_tensor_storage(st, dst, &ddev, want_address(lords) ? &ptr : NULL, &bytes) < 0) {
         return -1;
     }
     if (kind == HK_MOVE && (ml_tensor_device(st, src, &sdev) < 0 || sdev != ddev)) {
@@ -657,11 +655,7 @@ static int account_on_device(ml_state *st, const ml_hook_tls *tl, const ml_lords
     if (bytes > 0) {
         ml_site site;
         conversion_site(st, tl, lords, &site);
-        ml_delta d = {ddev, bytes, 1, ptr, 0};
-        ml_emit_ctx ctx = {dst, NULL};
-        if (ml_record(lord, ML_EV_ALLOC, ML_SRC_CONVERT, &d, 1, &site, &ctx) < 0) {
-            PyErr_WriteUnraisable((PyObject *)lord);
-        }
+        record_all(lords, 0, ddev, bytes, ptr, &site, dst);
         ml_site_clear(&site);
     }
     if (disp.npending > 0) {
@@ -733,7 +727,7 @@ static int account_conversion(ml_state *st, const ml_hook_tls *tl, const ml_lord
         ml_lords subset;
         const ml_lords *plain = lords;
         if (ndeep > 0) {
-            if (lords_subset(lords, &subset, 0) < 0) {
+            if (lords_plain(lords, &subset) < 0) {
                 ml_site_clear(&site);
                 return -1;
             }
