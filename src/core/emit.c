@@ -65,6 +65,7 @@ void ml_plan_make(ml_book *lord)
         }
         if (s->notify != NULL) {
             p->notify[p->nnotify++] = (uint8_t)i;
+            p->nquiet += s->quiet != NULL;
         }
     }
     p->valid = 1;
@@ -190,9 +191,35 @@ static void notify(ml_book *lord, const ml_sink_plan *p, const ml_event *ev, int
     }
 }
 
-/* Phase 2 of ml_emit. */
+/* Phase 2 of ml_emit, whenever a sink has something to do. */
 static void notify_busy(ml_book *lord, const ml_sink_plan *plan, const ml_event *ev, int n,
                         const ml_emit_ctx *ctx);
+
+/* 1 when every planned notify sink says it would do nothing now (also
+ * when none is planned). */
+static inline int all_quiet(ml_book *lord, const ml_sink_plan *plan)
+{
+    if (plan->nquiet != plan->nnotify) {
+        return 0;
+    }
+    for (int k = 0; k < plan->nnotify; k++) {
+        const ml_sink *s = &lord->sinks[plan->notify[k]];
+        if (!s->quiet(s->data, lord)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Most events stop here: the only sink with a notify is the DEBUG log, and
+ * DEBUG is off.  A death goes on to ml_defer_notify, which asks on its own. */
+static inline void notify_if_busy(ml_book *lord, const ml_sink_plan *plan, const ml_event *ev,
+                                  int n, const ml_emit_ctx *ctx)
+{
+    if (ev[0].source == ML_SRC_DEATH || !all_quiet(lord, plan)) {
+        notify_busy(lord, plan, ev, n, ctx);
+    }
+}
 
 /* One allocation or free: the same phases as ml_emit, without its loops
  * (most calls of every source carry one event). */
@@ -223,7 +250,7 @@ static int emit_one(ml_book *lord, ml_event *e, const ml_emit_ctx *ctx)
     /* A busy word changes only when Python runs, and none ran since the
      * plan was read, unless making the slot woke a sink (a first device
      * with a cache wakes auto-GC): then the plan is read afresh. */
-    notify_busy(lord, made ? ml_plan_of(lord) : p, e, 1, ctx);
+    notify_if_busy(lord, made ? ml_plan_of(lord) : p, e, 1, ctx);
     return 0;
 }
 
@@ -249,16 +276,13 @@ int ml_emit(ml_book *lord, ml_event *ev, int n, const ml_emit_ctx *ctx)
     }
     apply(lord, plan, ev, n);
     /* phase 0 may have woken a sink (see emit_one) */
-    notify_busy(lord, ml_plan_of(lord), ev, n, ctx);
+    notify_if_busy(lord, ml_plan_of(lord), ev, n, ctx);
     return 0;
 }
 
 static void notify_busy(ml_book *lord, const ml_sink_plan *plan, const ml_event *ev, int n,
                         const ml_emit_ctx *ctx)
 {
-    if (plan->nnotify == 0 && ev[0].source != ML_SRC_DEATH) {
-        return;
-    }
     PyObject *exc_type = NULL, *exc_value = NULL, *exc_tb = NULL;
     int saved = PyErr_Occurred() != NULL; /* a source may emit with an error pending */
     if (saved) {

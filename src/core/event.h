@@ -81,6 +81,11 @@ typedef struct {
      * open); the seam then skips it, and its `needs`, without a call. */
     const int *busy;
     unsigned needs; /* ML_NEED_*: what a busy sink reads of an event */
+    /* Optional: 1 when notify would do nothing with any event right now (the
+     * DEBUG log while DEBUG is off and nothing it depends on changed).
+     * Cheap: no Python, no exception, no allocation.  When every planned
+     * notify says so, phase 2 is skipped without touching the error state. */
+    int (*quiet)(void *data, struct ml_book *lord);
 } ml_sink;
 
 /* What a sink reads beyond kind, source, device, bytes, count and site.
@@ -100,6 +105,7 @@ typedef struct {
     int valid;
     unsigned needs;
     uint8_t nreserve, napply, nnotify, nwatch;
+    uint8_t nquiet; /* planned notify sinks that can say they are quiet */
     uint8_t reserve[ML_MAX_SINKS], apply[ML_MAX_SINKS], notify[ML_MAX_SINKS];
     const int *watch[ML_MAX_SINKS];
     int watched[ML_MAX_SINKS]; /* *watch[k] when the plan was made */

@@ -240,11 +240,8 @@ static ml_hot *slot_for(ml_hot *entries, Py_ssize_t cap, ml_dev dev, uint32_t si
     return &entries[j];
 }
 
-int ml_hotspots_reserve(ml_hotspots *h, Py_ssize_t k)
+int ml_hotspots_grow(ml_hotspots *h, Py_ssize_t k)
 {
-    if ((h->n + k) * 2 <= h->cap) {
-        return 0;
-    }
     Py_ssize_t cap = h->cap ? h->cap : 16;
     while ((h->n + k) * 2 > cap) {
         cap *= 2;
@@ -267,17 +264,9 @@ int ml_hotspots_reserve(ml_hotspots *h, Py_ssize_t k)
     return 0;
 }
 
-void ml_hotspots_add(ml_hotspots *h, ml_dev dev, uint32_t site, int64_t bytes)
+void ml_hotspots_add_new(ml_hotspots *h, ml_dev dev, uint32_t site, int64_t bytes)
 {
-    if (site == 0 || h->cap == 0) {
-        return;
-    }
-    ml_hot *e = &h->entries[h->last];
-    if (e->site == site && e->dev == dev) {
-        e->bytes += bytes;
-        return;
-    }
-    e = slot_for(h->entries, h->cap, dev, site);
+    ml_hot *e = slot_for(h->entries, h->cap, dev, site);
     h->last = e - h->entries;
     if (e->site == 0) {
         e->site = site;

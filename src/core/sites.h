@@ -46,8 +46,29 @@ typedef struct {
 
 void ml_hotspots_init(ml_hotspots *h);
 void ml_hotspots_clear(ml_hotspots *h);
+/* The slow paths of the two below: a bigger table; an entry other than the
+ * last one added to. */
+int ml_hotspots_grow(ml_hotspots *h, Py_ssize_t k);
+void ml_hotspots_add_new(ml_hotspots *h, ml_dev dev, uint32_t site, int64_t bytes);
+
 /* Room for k more entries, so that the adds that follow cannot fail. */
-int ml_hotspots_reserve(ml_hotspots *h, Py_ssize_t k);
-void ml_hotspots_add(ml_hotspots *h, ml_dev dev, uint32_t site, int64_t bytes);
+static inline int ml_hotspots_reserve(ml_hotspots *h, Py_ssize_t k)
+{
+    return (h->n + k) * 2 <= h->cap ? 0 : ml_hotspots_grow(h, k);
+}
+
+/* Add bytes to (dev, site); nothing for site 0.  Needs the room reserved. */
+static inline void ml_hotspots_add(ml_hotspots *h, ml_dev dev, uint32_t site, int64_t bytes)
+{
+    if (site == 0 || h->cap == 0) {
+        return;
+    }
+    ml_hot *e = &h->entries[h->last]; /* a loop adds to one site */
+    if (e->site == site && e->dev == dev) {
+        e->bytes += bytes;
+        return;
+    }
+    ml_hotspots_add_new(h, dev, site, bytes);
+}
 
 #endif
