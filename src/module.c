@@ -257,6 +257,23 @@ static PyObject *core_site(PyObject *module, PyObject *arg)
     return Py_BuildValue("(Oi)", ((PyCodeObject *)code)->co_filename, line);
 }
 
+/* _capture_sites(): ((code, offset) as the hooks capture the caller's site,
+ * the same through the public frame API only, whether the first read
+ * CPython's frames in place).  A test probe: the two must agree. */
+static PyObject *core_capture_sites(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    ml_state *st = ml_state_of_module(module);
+    ml_site a, b;
+    ml_site_capture(st, &a);
+    ml_site_capture_public(st, &b);
+    PyObject *r =
+        Py_BuildValue("((Oi)(Oi)O)", a.code ? a.code : Py_None, a.line, b.code ? b.code : Py_None,
+                      b.line, ml_sites_direct() ? Py_True : Py_False);
+    ml_site_clear(&a);
+    ml_site_clear(&b);
+    return r;
+}
+
 /* _safe_point(): run what waits for a safe point (deferred notifications,
  * cache releases) now. */
 static PyObject *core_safe_point(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
@@ -294,6 +311,9 @@ static PyMethodDef core_methods[] = {
      "Test probe: whether auto-GC treats a device type as having a cache; returns the old "
      "value."},
     {"_site", (PyCFunction)core_site, METH_O, "(filename, line) of a site id, or None."},
+    {"_capture_sites", (PyCFunction)core_capture_sites, METH_NOARGS,
+     "Test probe: the caller's site as captured, the same through the public frame API, and "
+     "whether the capture read CPython's frames in place."},
     {"_safe_point", (PyCFunction)core_safe_point, METH_NOARGS,
      "Run deferred notifications and cache releases now."},
     {"format_bytes", (PyCFunction)ml_format_bytes_py, METH_O,

@@ -217,3 +217,83 @@ def test_user_code_in_directories_named_memlord_and_torch(tmp_path):
     assert r.returncode == 0, r.stderr
     # shown relative to the working directory (tmp_path), under which both files lie
     assert r.stdout.split() == ["memlord/tests/train.py:6", "torch/examples/helper.py:2"]
+
+
+# ---- how a site is read off the stack ---------------------------------------
+# On CPython 3.11 the hooks read the interpreter's frames in place (no frame
+# object is made for the caller); the layout is checked against the public
+# frame API at the first capture.  _capture_sites() returns the capture, the
+# same through the public API only, and whether the first read in place.
+
+from memlord import _core  # noqa: E402
+
+DIRECT_EXPECTED = sys.implementation.name == "cpython" and sys.version_info[:2] == (3, 11)
+
+
+def _line_of(site):
+    code, offset = site
+    for start, end, line in code.co_lines():
+        if start <= offset < end:
+            return line
+    return None
+
+
+def test_capture_in_place_agrees_with_the_public_frame_api():
+    line = here() + 1
+    fast, public, direct = _core._capture_sites()
+    assert direct is DIRECT_EXPECTED
+    assert fast == public
+    assert fast[0] is test_capture_in_place_agrees_with_the_public_frame_api.__code__
+    assert _line_of(fast) == line
+
+
+def test_capture_in_a_generator_and_a_coroutine():
+    def gen():
+        yield _core._capture_sites()
+
+    async def coro():
+        return _core._capture_sites()
+
+    fast, public, _ = next(gen())
+    assert fast == public and fast[0] is gen.__code__
+    c = coro()
+    try:
+        c.send(None)
+    except StopIteration as stop:
+        fast, public, _ = stop.value
+    assert fast == public and fast[0] is coro.__code__
+
+
+def test_capture_skips_torch_and_memlord_frames_to_the_callers_line():
+    # a function whose code says it lives in torch: an internal frame
+    ns = {"_core": _core}
+    exec(compile("def inner():\n    return _core._capture_sites()\n", torch.__file__, "exec"), ns)
+    line = here() + 1
+    fast, public, _ = ns["inner"]()
+    assert fast == public
+    assert fast[0] is test_capture_skips_torch_and_memlord_frames_to_the_callers_line.__code__
+    assert _line_of(fast) == line
+
+
+def test_capture_on_a_fresh_thread_and_deep_in_recursion():
+    import threading
+
+    out = []
+
+    def deep(n):
+        return deep(n - 1) if n else _core._capture_sites()
+
+    th = threading.Thread(target=lambda: out.append(deep(50)))
+    th.start()
+    th.join()
+    fast, public, _ = out[0]
+    assert fast == public and fast[0] is deep.__code__
+
+
+def test_hooked_cast_site_same_with_the_reader_in_place(lord):
+    # the site a hook records is the one the public API names
+    t = torch.zeros(4)
+    with lord.hook_into_torch():
+        line = here() + 1
+        t.half()
+    assert lord.top_alloc_site() == (CPU, f"{HERE}:{line}", 8)

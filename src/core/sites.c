@@ -28,29 +28,37 @@ static int is_internal(ml_state *st, PyObject *filename)
 
 /* The verdict for the last code object seen first on the stack: a loop
  * calling from one line asks about the same code object every time.  The
- * strong reference keeps the address from being reused by another one. */
-static int code_is_internal(ml_state *st, PyCodeObject *code)
+ * strong reference keeps the address from being reused by another one.  The
+ * reference it replaces goes to *drop (NULL on entry), released by the caller
+ * once it holds no frame pointer: releasing a code object can run a weakref
+ * callback.  A second change in one capture is not kept. */
+static int code_is_internal(ml_state *st, PyCodeObject *code, PyObject **drop)
 {
     if ((PyObject *)code == st->last_code) {
         return st->last_code_internal;
     }
     int internal = is_internal(st, code->co_filename);
-    Py_XSETREF(st->last_code, Py_NewRef(code));
+    if (*drop != NULL) {
+        return internal; /* one replacement per capture: kept, not released */
+    }
+    *drop = st->last_code;
+    st->last_code = Py_NewRef(code);
     st->last_code_internal = internal;
     return internal;
 }
 
-void ml_site_capture(ml_state *st, ml_site *out)
+/* Through the public frame API: PyEval_GetFrame gives the innermost frame
+ * as a frame object, which CPython 3.11+ creates on first request (an
+ * allocation, and a copy of the frame's locals when the function returns). */
+static void capture_public(ml_state *st, ml_site *out, PyObject **drop)
 {
-    out->code = NULL;
-    out->line = 0;
     /* The innermost frame is borrowed: most captures end there (the user
      * called torch directly), with no reference taken on the frame. */
     PyFrameObject *frame = PyEval_GetFrame();
     PyFrameObject *owned = NULL; /* frames further out are new references */
     while (frame != NULL) {
         PyCodeObject *code = PyFrame_GetCode(frame);
-        if (!code_is_internal(st, code)) {
+        if (!code_is_internal(st, code, drop)) {
             out->code = (PyObject *)code;
 #if PY_VERSION_HEX >= 0x030B0000
             out->line = PyFrame_GetLasti(frame);
@@ -68,6 +76,153 @@ void ml_site_capture(ml_state *st, ml_site *out)
     if (PyErr_Occurred()) {
         PyErr_Clear();
     }
+}
+
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000 && !defined(Py_LIMITED_API)
+/* CPython 3.11 only: the interpreter's own frames, read in place, so that a
+ * call site costs no frame object.  The layout below mirrors the head of
+ * 3.11's _PyInterpreterFrame (Include/internal/pycore_frame.h); the first
+ * capture checks it against the public API on the live stack
+ * (frames_check) and, on any mismatch, every capture goes through
+ * capture_public.  No other CPython version reads frames this way. */
+typedef struct ml_iframe {
+    // cppcheck-suppress unusedStructMember ; layout only
+    PyObject *f_func;
+    PyObject *f_globals;
+    PyObject *f_builtins;
+    // cppcheck-suppress unusedStructMember ; layout only
+    PyObject *f_locals;
+    PyCodeObject *f_code;
+    PyFrameObject *frame_obj;
+    struct ml_iframe *previous;
+    _Py_CODEUNIT *prev_instr;
+    int stacktop; /* -1 while the frame runs */
+    char is_entry; /* a bool */
+    char owner;    /* 1: a generator's (FRAME_OWNED_BY_GENERATOR) */
+} ml_iframe;
+
+static int frames_direct = -1; /* -1 not checked yet, 0 no, 1 yes */
+
+static inline const ml_iframe *innermost(void)
+{
+    return (const ml_iframe *)PyThreadState_Get()->cframe->current_frame;
+}
+
+/* 1 when f is still being set up (3.11's _PyFrame_IsIncomplete): the
+ * public API skips such frames, and so does this reader. */
+static inline int incomplete(const ml_iframe *f)
+{
+    return f->owner != 1 && f->prev_instr < _PyCode_CODE(f->f_code) + f->f_code->_co_firsttraceable;
+}
+
+static inline int offset_of(const ml_iframe *f)
+{
+    return (int)(f->prev_instr - _PyCode_CODE(f->f_code)) * (int)sizeof(_Py_CODEUNIT);
+}
+
+/* Walk the stack both ways, a few frames deep, and compare every field the
+ * public API can tell (code object, frame object, offset, globals,
+ * builtins) and the plausibility of the rest.  Creates frame objects: run
+ * once. */
+static int frames_check(void)
+{
+    const ml_iframe *f = innermost();
+    PyFrameObject *fo = PyEval_GetFrame();
+    if (f == NULL || fo == NULL) {
+        PyErr_Clear();
+        return -1; /* no Python frame to compare with: ask again next time */
+    }
+    Py_INCREF(fo);
+    int ok = 1, depth = 0;
+    while (ok && fo != NULL && depth < 4) {
+        while (f != NULL && incomplete(f)) {
+            f = f->previous;
+        }
+        PyCodeObject *code = PyFrame_GetCode(fo);
+        PyObject *globals = PyFrame_GetGlobals(fo), *builtins = PyFrame_GetBuiltins(fo);
+        ok = f != NULL && f->f_code == code && f->frame_obj == fo &&
+             offset_of(f) == PyFrame_GetLasti(fo) && f->f_globals == globals &&
+             f->f_builtins == builtins && f->stacktop >= -1 &&
+             (f->is_entry == 0 || f->is_entry == 1);
+        Py_DECREF(code);
+        Py_DECREF(globals);
+        Py_DECREF(builtins);
+        PyFrameObject *back = PyFrame_GetBack(fo);
+        Py_DECREF(fo);
+        fo = back;
+        f = ok ? f->previous : NULL;
+        depth++;
+    }
+    if (ok && fo == NULL) { /* the public walk ended: so must this one */
+        while (f != NULL && incomplete(f)) {
+            f = f->previous;
+        }
+        ok = f == NULL;
+    }
+    Py_XDECREF(fo);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        ok = 0;
+    }
+    return ok && depth > 0;
+}
+
+static int capture_direct(ml_state *st, ml_site *out, PyObject **drop)
+{
+    if (frames_direct < 0) {
+        frames_direct = frames_check();
+    }
+    if (frames_direct <= 0) {
+        return 0;
+    }
+    /* No Python runs and nothing is allocated during the walk (a verdict's
+     * old code object is released by the caller, after it); the frames
+     * from here out are all waiting on the call in progress. */
+    for (const ml_iframe *f = innermost(); f != NULL; f = f->previous) {
+        if (!incomplete(f) && !code_is_internal(st, f->f_code, drop)) {
+            out->code = Py_NewRef((PyObject *)f->f_code);
+            out->line = offset_of(f);
+            return 1;
+        }
+    }
+    return 1;
+}
+
+int ml_sites_direct(void)
+{
+    return frames_direct > 0;
+}
+#else
+static int capture_direct(ml_state *Py_UNUSED(st), ml_site *Py_UNUSED(out),
+                          PyObject **Py_UNUSED(drop))
+{
+    return 0;
+}
+
+int ml_sites_direct(void)
+{
+    return 0;
+}
+#endif
+
+void ml_site_capture(ml_state *st, ml_site *out)
+{
+    out->code = NULL;
+    out->line = 0;
+    PyObject *drop = NULL;
+    if (!capture_direct(st, out, &drop)) {
+        capture_public(st, out, &drop);
+    }
+    Py_XDECREF(drop);
+}
+
+void ml_site_capture_public(ml_state *st, ml_site *out)
+{
+    out->code = NULL;
+    out->line = 0;
+    PyObject *drop = NULL;
+    capture_public(st, out, &drop);
+    Py_XDECREF(drop);
 }
 
 void ml_site_clear(ml_site *s)

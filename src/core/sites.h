@@ -14,6 +14,11 @@ typedef struct {
 /* The innermost frame outside torch and memlord.  out->code is NULL when no
  * such frame exists.  Never fails: a frame that cannot be read is skipped. */
 void ml_site_capture(ml_state *st, ml_site *out);
+/* The same through the public frame API only (the tests compare the two). */
+void ml_site_capture_public(ml_state *st, ml_site *out);
+/* 1 when captures read CPython's frames in place (3.11, layout checked at
+ * the first capture), 0 when they go through the public frame API. */
+int ml_sites_direct(void);
 void ml_site_clear(ml_site *s);
 
 /* ---- the site table ------------------------------------------------------
