@@ -10,7 +10,8 @@ processes hit both alike. Medians over ``cfg.samples`` (>= 21) samples of ~``cfg
 
 1. a no-op ``.to`` (the result is the input): target <= 1.3x;
 2. a 1 KiB same-device dtype cast (256 float32 -> float16, as ``.half()`` and as
-   ``.to(torch.float16)``): target <= 1.10x;
+   ``.to(torch.float16)``, and ``.half()`` inside a one-line function, as most code calls
+   it: a fresh Python frame per cast): target <= 1.10x;
 3. ``Module.to(dtype)`` of a 1,000-tensor module (500 x nn.Linear(4, 4)), float32 -> float64
    -> float32 round trips: target <= 1.10x;
 4. on a GPU only: a 4 KiB non_blocking cuda -> cpu move (a CUDA event per move): target <= 1.2x.
@@ -78,7 +79,11 @@ def _linear_stack() -> nn.Module:
 def cpu_rows(cfg: Config) -> list[Row]:
     t = torch.zeros(256)  # 1 KiB of float32
     f16, f32, cpu = torch.float16, torch.float32, torch.device("cpu")
-    env = {"t": t, "f16": f16, "f32": f32, "cpu": cpu}
+
+    def half(x: torch.Tensor) -> torch.Tensor:
+        return x.half()
+
+    env = {"t": t, "f16": f16, "f32": f32, "cpu": cpu, "half": half}
     assert t.to(f32) is t and t.to(cpu) is t
     rows = [
         hooked_vs_unhooked(
@@ -100,6 +105,12 @@ def cpu_rows(cfg: Config) -> list[Row]:
             Case("1 KiB cast t.to(torch.float16)", "t.to(f16)", env, unroll=10),
             cfg,
             target=CAST_TARGET,
+        ),
+        hooked_vs_unhooked(
+            Case("1 KiB cast in a function, half(t)", "half(t)", env, unroll=10),
+            cfg,
+            target=CAST_TARGET,
+            note="def half(x): return x.half(); the call site is read in a new frame each time",
         ),
     ]
     m = _linear_stack()
