@@ -96,7 +96,7 @@ typedef struct ml_iframe {
     PyFrameObject *frame_obj;
     struct ml_iframe *previous;
     _Py_CODEUNIT *prev_instr;
-    int stacktop; /* -1 while the frame runs */
+    int stacktop;  /* -1 while the frame runs */
     char is_entry; /* a bool */
     char owner;    /* 1: a generator's (FRAME_OWNED_BY_GENERATOR) */
 } ml_iframe;
