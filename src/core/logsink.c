@@ -281,21 +281,13 @@ static void log_records(ml_state *st, ml_book *lord, const ml_event *ev, int n,
 }
 
 /* Quiet while the kept DEBUG answer is "off" and neither dict it depends
- * on changed since: two loads and two compares, no lookup, no Python.  (A
- * kept answer exists only where the versions can be read: both dicts are
- * then exact dicts, held by the state.) */
+ * on changed since: no lookup, no Python. */
 static int log_quiet(void *Py_UNUSED(data), ml_book *lord)
 {
     const ml_state *st = ml_lord_state(lord);
-    if (st->log_logger == NULL) {
-        return 1;
-    }
-    if (!st->log_answer_valid[0] || st->log_answer[0]) {
-        return 0;
-    }
-    uint64_t env = 0, cache = 0;
-    return dict_version(st->env_data, &env) && dict_version(st->log_cache, &cache) &&
-           env == st->log_env_version[0] && cache == st->log_cache_version[0];
+    uint64_t env, cache;
+    int versioned;
+    return st->log_logger == NULL || kept_answer(st, 0, &env, &cache, &versioned) == 0;
 }
 
 const ml_sink ml_log_sink = {"log", NULL, NULL, log_notify, NULL, NULL, 0, log_quiet};

@@ -205,24 +205,25 @@ int ml_sites_direct(void)
 }
 #endif
 
-void ml_site_capture(ml_state *st, ml_site *out)
+static void capture(ml_state *st, ml_site *out, int in_place)
 {
     out->code = NULL;
     out->line = 0;
     PyObject *drop = NULL;
-    if (!capture_direct(st, out, &drop)) {
+    if (!in_place || !capture_direct(st, out, &drop)) {
         capture_public(st, out, &drop);
     }
     Py_XDECREF(drop);
 }
 
+void ml_site_capture(ml_state *st, ml_site *out)
+{
+    capture(st, out, 1);
+}
+
 void ml_site_capture_public(ml_state *st, ml_site *out)
 {
-    out->code = NULL;
-    out->line = 0;
-    PyObject *drop = NULL;
-    capture_public(st, out, &drop);
-    Py_XDECREF(drop);
+    capture(st, out, 0);
 }
 
 void ml_site_clear(ml_site *s)
