@@ -120,51 +120,57 @@ static inline int offset_of(const ml_iframe *f)
     return (int)(f->prev_instr - _PyCode_CODE(f->f_code)) * (int)sizeof(_Py_CODEUNIT);
 }
 
+#define ML_CHECK_DEPTH 4
+
 /* Walk the stack both ways, a few frames deep, and compare every field the
  * public API can tell (code object, frame object, offset, globals,
- * builtins) and the plausibility of the rest.  Creates frame objects: run
- * once. */
+ * builtins) and the plausibility of the rest.  The public side is read
+ * first, into strong references (asking for frame objects allocates); the
+ * interpreter's frames after, with nothing that allocates.  Run once. */
 static int frames_check(void)
 {
-    const ml_iframe *f = innermost();
-    PyFrameObject *fo = PyEval_GetFrame();
-    if (f == NULL || fo == NULL) {
-        PyErr_Clear();
-        return -1; /* no Python frame to compare with: ask again next time */
+    PyFrameObject *fo[ML_CHECK_DEPTH];
+    PyObject *code[ML_CHECK_DEPTH], *globals[ML_CHECK_DEPTH], *builtins[ML_CHECK_DEPTH];
+    int lasti[ML_CHECK_DEPTH];
+    PyFrameObject *cur = (PyFrameObject *)Py_XNewRef(PyEval_GetFrame());
+    int n = 0;
+    while (cur != NULL && n < ML_CHECK_DEPTH) {
+        fo[n] = cur;
+        code[n] = (PyObject *)PyFrame_GetCode(cur);
+        globals[n] = PyFrame_GetGlobals(cur);
+        builtins[n] = PyFrame_GetBuiltins(cur);
+        lasti[n] = PyFrame_GetLasti(cur);
+        n++;
+        cur = PyFrame_GetBack(cur);
     }
-    Py_INCREF(fo);
-    int ok = 1, depth = 0;
-    while (ok && fo != NULL && depth < 4) {
+    int ended = cur == NULL; /* the public walk ended: so must this one */
+    Py_XDECREF(cur);
+    int ok = n > 0 && !PyErr_Occurred();
+    PyErr_Clear();
+    const ml_iframe *f = innermost();
+    for (int k = 0; ok && k < n; k++) {
         while (f != NULL && incomplete(f)) {
             f = f->previous;
         }
-        PyCodeObject *code = PyFrame_GetCode(fo);
-        PyObject *globals = PyFrame_GetGlobals(fo), *builtins = PyFrame_GetBuiltins(fo);
-        ok = f != NULL && f->f_code == code && f->frame_obj == fo &&
-             offset_of(f) == PyFrame_GetLasti(fo) && f->f_globals == globals &&
-             f->f_builtins == builtins && f->stacktop >= -1 &&
+        ok = f != NULL && (PyObject *)f->f_code == code[k] && f->frame_obj == fo[k] &&
+             offset_of(f) == lasti[k] && f->f_globals == globals[k] &&
+             f->f_builtins == builtins[k] && f->stacktop >= -1 &&
              (f->is_entry == 0 || f->is_entry == 1);
-        Py_DECREF(code);
-        Py_DECREF(globals);
-        Py_DECREF(builtins);
-        PyFrameObject *back = PyFrame_GetBack(fo);
-        Py_DECREF(fo);
-        fo = back;
         f = ok ? f->previous : NULL;
-        depth++;
     }
-    if (ok && fo == NULL) { /* the public walk ended: so must this one */
+    if (ok && ended) {
         while (f != NULL && incomplete(f)) {
             f = f->previous;
         }
         ok = f == NULL;
     }
-    Py_XDECREF(fo);
-    if (PyErr_Occurred()) {
-        PyErr_Clear();
-        ok = 0;
+    for (int k = 0; k < n; k++) {
+        Py_DECREF(fo[k]);
+        Py_DECREF(code[k]);
+        Py_DECREF(globals[k]);
+        Py_DECREF(builtins[k]);
     }
-    return ok && depth > 0;
+    return n == 0 ? -1 : ok; /* no Python frame to compare with: ask again next time */
 }
 
 static int capture_direct(ml_state *st, ml_site *out, PyObject **drop)
