@@ -16,6 +16,16 @@
  * index + 1 in the low byte (cpu, which has no index, gets 0).  The
  * torch.device object is only built when a query returns one. */
 typedef uint32_t ml_dev;
+/* The hooked call's path: kept together in the hot text section, so a
+ * conversion touches a few pages of memlord's code instead of one per
+ * function (torch's own path evicts them from the instruction caches and
+ * TLB between two calls). */
+#if defined(__GNUC__)
+#define ML_HOT __attribute__((hot))
+#else
+#define ML_HOT
+#endif
+
 #define ML_DEV(type, index) ((ml_dev)(((uint32_t)(type) << 8) | (uint8_t)((index) + 1)))
 #define ML_DEV_TYPE(d) ((int)((d) >> 8))
 #define ML_DEV_INDEX(d) ((int)((d) & 0xFF) - 1)
@@ -73,6 +83,10 @@ typedef struct {
     uint32_t nindex;      /* power of two */
     uint32_t recent[2];   /* the ids interned last, newest first: a loop hits one
                            * or two sites (a factory's line and its result's death) */
+    /* recent[0]'s code object (compared by address only: by_id holds it)
+     * and offset, kept here so that a repeated site reads no entry */
+    const PyObject *recent_code;
+    int recent_offset;
 } ml_sitetab;
 
 #define ML_MAX_DTYPES 255

@@ -282,7 +282,7 @@ static void log_records(ml_state *st, ml_book *lord, const ml_event *ev, int n,
 
 /* Quiet while the kept DEBUG answer is "off" and neither dict it depends
  * on changed since: no lookup, no Python. */
-static int log_quiet(void *Py_UNUSED(data), ml_book *lord)
+ML_HOT static int log_quiet(void *Py_UNUSED(data), ml_book *lord)
 {
     const ml_state *st = ml_lord_state(lord);
     uint64_t env, cache;

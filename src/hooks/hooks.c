@@ -84,16 +84,21 @@ typedef struct {
 #define ML_PENDING_HARD_CAP 8192
 
 static struct {
+    /* What every hooked call reads comes first, in one cache line: torch's
+     * own path evicts memlord's data between two calls, and each line read
+     * again costs more than the instructions that read it. */
     PyObject *module; /* memlord._core, strong while installed */
-    ml_patch patches[ML_MAX_PATCHES];
-    int npatches;
+    ml_state *st;     /* its state: set with module, valid while it is held */
     /* Subscribers: tuples of weak references to lords, replaced, never
      * mutated.  The dispatcher never keeps a lord alive: a lord stays
      * subscribed while it (or a handle, which holds it) lives; when it dies,
      * its reference's callback schedules a cleanup at the next safe point,
      * which drops it and restores torch once no lord is left. */
-    PyObject *lord_refs;        /* hook_into_torch() */
-    PyObject *py_lord_refs;     /* hook_into_python(): the factory wrappers */
+    PyObject *lord_refs;    /* hook_into_torch() */
+    PyObject *py_lord_refs; /* hook_into_python(): the factory wrappers */
+    Py_ssize_t npending;    /* frees waiting for a CUDA event (pending[]) */
+    ml_patch patches[ML_MAX_PATCHES];
+    int npatches;
     PyObject *on_lord_death;    /* the weak references' callback */
     PyObject *tracing_types[2]; /* FakeTensor, FunctionalTensor, once seen */
     PyObject *disable_tf;       /* torch._C.DisableTorchFunction, once needed */
@@ -101,7 +106,7 @@ static struct {
     PyObject *raw_stream;       /* torch._C._cuda_getCurrentRawStream (an int), or NULL */
     PyObject *s_cuda_stream;
     ml_pending *pending;
-    Py_ssize_t npending, cap;
+    Py_ssize_t cap;
 } disp;
 
 /* Per-thread state of the hooks, one struct so that a hook finds it with a
@@ -171,7 +176,7 @@ static int lords_alloc(ml_lords *l, Py_ssize_t cap)
 }
 
 /* The live lords of refs (NULL: none); -1 with an exception set. */
-static int lords_acquire(PyObject *refs, ml_lords *out)
+ML_HOT static int lords_acquire(PyObject *refs, ml_lords *out)
 {
     Py_ssize_t n = refs != NULL ? PyTuple_GET_SIZE(refs) : 0;
     if (lords_alloc(out, n) < 0) {
@@ -202,7 +207,7 @@ static int lords_plain(const ml_lords *all, ml_lords *out)
     return 0;
 }
 
-static void lords_release(ml_lords *l)
+ML_HOT static void lords_release(ml_lords *l)
 {
     /* Detached first: releasing a lord may run Python. */
     Py_ssize_t n = l->n;
@@ -415,7 +420,7 @@ static int any_tracks_callsite(const ml_lords *lords)
 /* The call site of a conversion: the user's line of the Module.to being run
  * on this thread, else the innermost frame outside torch and memlord when a
  * lord tracks call sites, else none.  The caller clears *site. */
-static void conversion_site(ml_state *st, const ml_hook_tls *tl, const ml_lords *lords,
+ML_HOT static void conversion_site(ml_state *st, const ml_hook_tls *tl, const ml_lords *lords,
                             ml_site *site)
 {
     site->code = NULL;
@@ -429,7 +434,7 @@ static void conversion_site(ml_state *st, const ml_hook_tls *tl, const ml_lords 
 }
 
 /* One event for every subscribed lord; subject is the tensor it is about. */
-static void record_all(const ml_lords *lords, int flags, ml_dev dev, int64_t bytes, uintptr_t ptr,
+ML_HOT static void record_all(const ml_lords *lords, int flags, ml_dev dev, int64_t bytes, uintptr_t ptr,
                        const ml_site *site, PyObject *subject)
 {
     ml_delta d = {dev, bytes, 1, ptr, 0};
@@ -636,7 +641,7 @@ static int want_address(const ml_lords *lords)
  * conversion that stays on its device (every cast, most .to calls): the
  * result's storage is counted, nothing is credited.  1 when it applied, 0
  * when the general path must run, -1 when memory ran out. */
-static int account_on_device(ml_state *st, const ml_hook_tls *tl, const ml_lords *lords,
+ML_HOT static int account_on_device(ml_state *st, const ml_hook_tls *tl, const ml_lords *lords,
                              PyObject *src, PyObject *dst, int kind)
 {
     if (lords->n != 1 || ml_life_deep((ml_book *)lords->v[0])) {
@@ -664,7 +669,7 @@ static int account_on_device(ml_state *st, const ml_hook_tls *tl, const ml_lords
     return 1;
 }
 
-static int account_conversion(ml_state *st, const ml_hook_tls *tl, const ml_lords *lords,
+ML_HOT static int account_conversion(ml_state *st, const ml_hook_tls *tl, const ml_lords *lords,
                               PyObject *src, PyObject *dst, int kind, int non_blocking)
 {
     int done = account_on_device(st, tl, lords, src, dst, kind);
@@ -945,7 +950,7 @@ static void report_failure(PyObject *hook)
     PyErr_WriteUnraisable(hook);
 }
 
-static PyObject *hook_tensor(PyObject *callable, PyObject *const *args, size_t nargsf,
+ML_HOT static PyObject *hook_tensor(PyObject *callable, PyObject *const *args, size_t nargsf,
                              PyObject *kwnames)
 {
     const HookObject *self = (const HookObject *)callable;
@@ -953,7 +958,7 @@ static PyObject *hook_tensor(PyObject *callable, PyObject *const *args, size_t n
     if (disp.lord_refs == NULL || disp.module == NULL || nargs < 1) {
         return call_original(self, args, nargsf, kwnames);
     }
-    ml_state *st = ml_state_of_module(disp.module);
+    ml_state *st = disp.st;
     if (uncounted(st, args[0])) {
         return call_original(self, args, nargsf, kwnames); /* tracing: nothing to count */
     }
@@ -1011,7 +1016,7 @@ static PyObject *hook_module_to(PyObject *callable, PyObject *const *args, size_
             PyErr_WriteUnraisable(callable);
         } else {
             if (any_tracks_callsite(&lords)) {
-                ml_site_capture(ml_state_of_module(disp.module), &tl->module_site);
+                ml_site_capture(disp.st, &tl->module_site);
                 tl->module_site_set = own_site = 1;
             }
             lords_release(&lords);
@@ -1069,7 +1074,7 @@ static PyObject *hook_factory(PyObject *callable, PyObject *const *args, size_t 
     if (out != NULL && out != Py_None) {
         return result;
     }
-    return track_result(callable, ml_state_of_module(disp.module), result, "(factory)");
+    return track_result(callable, disp.st, result, "(factory)");
 }
 
 /* nn.Parameter(data): a parameter is memory the model holds.  Its storage
@@ -1084,7 +1089,7 @@ static PyObject *hook_param(PyObject *callable, PyObject *const *args, size_t na
     if (result == NULL || disp.py_lord_refs == NULL || disp.module == NULL) {
         return result;
     }
-    return track_result(callable, ml_state_of_module(disp.module), result, "(param)");
+    return track_result(callable, disp.st, result, "(param)");
 }
 
 /* Module._apply (to, half, float, double, bfloat16, cuda, cpu, type,
@@ -1114,7 +1119,7 @@ static PyObject *hook_module_apply(PyObject *callable, PyObject *const *args, si
     for (Py_ssize_t i = 0; i < lords.n; i++) {
         any |= ml_life_deep((ml_book *)lords.v[i]);
     }
-    ml_state *st = ml_state_of_module(disp.module);
+    ml_state *st = disp.st;
     if (!any || !PyObject_TypeCheck(args[0], (PyTypeObject *)st->module_type)) {
         lords_release(&lords);
         return result;
@@ -1583,6 +1588,7 @@ static int unpatch_group(int group)
         Py_XDECREF(p.hook);
     }
     if (disp.npatches == 0) {
+        disp.st = NULL;
         Py_CLEAR(disp.module);
     }
     return rc;
@@ -1623,6 +1629,7 @@ static int install_torch(PyObject *module)
     static const char *const casts[] = {"half", "float", "double", "bfloat16"};
     installing_group = G_TORCH;
     Py_XSETREF(disp.module, Py_NewRef(module));
+    disp.st = st;
     if (disp.s_cuda_stream == NULL &&
         (disp.s_cuda_stream = PyUnicode_InternFromString("cuda_stream")) == NULL) {
         goto fail;
@@ -1695,6 +1702,7 @@ static int install_py(PyObject *module)
     ml_state *st = ml_state_of_module(module);
     installing_group = G_PY;
     Py_XSETREF(disp.module, Py_NewRef(module));
+    disp.st = st;
     PyObject *torch = PyImport_ImportModule("torch");
     if (torch == NULL) {
         goto fail;
