@@ -299,6 +299,7 @@ static PyObject *core_set_cache_type(PyObject *module, PyObject *args)
             int was = st->type_has_cache[t];
             st->type_has_cache[t] = (unsigned char)on;
             st->cache_in_use |= on;
+            ml_busy_changed();
             return PyBool_FromLong(was);
         }
     }

@@ -53,16 +53,12 @@ extern const ml_sink ml_hotspot_sink; /* emit.c */
 /* Make lord's sink plan afresh (emit.c). */
 void ml_plan_make(ml_book *lord);
 
-/* lord's sink plan for the next event: remade when a watched busy word
- * changed (a sink added invalidates it). */
+/* lord's sink plan for the next event: remade when a busy word changed
+ * (a sink added invalidates it). */
 static inline const ml_sink_plan *ml_plan_of(ml_book *lord)
 {
     ml_sink_plan *p = &lord->plan;
-    int stale = !p->valid;
-    for (int k = 0; k < p->nwatch; k++) {
-        stale |= *p->watch[k] != p->watched[k];
-    }
-    if (stale) {
+    if (!p->valid || p->epoch != ml_busy_epoch) {
         ml_plan_make(lord);
     }
     return p;

@@ -30,6 +30,9 @@ const char *ml_ev_source_name(int source)
     return source >= 0 && source < ML_SRC_NSOURCES ? source_names[source] : "?";
 }
 
+static int hot_reserve(void *data, ml_book *lord, const ml_event *ev, int n);
+static void hot_apply(void *data, ml_book *lord, ml_event *ev, int n);
+
 int ml_sink_add(ml_book *lord, const ml_sink *sink)
 {
     if (lord->nsinks >= ML_MAX_SINKS) {
@@ -41,19 +44,16 @@ int ml_sink_add(ml_book *lord, const ml_sink *sink)
     return 0;
 }
 
+unsigned ml_busy_epoch;
+
 void ml_plan_make(ml_book *lord)
 {
     ml_sink_plan *p = &lord->plan;
     memset(p, 0, sizeof(*p));
+    p->epoch = ml_busy_epoch;
     for (int i = 0; i < lord->nsinks && i < ML_MAX_SINKS; i++) {
         const ml_sink *s = &lord->sinks[i];
-        int busy = 1;
-        if (s->busy != NULL) {
-            busy = *s->busy != 0;
-            p->watch[p->nwatch] = s->busy;
-            p->watched[p->nwatch++] = *s->busy;
-        }
-        if (!busy) {
+        if (s->busy != NULL && *s->busy == 0) {
             continue;
         }
         p->needs |= s->needs;
@@ -68,6 +68,9 @@ void ml_plan_make(ml_book *lord)
             p->nquiet += s->quiet != NULL;
         }
     }
+    p->hot_only = p->nreserve == 1 && p->napply == 1 &&
+                  lord->sinks[p->reserve[0]].reserve == hot_reserve &&
+                  lord->sinks[p->apply[0]].apply == hot_apply;
     p->valid = 1;
 }
 
@@ -92,6 +95,7 @@ static inline int reserve_slot(ml_book *lord, const ml_event *e, ml_slot **slot)
     ml_delta d = {e->dev, 0, 0};
     if (ml_dev_has_cache(lord->st, e->dev)) {
         lord->st->cache_in_use = 1; /* wakes the auto-GC sink */
+        ml_busy_changed();
     }
     return ml_ledger_reserve(&lord->ledger, &d, 1) < 0 ? -1 : 1;
 }
@@ -223,7 +227,7 @@ static inline void notify_if_busy(ml_book *lord, const ml_sink_plan *plan, const
 
 /* One allocation or free: the same phases as ml_emit, without its loops
  * (most calls of every source carry one event). */
-static int emit_one(ml_book *lord, ml_event *e, const ml_emit_ctx *ctx)
+ML_HOT static int emit_one(ml_book *lord, ml_event *e, const ml_emit_ctx *ctx)
 {
     const ml_sink_plan *p = ml_plan_of(lord);
     if (p->needs & ML_NEED_CLOCK) {
@@ -232,7 +236,11 @@ static int emit_one(ml_book *lord, ml_event *e, const ml_emit_ctx *ctx)
     }
     ml_slot *slot = NULL;
     int made = reserve_slot(lord, e, &slot);
-    if (made < 0 || reserve_sinks(lord, p, e, 1) < 0) {
+    /* most plans: the hotspot table is the only sink with work, called
+     * directly (inlined) rather than through the table */
+    ml_hotspots *h = e->kind == ML_EV_ALLOC ? &lord->alloc_sites : &lord->free_sites;
+    if (made < 0 || (p->hot_only ? e->site != 0 && ml_hotspots_reserve(h, 1) < 0
+                                 : reserve_sinks(lord, p, e, 1) < 0)) {
         return -1;
     }
     /* phase 1: the slot exists now, and no sink's reserve touches the ledger */
@@ -245,7 +253,11 @@ static int emit_one(ml_book *lord, ml_event *e, const ml_emit_ctx *ctx)
         ml_slot_free(slot, e->bytes, e->count);
     }
     e->total_after = slot->allocated;
-    apply_sinks(lord, p, e, 1);
+    if (p->hot_only) {
+        ml_hotspots_add(h, e->dev, e->site, e->bytes);
+    } else {
+        apply_sinks(lord, p, e, 1);
+    }
     lord->version++;
     /* A busy word changes only when Python runs, and none ran since the
      * plan was read, unless making the slot woke a sink (a first device
@@ -352,7 +364,7 @@ static inline ml_event event_of(const ml_delta *d, int kind, int source, uint32_
                       .source = (uint8_t)source};
 }
 
-int ml_record(ml_book *lord, int kind, int source, const ml_delta *d, int n, const ml_site *site,
+ML_HOT int ml_record(ml_book *lord, int kind, int source, const ml_delta *d, int n, const ml_site *site,
               const ml_emit_ctx *ctx)
 {
     static const ml_emit_ctx none = {NULL, NULL};
@@ -390,7 +402,7 @@ int ml_lord_record(ml_book *self, int flags, const ml_delta *d, int n, const ml_
 
 /* ---- the hotspot sink: cumulative bytes per (device, site) --------------- */
 
-static int hot_reserve(void *Py_UNUSED(data), ml_book *lord, const ml_event *ev, int n)
+ML_HOT static int hot_reserve(void *Py_UNUSED(data), ml_book *lord, const ml_event *ev, int n)
 {
     if (n == 1) { /* most calls: one event */
         ml_hotspots *h = ev[0].kind == ML_EV_ALLOC  ? &lord->alloc_sites
@@ -412,7 +424,7 @@ static int hot_reserve(void *Py_UNUSED(data), ml_book *lord, const ml_event *ev,
     return 0;
 }
 
-static void hot_apply(void *Py_UNUSED(data), ml_book *lord, ml_event *ev, int n)
+ML_HOT static void hot_apply(void *Py_UNUSED(data), ml_book *lord, ml_event *ev, int n)
 {
     for (int i = 0; i < n; i++) {
         if (ev[i].kind == ML_EV_ALLOC) {

@@ -78,7 +78,8 @@ typedef struct {
     void *data;
     /* Optional: a word in the sink's data that reads 0 while no event can
      * concern the sink (the ring while not recording, regions while none is
-     * open); the seam then skips it, and its `needs`, without a call. */
+     * open); the seam then skips it, and its `needs`, without a call.  Its
+     * owner calls ml_busy_changed() after every change of the word. */
     const int *busy;
     unsigned needs; /* ML_NEED_*: what a busy sink reads of an event */
     /* Optional: 1 when notify would do nothing with any event right now (the
@@ -98,18 +99,29 @@ typedef struct {
 #define ML_MAX_SINKS 8
 
 /* The seam's cached plan (emit.c): per phase, the indexes of the sinks that
- * run in it (busy, with that phase's function), and the busy words it was
- * made from.  Remade when a watched busy word changes or a sink is added, so
- * an event costs one call per sink with work, not a pass over the table. */
+ * run in it (busy, with that phase's function).  Remade when a sink is added
+ * or any busy word changed since it was made (ml_busy_epoch), so an event
+ * costs one comparison and one call per sink with work, not a pass over the
+ * table or a read of every sink's data. */
 typedef struct {
     int valid;
+    unsigned epoch; /* ml_busy_epoch when made */
     unsigned needs;
-    uint8_t nreserve, napply, nnotify, nwatch;
-    uint8_t nquiet; /* planned notify sinks that can say they are quiet */
+    uint8_t nreserve, napply, nnotify;
+    uint8_t nquiet;   /* planned notify sinks that can say they are quiet */
+    uint8_t hot_only; /* the hotspot sink is the only one to reserve and apply */
     uint8_t reserve[ML_MAX_SINKS], apply[ML_MAX_SINKS], notify[ML_MAX_SINKS];
-    const int *watch[ML_MAX_SINKS];
-    int watched[ML_MAX_SINKS]; /* *watch[k] when the plan was made */
 } ml_sink_plan;
+
+/* Bumped whenever any sink's busy word changes (process-wide: the plans of
+ * every lord are then remade at their next event). */
+extern unsigned ml_busy_epoch;
+
+/* What a sink's owner calls after changing its busy word. */
+static inline void ml_busy_changed(void)
+{
+    ml_busy_epoch++;
+}
 
 /* Apply n events to lord (see the phases above).  The caller holds a strong
  * reference to lord for the duration, and ev is its own buffer (the stack,

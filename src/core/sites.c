@@ -173,7 +173,7 @@ static int frames_check(void)
     return n == 0 ? -1 : ok; /* no Python frame to compare with: ask again next time */
 }
 
-static int capture_direct(ml_state *st, ml_site *out, PyObject **drop)
+ML_HOT static int capture_direct(ml_state *st, ml_site *out, PyObject **drop)
 {
     if (frames_direct < 0) {
         frames_direct = frames_check();
@@ -211,7 +211,7 @@ int ml_sites_direct(void)
 }
 #endif
 
-static void capture(ml_state *st, ml_site *out, int in_place)
+ML_HOT static void capture(ml_state *st, ml_site *out, int in_place)
 {
     out->code = NULL;
     out->line = 0;
@@ -222,7 +222,7 @@ static void capture(ml_state *st, ml_site *out, int in_place)
     Py_XDECREF(drop);
 }
 
-void ml_site_capture(ml_state *st, ml_site *out)
+ML_HOT void ml_site_capture(ml_state *st, ml_site *out)
 {
     capture(st, out, 1);
 }
@@ -246,6 +246,8 @@ void ml_sitetab_init(ml_sitetab *t)
     t->index = NULL;
     t->nindex = 0;
     t->recent[0] = t->recent[1] = 0;
+    t->recent_code = NULL;
+    t->recent_offset = 0;
 }
 
 void ml_sitetab_clear(ml_sitetab *t)
@@ -329,16 +331,18 @@ static inline uint32_t site_seen(ml_sitetab *t, uint32_t id)
     if (t->recent[0] != id) {
         t->recent[1] = t->recent[0];
         t->recent[0] = id;
+        t->recent_code = t->by_id[id].code;
+        t->recent_offset = t->by_id[id].offset;
     }
     return id;
 }
 
-uint32_t ml_site_intern(ml_sitetab *t, const ml_site *site)
+ML_HOT uint32_t ml_site_intern(ml_sitetab *t, const ml_site *site)
 {
     if (site->code == NULL) {
         return 0;
     }
-    if (site_is(t, t->recent[0], site)) {
+    if (t->recent[0] != 0 && t->recent_code == site->code && t->recent_offset == site->line) {
         return t->recent[0];
     }
     if (site_is(t, t->recent[1], site)) {

@@ -218,6 +218,7 @@ static PyObject *region_close(ml_book *lord, int64_t id)
     }
     memmove(&r->open[k], &r->open[k + 1], (size_t)(r->n - k - 1) * sizeof(ml_region));
     r->n--;
+    ml_busy_changed();
     /* g.devs is ours now */
     ml_state *st = ml_lord_state(lord);
     PyObject *list = PyList_New(0);
@@ -332,6 +333,7 @@ static int region_open(ml_book *lord, int64_t *id_out)
         r->cap = cap;
     }
     ml_region *g = &r->open[r->n++];
+    ml_busy_changed();
     memset(g, 0, sizeof(*g));
     g->id = r->next_id++;
     g->thread = (uint64_t)PyThread_get_thread_ident();
@@ -570,6 +572,7 @@ static void region_dealloc(RegionObject *self)
                 PyMem_Free(r->open[k].devs);
                 memmove(&r->open[k], &r->open[k + 1], (size_t)(r->n - k - 1) * sizeof(ml_region));
                 r->n--;
+                ml_busy_changed();
                 break;
             }
         }

@@ -103,6 +103,7 @@ PyObject *ml_lord_record_events(PyObject *self, PyObject *capacity)
     r->buf = buf;
     r->cap = cap;
     r->busy = cap > 0;
+    ml_busy_changed();
     r->start = r->n = r->dropped = 0;
     ml_regions_set_naming(lord->regions, cap > 0);
     PyMem_Free(old);
