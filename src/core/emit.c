@@ -364,8 +364,8 @@ static inline ml_event event_of(const ml_delta *d, int kind, int source, uint32_
                       .source = (uint8_t)source};
 }
 
-ML_HOT int ml_record(ml_book *lord, int kind, int source, const ml_delta *d, int n, const ml_site *site,
-              const ml_emit_ctx *ctx)
+ML_HOT int ml_record(ml_book *lord, int kind, int source, const ml_delta *d, int n,
+                     const ml_site *site, const ml_emit_ctx *ctx)
 {
     static const ml_emit_ctx none = {NULL, NULL};
     uint32_t sid = 0;

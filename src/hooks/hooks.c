@@ -421,7 +421,7 @@ static int any_tracks_callsite(const ml_lords *lords)
  * on this thread, else the innermost frame outside torch and memlord when a
  * lord tracks call sites, else none.  The caller clears *site. */
 ML_HOT static void conversion_site(ml_state *st, const ml_hook_tls *tl, const ml_lords *lords,
-                            ml_site *site)
+                                   ml_site *site)
 {
     site->code = NULL;
     site->line = 0;
@@ -434,8 +434,8 @@ ML_HOT static void conversion_site(ml_state *st, const ml_hook_tls *tl, const ml
 }
 
 /* One event for every subscribed lord; subject is the tensor it is about. */
-ML_HOT static void record_all(const ml_lords *lords, int flags, ml_dev dev, int64_t bytes, uintptr_t ptr,
-                       const ml_site *site, PyObject *subject)
+ML_HOT static void record_all(const ml_lords *lords, int flags, ml_dev dev, int64_t bytes,
+                              uintptr_t ptr, const ml_site *site, PyObject *subject)
 {
     ml_delta d = {dev, bytes, 1, ptr, 0};
     ml_emit_ctx ctx = {subject, NULL};
@@ -642,7 +642,7 @@ static int want_address(const ml_lords *lords)
  * result's storage is counted, nothing is credited.  1 when it applied, 0
  * when the general path must run, -1 when memory ran out. */
 ML_HOT static int account_on_device(ml_state *st, const ml_hook_tls *tl, const ml_lords *lords,
-                             PyObject *src, PyObject *dst, int kind)
+                                    PyObject *src, PyObject *dst, int kind)
 {
     if (lords->n != 1 || ml_life_deep((ml_book *)lords->v[0])) {
         return 0;
@@ -670,7 +670,7 @@ ML_HOT static int account_on_device(ml_state *st, const ml_hook_tls *tl, const m
 }
 
 ML_HOT static int account_conversion(ml_state *st, const ml_hook_tls *tl, const ml_lords *lords,
-                              PyObject *src, PyObject *dst, int kind, int non_blocking)
+                                     PyObject *src, PyObject *dst, int kind, int non_blocking)
 {
     int done = account_on_device(st, tl, lords, src, dst, kind);
     if (done != 0) {
@@ -951,7 +951,7 @@ static void report_failure(PyObject *hook)
 }
 
 ML_HOT static PyObject *hook_tensor(PyObject *callable, PyObject *const *args, size_t nargsf,
-                             PyObject *kwnames)
+                                    PyObject *kwnames)
 {
     const HookObject *self = (const HookObject *)callable;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);

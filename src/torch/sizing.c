@@ -1051,7 +1051,8 @@ int ml_sizing_in_c(void)
     return ml_abi_enabled();
 }
 
-ML_HOT int ml_tensor_storage(ml_state *st, PyObject *t, ml_dev *dev, uintptr_t *ptr, int64_t *nbytes)
+ML_HOT int ml_tensor_storage(ml_state *st, PyObject *t, ml_dev *dev, uintptr_t *ptr,
+                             int64_t *nbytes)
 {
     if (ptr != NULL) {
         *ptr = 0;

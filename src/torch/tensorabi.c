@@ -146,7 +146,8 @@ int ml_abi_meta_bytes(const ml_state *st, PyObject *t, ml_dev *dev, int64_t *nby
     return 1;
 }
 
-ML_HOT int ml_abi_storage(const ml_state *st, PyObject *t, ml_dev *dev, uintptr_t *ptr, int64_t *nbytes)
+ML_HOT int ml_abi_storage(const ml_state *st, PyObject *t, ml_dev *dev, uintptr_t *ptr,
+                          int64_t *nbytes)
 {
     if (!abi.on || abi.storage_size == NULL || !exact_tensor(st, t)) {
         return 0;
