@@ -3,8 +3,8 @@
 #include "core/event.h"
 #include "core/book.h"
 #include "core/autogc.h"
+#include "core/emit_one.h"
 #include "core/logsink.h"
-#include "core/book.h"
 
 #include <string.h>
 #include <time.h>
@@ -100,6 +100,16 @@ static inline int reserve_slot(ml_book *lord, const ml_event *e, ml_slot **slot)
     return ml_ledger_reserve(&lord->ledger, &d, 1) < 0 ? -1 : 1;
 }
 
+int ml_emit_slot(ml_book *lord, ml_dev dev, ml_slot **slot)
+{
+    ml_event e = {.dev = dev, .kind = ML_EV_ALLOC};
+    int made = reserve_slot(lord, &e, slot);
+    if (made > 0) {
+        *slot = ml_ledger_find(&lord->ledger, dev);
+    }
+    return made;
+}
+
 /* The planned sinks' reserve and apply (phases 0 and 1). */
 static inline int reserve_sinks(ml_book *lord, const ml_sink_plan *p, const ml_event *ev, int n)
 {
@@ -118,6 +128,16 @@ static inline void apply_sinks(ml_book *lord, const ml_sink_plan *p, ml_event *e
         const ml_sink *s = &lord->sinks[p->apply[k]];
         s->apply(s->data, lord, ev, n);
     }
+}
+
+int ml_emit_reserve_sinks(ml_book *lord, const ml_sink_plan *p, const ml_event *ev, int n)
+{
+    return reserve_sinks(lord, p, ev, n);
+}
+
+void ml_emit_apply_sinks(ml_book *lord, const ml_sink_plan *p, ml_event *ev, int n)
+{
+    apply_sinks(lord, p, ev, n);
 }
 
 static int reserve(ml_book *lord, const ml_sink_plan *p, const ml_event *ev, int n)
@@ -195,81 +215,10 @@ static void notify(ml_book *lord, const ml_sink_plan *p, const ml_event *ev, int
     }
 }
 
-/* Phase 2 of ml_emit, whenever a sink has something to do. */
-static void notify_busy(ml_book *lord, const ml_sink_plan *plan, const ml_event *ev, int n,
-                        const ml_emit_ctx *ctx);
-
-/* 1 when every planned notify sink says it would do nothing now (also
- * when none is planned). */
-static inline int all_quiet(ml_book *lord, const ml_sink_plan *plan)
-{
-    if (plan->nquiet != plan->nnotify) {
-        return 0;
-    }
-    for (int k = 0; k < plan->nnotify; k++) {
-        const ml_sink *s = &lord->sinks[plan->notify[k]];
-        if (!s->quiet(s->data, lord)) {
-            return 0;
-        }
-    }
-    return 1;
-}
-
-/* Most events stop here: the only sink with a notify is the DEBUG log, and
- * DEBUG is off.  A death goes on to ml_defer_notify, which asks on its own. */
-static inline void notify_if_busy(ml_book *lord, const ml_sink_plan *plan, const ml_event *ev,
-                                  int n, const ml_emit_ctx *ctx)
-{
-    if (ev[0].source == ML_SRC_DEATH || !all_quiet(lord, plan)) {
-        notify_busy(lord, plan, ev, n, ctx);
-    }
-}
-
-/* One allocation or free: the same phases as ml_emit, without its loops
- * (most calls of every source carry one event). */
-ML_HOT static int emit_one(ml_book *lord, ml_event *e, const ml_emit_ctx *ctx)
-{
-    const ml_sink_plan *p = ml_plan_of(lord);
-    if (p->needs & ML_NEED_CLOCK) {
-        e->t_ns = ml_now_ns();
-        e->thread = (uint64_t)PyThread_get_thread_ident();
-    }
-    ml_slot *slot = NULL;
-    int made = reserve_slot(lord, e, &slot);
-    /* most plans: the hotspot table is the only sink with work, called
-     * directly (inlined) rather than through the table */
-    ml_hotspots *h = e->kind == ML_EV_ALLOC ? &lord->alloc_sites : &lord->free_sites;
-    if (made < 0 || (p->hot_only ? e->site != 0 && ml_hotspots_reserve(h, 1) < 0
-                                 : reserve_sinks(lord, p, e, 1) < 0)) {
-        return -1;
-    }
-    /* phase 1: the slot exists now, and no sink's reserve touches the ledger */
-    if (made) {
-        slot = ml_ledger_find(&lord->ledger, e->dev);
-    }
-    if (e->kind == ML_EV_ALLOC) {
-        ml_slot_alloc(slot, e->bytes, e->count);
-    } else {
-        ml_slot_free(slot, e->bytes, e->count);
-    }
-    e->total_after = slot->allocated;
-    if (p->hot_only) {
-        ml_hotspots_add(h, e->dev, e->site, e->bytes);
-    } else {
-        apply_sinks(lord, p, e, 1);
-    }
-    lord->version++;
-    /* A busy word changes only when Python runs, and none ran since the
-     * plan was read, unless making the slot woke a sink (a first device
-     * with a cache wakes auto-GC): then the plan is read afresh. */
-    notify_if_busy(lord, made ? ml_plan_of(lord) : p, e, 1, ctx);
-    return 0;
-}
-
 int ml_emit(ml_book *lord, ml_event *ev, int n, const ml_emit_ctx *ctx)
 {
     if (n == 1 && (ev[0].kind == ML_EV_ALLOC || ev[0].kind == ML_EV_FREE)) {
-        return emit_one(lord, ev, ctx);
+        return ml_emit_one(lord, ev, ctx);
     }
     if (n <= 0) {
         return 0;
@@ -288,12 +237,12 @@ int ml_emit(ml_book *lord, ml_event *ev, int n, const ml_emit_ctx *ctx)
     }
     apply(lord, plan, ev, n);
     /* phase 0 may have woken a sink (see emit_one) */
-    notify_if_busy(lord, ml_plan_of(lord), ev, n, ctx);
+    ml_emit_notify_if_busy(lord, ml_plan_of(lord), ev, n, ctx);
     return 0;
 }
 
-static void notify_busy(ml_book *lord, const ml_sink_plan *plan, const ml_event *ev, int n,
-                        const ml_emit_ctx *ctx)
+void ml_emit_notify_busy(ml_book *lord, const ml_sink_plan *plan, const ml_event *ev, int n,
+                         const ml_emit_ctx *ctx)
 {
     PyObject *exc_type = NULL, *exc_value = NULL, *exc_tb = NULL;
     int saved = PyErr_Occurred() != NULL; /* a source may emit with an error pending */
@@ -349,32 +298,16 @@ static int source_of_label(const char *label)
     return ML_SRC_CONVERT;
 }
 
-/* The event of one delta: a storage's pointer and lifetime only when the
- * delta is about one storage (a merged delta has none). */
-static inline ml_event event_of(const ml_delta *d, int kind, int source, uint32_t sid)
-{
-    int one = d->count == 1;
-    return (ml_event){.bytes = d->bytes,
-                      .count = d->count,
-                      .address = one ? d->address : 0,
-                      .lifetime_ns = one ? d->lifetime_ns : 0,
-                      .site = sid,
-                      .dev = d->dev,
-                      .kind = (uint8_t)kind,
-                      .source = (uint8_t)source};
-}
-
 ML_HOT int ml_record(ml_book *lord, int kind, int source, const ml_delta *d, int n,
                      const ml_site *site, const ml_emit_ctx *ctx)
 {
     static const ml_emit_ctx none = {NULL, NULL};
+    if (n == 1 && (kind == ML_EV_ALLOC || kind == ML_EV_FREE)) { /* most calls: one event */
+        return ml_record_one(lord, kind, source, d, site, ctx != NULL ? ctx : &none);
+    }
     uint32_t sid = 0;
     if (lord->track_callsite && site != NULL && site->code != NULL) {
-        sid = ml_site_intern(&ml_lord_state(lord)->sites, site);
-    }
-    if (n == 1 && (kind == ML_EV_ALLOC || kind == ML_EV_FREE)) {
-        ml_event e = event_of(&d[0], kind, source, sid); /* most calls: one event */
-        return emit_one(lord, &e, ctx != NULL ? ctx : &none);
+        sid = ml_site_id(&ml_lord_state(lord)->sites, site);
     }
     ml_event inline_ev[ML_DELTAS_INLINE];
     ml_event *ev = n <= ML_DELTAS_INLINE ? inline_ev : PyMem_Malloc((size_t)n * sizeof(ml_event));
@@ -383,7 +316,7 @@ ML_HOT int ml_record(ml_book *lord, int kind, int source, const ml_delta *d, int
         return -1;
     }
     for (int i = 0; i < n; i++) {
-        ev[i] = event_of(&d[i], kind, source, sid);
+        ev[i] = ml_event_of(&d[i], kind, source, sid);
     }
     int rc = ml_emit(lord, ev, n, ctx != NULL ? ctx : &none);
     if (ev != inline_ev) {

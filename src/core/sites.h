@@ -33,6 +33,15 @@ int ml_sitetab_traverse(ml_sitetab *t, visitproc visit, void *arg);
 /* The id of site (0 when unknown or the table cannot grow).  Never raises,
  * never runs Python. */
 uint32_t ml_site_intern(ml_sitetab *t, const ml_site *site);
+
+/* The same, inline when site is the one interned last (a loop). */
+static inline uint32_t ml_site_id(ml_sitetab *t, const ml_site *site)
+{
+    if (t->recent[0] != 0 && t->recent_code == site->code && t->recent_offset == site->line) {
+        return t->recent[0];
+    }
+    return ml_site_intern(t, site);
+}
 /* The code object (borrowed) and line number of an id; 0 when unknown. */
 int ml_site_lookup(const ml_sitetab *t, uint32_t id, PyObject **code, int *line);
 

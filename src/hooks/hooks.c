@@ -10,6 +10,7 @@
  * meta and fake storages); the hook never touches data. */
 #include "hooks/hooks.h"
 #include "core/autogc.h"
+#include "core/emit_one.h"
 #include "hooks/lifetime.h"
 #include "platform/ml_cuda.h"
 #include "torch/sizing.h"
@@ -441,8 +442,8 @@ ML_HOT static void record_all(const ml_lords *lords, int flags, ml_dev dev, int6
     ml_emit_ctx ctx = {subject, NULL};
     for (Py_ssize_t i = 0; i < lords->n; i++) {
         ml_book *lord = (ml_book *)lords->v[i];
-        if (ml_record(lord, (flags & ML_REC_FREE) ? ML_EV_FREE : ML_EV_ALLOC, ML_SRC_CONVERT, &d, 1,
-                      site, &ctx) < 0) {
+        if (ml_record_one(lord, (flags & ML_REC_FREE) ? ML_EV_FREE : ML_EV_ALLOC, ML_SRC_CONVERT,
+                          &d, site, &ctx) < 0) {
             PyErr_WriteUnraisable((PyObject *)lord);
         }
     }
