@@ -20,10 +20,16 @@ typedef uint32_t ml_dev;
  * conversion touches a few pages of memlord's code instead of one per
  * function (torch's own path evicts them from the instruction caches and
  * TLB between two calls). */
+/* ML_COLD marks what the hooked call's path reaches only on a rare branch
+ * (an error, a first device, a one-time check, a CUDA queue): kept out of
+ * line and out of the hot section, so the branch that calls it is laid out
+ * away from the path that runs every call. */
 #if defined(__GNUC__)
 #define ML_HOT __attribute__((hot))
+#define ML_COLD __attribute__((cold, noinline))
 #else
 #define ML_HOT
+#define ML_COLD
 #endif
 
 #define ML_DEV(type, index) ((ml_dev)(((uint32_t)(type) << 8) | (uint8_t)((index) + 1)))

@@ -15,12 +15,12 @@
 /* The ledger slot of dev, made if missing: 1 when it was made now (then the
  * table may have moved, and a first device with a cache wakes the auto-GC
  * sink), 0 when it was there, -1 with an exception set. */
-int ml_emit_slot(ml_book *lord, ml_dev dev, ml_slot **slot);
+ML_COLD int ml_emit_slot(ml_book *lord, ml_dev dev, ml_slot **slot);
 int ml_emit_reserve_sinks(ml_book *lord, const ml_sink_plan *p, const ml_event *ev, int n);
 void ml_emit_apply_sinks(ml_book *lord, const ml_sink_plan *p, ml_event *ev, int n);
 /* Phase 2 when a sink has something to do (or a death defers it). */
-void ml_emit_notify_busy(ml_book *lord, const ml_sink_plan *plan, const ml_event *ev, int n,
-                         const ml_emit_ctx *ctx);
+ML_COLD void ml_emit_notify_busy(ml_book *lord, const ml_sink_plan *plan, const ml_event *ev, int n,
+                                 const ml_emit_ctx *ctx);
 
 /* 1 when every planned notify sink says it would do nothing now (also
  * when none is planned). */

@@ -7,7 +7,7 @@
 
 #include <string.h>
 
-static int is_internal(ml_state *st, PyObject *filename)
+ML_COLD static int is_internal(ml_state *st, PyObject *filename)
 {
     if (!PyUnicode_Check(filename)) {
         return 0;
@@ -127,7 +127,7 @@ static inline int offset_of(const ml_iframe *f)
  * builtins) and the plausibility of the rest.  The public side is read
  * first, into strong references (asking for frame objects allocates); the
  * interpreter's frames after, with nothing that allocates.  Run once. */
-static int frames_check(void)
+ML_COLD static int frames_check(void)
 {
     PyFrameObject *fo[ML_CHECK_DEPTH];
     PyObject *code[ML_CHECK_DEPTH], *globals[ML_CHECK_DEPTH], *builtins[ML_CHECK_DEPTH];

@@ -62,7 +62,7 @@ void ml_hotspots_init(ml_hotspots *h);
 void ml_hotspots_clear(ml_hotspots *h);
 /* The slow paths of the two below: a bigger table; an entry other than the
  * last one added to. */
-int ml_hotspots_grow(ml_hotspots *h, Py_ssize_t k);
+ML_COLD int ml_hotspots_grow(ml_hotspots *h, Py_ssize_t k);
 void ml_hotspots_add_new(ml_hotspots *h, ml_dev dev, uint32_t site, int64_t bytes);
 
 /* Room for k more entries, so that the adds that follow cannot fail. */

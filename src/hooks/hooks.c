@@ -149,6 +149,13 @@ static int lords_contain(PyObject *lords, const PyObject *lord)
     return 0;
 }
 
+/* An accounting failure never reaches the caller: it is reported as
+ * unraisable (sys.unraisablehook) and the original's result stands. */
+ML_COLD static void report_failure(PyObject *hook)
+{
+    PyErr_WriteUnraisable(hook);
+}
+
 /* The lords one hooked call serves: strong references to the live lords of
  * a subscriber tuple, held for the call.  Up to ML_LORDS_INLINE sit in the
  * struct itself, so the common case (one lord) allocates nothing; more go
@@ -285,7 +292,7 @@ static void pending_append(ml_pending *items, Py_ssize_t n)
  * `only` when it is not NULL; with head_only, stop at the first pending one).
  * The queue is detached first: waits release the GIL, and crediting runs
  * Python that may re-enter the hooks and queue more. */
-static void pending_drain(int wait, PyObject *only, int head_only)
+ML_COLD static void pending_drain(int wait, PyObject *only, int head_only)
 {
     if (disp.npending == 0) {
         return;
@@ -444,7 +451,7 @@ ML_HOT static void record_all(const ml_lords *lords, int flags, ml_dev dev, int6
         ml_book *lord = (ml_book *)lords->v[i];
         if (ml_record_one(lord, (flags & ML_REC_FREE) ? ML_EV_FREE : ML_EV_ALLOC, ML_SRC_CONVERT,
                           &d, site, &ctx) < 0) {
-            PyErr_WriteUnraisable((PyObject *)lord);
+            report_failure((PyObject *)lord);
         }
     }
 }
@@ -944,13 +951,6 @@ static inline int read_in_c(const ml_state *st, PyObject *t)
            ml_sizing_in_c();
 }
 
-/* An accounting failure never reaches the caller: it is reported as
- * unraisable (sys.unraisablehook) and the original's result stands. */
-static void report_failure(PyObject *hook)
-{
-    PyErr_WriteUnraisable(hook);
-}
-
 ML_HOT static PyObject *hook_tensor(PyObject *callable, PyObject *const *args, size_t nargsf,
                                     PyObject *kwnames)
 {
@@ -983,7 +983,7 @@ ML_HOT static PyObject *hook_tensor(PyObject *callable, PyObject *const *args, s
     }
     ml_lords lords; /* a snapshot: subscribers may change */
     if (lords_acquire(disp.lord_refs, &lords) < 0) {
-        PyErr_WriteUnraisable(callable);
+        report_failure(callable);
         return result;
     }
     int nb = self->kind == HK_MOVE && is_non_blocking(args, nargs, kwnames);
@@ -1113,7 +1113,7 @@ static PyObject *hook_module_apply(PyObject *callable, PyObject *const *args, si
     }
     ml_lords lords;
     if (lords_acquire(disp.lord_refs, &lords) < 0) {
-        PyErr_WriteUnraisable(callable);
+        report_failure(callable);
         return result;
     }
     int any = 0;
