@@ -307,6 +307,18 @@ static PyObject *core_set_cache_type(PyObject *module, PyObject *args)
     return NULL;
 }
 
+/* _busy_epoch(add=0): the seam's busy epoch after adding add to it.  A
+ * test probe: it stands for that many busy-word changes without an event. */
+static PyObject *core_busy_epoch(PyObject *Py_UNUSED(module), PyObject *add)
+{
+    unsigned long long n = PyLong_AsUnsignedLongLong(add);
+    if (n == (unsigned long long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    ml_busy_epoch += n;
+    return PyLong_FromUnsignedLongLong(ml_busy_epoch);
+}
+
 static PyMethodDef core_methods[] = {
     {"_set_cache_type", (PyCFunction)core_set_cache_type, METH_VARARGS,
      "Test probe: whether auto-GC treats a device type as having a cache; returns the old "
@@ -315,6 +327,8 @@ static PyMethodDef core_methods[] = {
     {"_capture_sites", (PyCFunction)core_capture_sites, METH_NOARGS,
      "Test probe: the caller's site as captured, the same through the public frame API, and "
      "whether the capture read CPython's frames in place."},
+    {"_busy_epoch", (PyCFunction)core_busy_epoch, METH_O,
+     "Test probe: add n to the seam's busy epoch (n busy-word changes); returns it."},
     {"_safe_point", (PyCFunction)core_safe_point, METH_NOARGS,
      "Run deferred notifications and cache releases now."},
     {"format_bytes", (PyCFunction)ml_format_bytes_py, METH_O,

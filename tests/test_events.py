@@ -99,6 +99,22 @@ def test_restart_and_stop():
     assert len(lord.events()) == 0 and lord.events_capacity == 0
 
 
+def test_recording_starts_after_any_number_of_other_busy_changes():
+    """A lord's sink plan is remade when any sink's busy word changed since it was
+    made: a count of changes that wraps a 32-bit counter back to the plan's value
+    (2**32 region opens and closes elsewhere while this lord saw no event) must not
+    leave the ring unplanned."""
+    from memlord import _core
+
+    lord = MemLord()
+    lord.allocate(u8(1))  # the plan is made: no ring
+    lord.record_events(8)  # one busy change
+    _core._busy_epoch(2**32 - 1)  # and 2**32 - 1 more, with no event on this lord
+    lord.allocate(u8(2))
+    e = lord.events()
+    assert list(e["bytes"]) == [2]
+
+
 def test_events_is_a_copy():
     lord = MemLord()
     lord.record_events(4)

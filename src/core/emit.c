@@ -44,7 +44,7 @@ int ml_sink_add(ml_book *lord, const ml_sink *sink)
     return 0;
 }
 
-unsigned ml_busy_epoch;
+uint64_t ml_busy_epoch;
 
 void ml_plan_make(ml_book *lord)
 {

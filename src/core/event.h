@@ -105,7 +105,7 @@ typedef struct {
  * table or a read of every sink's data. */
 typedef struct {
     int valid;
-    unsigned epoch; /* ml_busy_epoch when made */
+    uint64_t epoch; /* ml_busy_epoch when made */
     unsigned needs;
     uint8_t nreserve, napply, nnotify;
     uint8_t nquiet;   /* planned notify sinks that can say they are quiet */
@@ -114,8 +114,10 @@ typedef struct {
 } ml_sink_plan;
 
 /* Bumped whenever any sink's busy word changes (process-wide: the plans of
- * every lord are then remade at their next event). */
-extern unsigned ml_busy_epoch;
+ * every lord are then remade at their next event).  64 bits: a 32-bit count
+ * could come back to a plan's value after 2**32 changes elsewhere, while
+ * that lord saw no event, and leave its stale plan standing. */
+extern uint64_t ml_busy_epoch;
 
 /* What a sink's owner calls after changing its busy word. */
 static inline void ml_busy_changed(void)
