@@ -407,6 +407,27 @@ def test_ring_started_after_events_records_and_reads_addresses():
     assert lord.allocated("cpu")[0] == 128 + 128 + 128 + 512
 
 
+def test_hotspots_and_the_ring_both_see_every_hooked_event():
+    """The seam's direct path (the hotspot table first, the ring after it) and the general
+    one (a region open: its sink reserves too) give the same hotspots and records."""
+    lord = MemLord(auto_gc_bytes=None)
+    t = torch.empty(64)
+    lord.record_events(16)
+    with lord.hook_into_torch():
+        for _ in range(3):
+            t.half()
+        line = sys._getframe().f_lineno - 1
+        with lord.region("r"):
+            t.half()
+    hot = {(dev, _core._site(site)): n for dev, site, n, _key in lord._hotspots(False)}
+    assert hot[("cpu", (__file__, line))] == 3 * 128
+    assert sum(hot.values()) == 4 * 128
+    events = lord.decode_events(lord.events())
+    expected = [("alloc", 128, "")] * 3 + [("alloc", 128, "r")]
+    assert [(e["kind"], e["bytes"], e["region"]) for e in events] == expected
+    assert {_core._site(int(e["site"])) for e in lord.events()[:3]} == {(__file__, line)}
+
+
 def test_region_opened_after_events_sees_them():
     lord = MemLord(auto_gc_bytes=None)
     a, b = torch.empty(10), torch.empty(20)

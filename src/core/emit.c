@@ -68,9 +68,9 @@ void ml_plan_make(ml_book *lord)
             p->nquiet += s->quiet != NULL;
         }
     }
-    p->hot_only = p->nreserve == 1 && p->napply == 1 &&
-                  lord->sinks[p->reserve[0]].reserve == hot_reserve &&
-                  lord->sinks[p->apply[0]].apply == hot_apply;
+    p->hot_first = p->nreserve == 1 && p->napply >= 1 &&
+                   lord->sinks[p->reserve[0]].reserve == hot_reserve &&
+                   lord->sinks[p->apply[0]].apply == hot_apply;
     p->valid = 1;
 }
 

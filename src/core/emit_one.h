@@ -60,11 +60,12 @@ static inline int ml_emit_one(ml_book *lord, ml_event *e, const ml_emit_ctx *ctx
     ml_ledger *l = &lord->ledger;
     ml_slot *slot = l->last < l->n && l->slots[l->last].dev == e->dev ? &l->slots[l->last] : NULL;
     int made = slot != NULL ? 0 : ml_emit_slot(lord, e->dev, &slot);
-    /* most plans: the hotspot table is the only sink with work, called
-     * directly rather than through the table */
+    /* most plans: the hotspot table is the only sink with a reserve and the
+     * first to apply, called directly rather than through the table; any
+     * other sink with work only applies (the ring) */
     ml_hotspots *h = e->kind == ML_EV_ALLOC ? &lord->alloc_sites : &lord->free_sites;
-    if (made < 0 || (p->hot_only ? e->site != 0 && ml_hotspots_reserve(h, 1) < 0
-                                 : ml_emit_reserve_sinks(lord, p, e, 1) < 0)) {
+    if (made < 0 || (p->hot_first ? e->site != 0 && ml_hotspots_reserve(h, 1) < 0
+                                  : ml_emit_reserve_sinks(lord, p, e, 1) < 0)) {
         return -1;
     }
     /* phase 1: the slot exists now, and no sink's reserve touches the ledger */
@@ -74,8 +75,12 @@ static inline int ml_emit_one(ml_book *lord, ml_event *e, const ml_emit_ctx *ctx
         ml_slot_free(slot, e->bytes, e->count);
     }
     e->total_after = slot->allocated;
-    if (p->hot_only) {
+    if (p->hot_first) {
         ml_hotspots_add(h, e->dev, e->site, e->bytes);
+        for (int k = 1; k < p->napply; k++) {
+            const ml_sink *s = &lord->sinks[p->apply[k]];
+            s->apply(s->data, lord, e, 1);
+        }
     } else {
         ml_emit_apply_sinks(lord, p, e, 1);
     }

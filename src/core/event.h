@@ -108,8 +108,10 @@ typedef struct {
     uint64_t epoch; /* ml_busy_epoch when made */
     unsigned needs;
     uint8_t nreserve, napply, nnotify;
-    uint8_t nquiet;   /* planned notify sinks that can say they are quiet */
-    uint8_t hot_only; /* the hotspot sink is the only one to reserve and apply */
+    uint8_t nquiet; /* planned notify sinks that can say they are quiet */
+    /* the hotspot sink is the only one to reserve and the first to apply
+     * (the others apply only: the ring) */
+    uint8_t hot_first;
     uint8_t reserve[ML_MAX_SINKS], apply[ML_MAX_SINKS], notify[ML_MAX_SINKS];
 } ml_sink_plan;
 
