@@ -223,7 +223,8 @@ static PyObject *core_tensor_abi(PyObject *Py_UNUSED(module), PyObject *const *a
                          ml_abi_enabled() ? Py_True : Py_False);
 }
 
-/* _tensor_meta(t): (device str, nbytes) as the hooks size t. */
+/* _tensor_meta(t): (device str, nbytes, storage address or 0) as the hooks
+ * size t. */
 static PyObject *core_tensor_meta(PyObject *module, PyObject *t)
 {
     ml_state *st = ml_state_of_module(module);
@@ -234,11 +235,13 @@ static PyObject *core_tensor_meta(PyObject *module, PyObject *t)
     }
     ml_dev dev;
     int64_t nbytes;
-    if (ml_tensor_storage_bytes(st, t, &dev, &nbytes) < 0) {
+    uintptr_t ptr;
+    if (ml_tensor_storage(st, t, &dev, &ptr, &nbytes) < 0) {
         return NULL;
     }
     PyObject *name = ml_dev_str(st, dev);
-    return name == NULL ? NULL : Py_BuildValue("(NL)", name, (long long)nbytes);
+    return name == NULL ? NULL
+                        : Py_BuildValue("(NLK)", name, (long long)nbytes, (unsigned long long)ptr);
 }
 
 /* _site(id): (filename, line) of a site id, or None. */

@@ -391,8 +391,10 @@ def test_expanded_cast_counts_the_result_storage(tracking):
 
 def test_storage_sizes_of_the_hooks():
     """_tensor_meta reports what the hooks count: storage bytes, 0 for meta."""
-    assert _core._tensor_meta(torch.empty(100)[10:20]) == ("cpu", 400)
-    assert _core._tensor_meta(torch.zeros(1).expand(10**6)) == ("cpu", 4)
+    base = torch.empty(100)
+    assert _core._tensor_meta(base[10:20]) == ("cpu", 400, base.untyped_storage().data_ptr())
+    ones = torch.zeros(1)
+    assert _core._tensor_meta(ones.expand(10**6)) == ("cpu", 4, ones.data_ptr())
     assert _core._tensor_meta(torch.empty(10, device="meta"))[1] == 0
 
 

@@ -179,15 +179,20 @@ ML_HOT int ml_abi_storage(const ml_state *st, PyObject *t, ml_dev *dev, uintptr_
         *nbytes = size; /* without ptr, the pointer is not read */
         return 1;
     }
-    if (abi.storage_offset(h, &offset) != 0 || abi.data_ptr(h, &data) != 0 ||
-        abi.dtype(h, &dtype) != 0 || offset < 0) {
+    if (abi.storage_offset(h, &offset) != 0 || offset < 0 || abi.data_ptr(h, &data) != 0) {
         return 0;
     }
-    size_t elsize = element_size(dtype);
-    if (elsize == 0 || (uint64_t)offset > (uint64_t)size / elsize) {
-        return 0;
+    if (offset > 0) { /* a view: the dtype says how far back the base is */
+        if (abi.dtype(h, &dtype) != 0) {
+            return 0;
+        }
+        size_t elsize = element_size(dtype);
+        if (elsize == 0 || (uint64_t)offset > (uint64_t)size / elsize) {
+            return 0;
+        }
+        data = (char *)data - (uintptr_t)offset * elsize;
     }
-    *ptr = (uintptr_t)data - (uintptr_t)offset * elsize; /* the storage's base */
+    *ptr = (uintptr_t)data; /* the storage's base */
     *nbytes = size;
     return 1;
 }
