@@ -577,6 +577,50 @@ def test_sync_functions_skipped_cleanly_on_cpu_build(lord):
         assert getattr(torch.cuda, "synchronize", None) is before
 
 
+DIRECT_CALLS = sys.version_info < (3, 13)  # see call_direct in src/hooks/hooks.c
+
+
+def test_hooks_call_torchs_c_functions_directly():
+    """Up to CPython 3.12 every torch hook calls the original's C function itself (torch's
+    methods and functions are METH_VARARGS | METH_KEYWORDS); later versions, and any original
+    that is not CPython's own method descriptor or builtin, go through the original's call."""
+    lord = MemLord(auto_gc_bytes=None)
+    assert _core._hooks_info()["direct"] == []
+    with lord.hook_into_torch(), lord.hook_into_python():
+        direct = _core._hooks_info()["direct"]
+        t = torch.ones(4)
+        assert t.half().dtype == torch.float16 and torch.zeros(3).shape == (3,)
+    assert _core._hooks_info()["direct"] == []
+    if not DIRECT_CALLS:
+        assert direct == []
+        return
+    assert set(TENSOR_NAMES) <= set(direct)
+    assert {"empty", "zeros", "full", "empty_like", "clone"} <= set(direct)
+    assert "__new__" not in direct  # nn.Parameter.__new__ is a Python function
+
+
+def test_an_original_patched_by_someone_else_is_called_through_its_own_call():
+    lord = MemLord(auto_gc_bytes=None)
+    seen = []
+    original = torch.Tensor.half
+
+    def their_half(self, *args, **kwargs):
+        seen.append(self)
+        return original(self, *args, **kwargs)
+
+    torch.Tensor.half = their_half
+    try:
+        with lord.hook_into_torch():
+            direct = _core._hooks_info()["direct"]
+            t = torch.ones(8)
+            assert t.half().dtype == torch.float16 and seen == [t]
+            assert lord.allocated(CPU)[0] == 16
+    finally:
+        del torch.Tensor.half
+    assert "half" not in direct
+    assert ("float" in direct) == DIRECT_CALLS
+
+
 def test_hooks_info_consistency():
     a, b = MemLord(auto_gc_bytes=None), MemLord(auto_gc_bytes=None)
     info0 = _core._hooks_info()

@@ -356,6 +356,76 @@ def unbound_and_bound_spellings():
     ]
 
 
+def _error_of(call):
+    """What a program sees of call()'s exception (it must raise)."""
+    try:
+        call()
+    except Exception as e:  # the observation of an error is its type and message
+        return [type(e).__name__, str(e)]
+    raise AssertionError("expected an error")
+
+
+@row
+def errors_of_the_originals_own_call():
+    """The hooks call torch's C functions directly where CPython allows it: a wrong or
+    missing self, an unknown keyword and bad arguments raise what torch's own call raises."""
+    return [
+        _error_of(lambda: torch.Tensor.half(5)),
+        _error_of(lambda: torch.Tensor.half()),
+        _error_of(lambda: torch.Tensor.to(T, "nonsense")),
+        _error_of(lambda: T.half(bogus=1)),
+        _error_of(lambda: T.to(torch.float16, dtype=torch.float64)),
+        _error_of(lambda: torch.empty()),
+        _error_of(lambda: torch.zeros((2,), bogus=3)),
+        _error_of(lambda: torch.Tensor.clone("x")),
+    ]
+
+
+@row
+def keyword_spellings():
+    return [
+        T.to(dtype=torch.float16, copy=True),
+        T.to(torch.float64, non_blocking=False),
+        T.half(memory_format=torch.contiguous_format),
+        torch.empty(size=(2,), dtype=torch.int8).shape,
+        torch.full(size=(2,), fill_value=3.0),
+        torch.zeros_like(input=T),
+        T.clone(memory_format=torch.preserve_format),
+    ]
+
+
+def _depth() -> int:
+    f, n = sys._getframe(), 0
+    while f is not None:
+        f, n = f.f_back, n + 1
+    return n
+
+
+@row
+def conversions_at_the_recursion_limit():
+    """The deepest recursion at whose bottom a conversion and a factory still run: the
+    hooks' own call of torch's C function counts against the recursion limit as torch's
+    own call does, once."""
+
+    def down(n, call):
+        return call() if n == 0 else down(n - 1, call)
+
+    def deepest(call):
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(_depth() + 60)
+        try:
+            for n in range(80):
+                try:
+                    down(n, call)
+                except RecursionError:
+                    return n
+        finally:
+            sys.setrecursionlimit(limit)
+        return None
+
+    return [deepest(T.half), deepest(lambda: torch.zeros(2)), deepest(lambda: T.to("cpu"))]
+
+
 @row
 def conversion_autograd():
     x = torch.ones(3, requires_grad=True)

@@ -50,14 +50,121 @@ typedef struct {
     PyObject *name;     /* the attribute name (interned) */
     PyObject *weakreflist;
     int kind;
+    /* The original's C function, when the hook calls it as the original's
+     * own call would (direct_of): a method descriptor (torch.Tensor.half)
+     * or a builtin (torch.empty) taking (self, args tuple, kwargs dict).
+     * NULL: the hook calls the original through PyObject_Vectorcall. */
+    PyCFunctionWithKeywords direct;
+    PyObject *direct_self;     /* a builtin's self (borrowed: original holds it) */
+    PyTypeObject *direct_type; /* a method descriptor's class (borrowed), else NULL */
 } HookObject;
 
-/* original(*args, **kwnames).  The original's vectorcall is looked up on
- * every call, never cached: it belongs to the original's type, which may
- * change its slots.  The result is checked by whoever called the hook. */
+/* Calling the original's C function directly needs CPython's own check of a
+ * call's result, _Py_CheckFunctionResult, declared for extensions up to 3.12;
+ * later versions call through PyObject_Vectorcall. */
+#if PY_VERSION_HEX < 0x030D0000
+#define ML_DIRECT_CALL 1
+#else
+#define ML_DIRECT_CALL 0
+#endif
+
+/* Whether the hook may call original's C function itself: an exact method
+ * descriptor or builtin of METH_VARARGS | METH_KEYWORDS (every torch.Tensor
+ * method and torch function memlord patches).  Their types are CPython's
+ * own and immutable, and a descriptor's or builtin's PyMethodDef never
+ * changes, so what is read here holds while the hook holds original. */
+static void direct_of(HookObject *hook, PyObject *original)
+{
+    hook->direct = NULL;
+    hook->direct_self = NULL;
+    hook->direct_type = NULL;
+#if ML_DIRECT_CALL
+    /* the flags CPython chooses a call by (METH_STATIC, on torch.empty and
+     * the other torch functions, and METH_COEXIST do not change it) */
+    const int how =
+        METH_VARARGS | METH_FASTCALL | METH_NOARGS | METH_O | METH_KEYWORDS | METH_METHOD;
+    const int want = METH_VARARGS | METH_KEYWORDS;
+    if (Py_TYPE(original) == &PyMethodDescr_Type) {
+        const PyMethodDef *def = ((PyMethodDescrObject *)original)->d_method;
+        if ((def->ml_flags & how) == want) {
+            hook->direct = (PyCFunctionWithKeywords)(void (*)(void))def->ml_meth;
+            hook->direct_type = PyDescr_TYPE(original);
+        }
+    } else if (Py_TYPE(original) == &PyCFunction_Type &&
+               (PyCFunction_GET_FLAGS(original) & how) == want) {
+        hook->direct = (PyCFunctionWithKeywords)(void (*)(void))PyCFunction_GET_FUNCTION(original);
+        hook->direct_self = PyCFunction_GET_SELF(original);
+    }
+#else
+    (void)original;
+#endif
+}
+
+#if ML_DIRECT_CALL
+/* original(*args, **kwnames) through its C function, as CPython's own call
+ * of a METH_VARARGS | METH_KEYWORDS descriptor or builtin does it: the
+ * arguments as a tuple and a dict (NULL without keywords), the recursion
+ * check, and the check of the result.  What the interpreter would otherwise
+ * run between the hook and that function costs a hooked 1 KiB cast about 6%
+ * (docs/benchmarks.md).  A method descriptor's wrong or missing self goes
+ * through the original's own call, for its own error. */
+static PyObject *call_direct(const HookObject *self, PyObject *const *args, size_t nargsf,
+                             PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *first = self->direct_self;
+    if (self->direct_type != NULL) {
+        if (nargs < 1 || !PyObject_TypeCheck(args[0], self->direct_type)) {
+            return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+        }
+        first = args[0];
+        args++;
+        nargs--;
+    }
+    PyObject *tuple = PyTuple_New(nargs);
+    if (tuple == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        PyTuple_SET_ITEM(tuple, i, Py_NewRef(args[i]));
+    }
+    PyObject *kwargs = NULL;
+    Py_ssize_t nkw = kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nkw > 0) {
+        kwargs = PyDict_New();
+        for (Py_ssize_t i = 0; kwargs != NULL && i < nkw; i++) {
+            if (PyDict_SetItem(kwargs, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) < 0) {
+                Py_CLEAR(kwargs);
+            }
+        }
+        if (kwargs == NULL) {
+            Py_DECREF(tuple);
+            return NULL;
+        }
+    }
+    PyObject *result = NULL;
+    if (Py_EnterRecursiveCall(" while calling a Python object") == 0) {
+        result = self->direct(first, tuple, kwargs);
+        Py_LeaveRecursiveCall();
+    }
+    Py_DECREF(tuple);
+    Py_XDECREF(kwargs);
+    return _Py_CheckFunctionResult(PyThreadState_Get(), self->original, result, NULL);
+}
+#endif
+
+/* original(*args, **kwnames): directly when direct_of allowed it, else
+ * through the original's vectorcall, looked up on every call (it belongs to
+ * the original's type, which may change its slots).  The result is checked
+ * by whoever called the hook. */
 static inline PyObject *call_original(const HookObject *self, PyObject *const *args, size_t nargsf,
                                       PyObject *kwnames)
 {
+#if ML_DIRECT_CALL
+    if (self->direct != NULL) {
+        return call_direct(self, args, nargsf, kwnames);
+    }
+#endif
     return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
 }
 
@@ -1325,6 +1432,7 @@ static int hook_traverse(HookObject *self, visitproc visit, void *arg)
 
 static int hook_clear(HookObject *self)
 {
+    direct_of(self, Py_None); /* what it read belongs to original */
     Py_CLEAR(self->original);
     Py_CLEAR(self->owner);
     Py_CLEAR(self->name);
@@ -1495,6 +1603,7 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
     hook->name = Py_NewRef(pname);
     hook->weakreflist = NULL;
     hook->kind = kind;
+    direct_of(hook, original);
     PyObject_GC_Track(hook);
     if (PyObject_SetAttr(owner, pname, (PyObject *)hook) < 0) {
         Py_DECREF(hook);
@@ -1904,12 +2013,28 @@ int64_t ml_hooks_pending_bytes(const ml_book *lord, const ml_selector *sel)
     return pending_bytes((const PyObject *)lord, sel);
 }
 
+/* The names of the installed hooks that call their original's C function
+ * directly (direct_of), as a list. */
+static PyObject *direct_names(void)
+{
+    PyObject *names = PyList_New(0);
+    for (int i = 0; names != NULL && i < disp.npatches; i++) {
+        /* the list's growth may run the GC, which may unpatch: read again */
+        if (i < disp.npatches && ((HookObject *)disp.patches[i].hook)->direct != NULL &&
+            PyList_Append(names, disp.patches[i].name) < 0) {
+            Py_CLEAR(names);
+        }
+    }
+    return names;
+}
+
 PyObject *ml_hooks_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(unused))
 {
-    return Py_BuildValue(
-        "{s:O,s:O,s:n,s:n,s:n,s:n,s:n}", "installed", group_installed(G_TORCH) ? Py_True : Py_False,
-        "python_installed", group_installed(G_PY) ? Py_True : Py_False, "subscribers",
-        live_count(disp.lord_refs), "python_subscribers", live_count(disp.py_lord_refs), "pending",
-        disp.npending, "events_created", (Py_ssize_t)ml_cuda_events_created(), "events_pooled",
-        (Py_ssize_t)ml_cuda_events_pooled());
+    return Py_BuildValue("{s:O,s:O,s:n,s:n,s:n,s:n,s:n,s:N}", "installed",
+                         group_installed(G_TORCH) ? Py_True : Py_False, "python_installed",
+                         group_installed(G_PY) ? Py_True : Py_False, "subscribers",
+                         live_count(disp.lord_refs), "python_subscribers",
+                         live_count(disp.py_lord_refs), "pending", disp.npending, "events_created",
+                         (Py_ssize_t)ml_cuda_events_created(), "events_pooled",
+                         (Py_ssize_t)ml_cuda_events_pooled(), "direct", direct_names());
 }
