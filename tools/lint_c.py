@@ -11,11 +11,18 @@ an inline `// cppcheck-suppress id` and:
 
 * constParameterCallback: CPython fixes the signatures of getters, setters and
   method functions (``PyObject *self``, ``void *closure``); they cannot take const.
+
+Then every C file is compiled (``-fsyntax-only``, the build's warning flags and
+``-Werror``) against the headers of each CPython from 3.10 to 3.13 found on this
+machine (``python3.X`` on PATH, or under pyenv's root), so that a deprecation in a
+version the README names fails here, not in a user's build.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
+import os
 import shutil
 import subprocess
 import sys
@@ -85,6 +92,56 @@ def cppcheck() -> int:
     return run(cmd)
 
 
+#: the CPython versions the README says the extension builds on, warning-free
+PYTHONS = ("3.10", "3.11", "3.12", "3.13")
+WARNINGS = ["-std=c11", "-Wall", "-Wextra", "-Wno-missing-field-initializers", "-Werror"]
+
+
+def python_includes() -> dict[str, str]:
+    """Version -> the CPython headers' directory, for each of PYTHONS found here."""
+    found = {}
+    roots = [os.environ.get("PYENV_ROOT", ""), os.path.expanduser("~/.pyenv")]
+    for version in PYTHONS:
+        candidates = [shutil.which(f"python{version}")]
+        for root in filter(None, roots):
+            candidates += sorted(glob.glob(f"{root}/versions/{version}.*/bin/python{version}"))
+        for exe in filter(None, candidates):
+            out = subprocess.run(
+                [exe, "-c", "import sysconfig; print(sysconfig.get_paths()['include'])"],
+                capture_output=True,
+                text=True,
+            )
+            include = out.stdout.strip()
+            if out.returncode == 0 and Path(include, "Python.h").is_file():
+                found[version] = include
+                break
+    return found
+
+
+def compile_against_pythons() -> int:
+    """Each C file through the compiler with each found CPython's headers."""
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        raise SystemExit("lint_c: no C compiler found")
+    includes = python_includes()
+    failed = 0
+    for version, include in includes.items():
+        base = [cc, *WARNINGS, "-fsyntax-only", "-DNDEBUG", f"-I{SRC}", f"-I{include}"]
+        base += [f"-I{numpy.get_include()}", "-DNPY_NO_DEPRECATED_API=NPY_1_7_API_VERSION"]
+        for src in sorted(SRC.rglob("*.c")):
+            out = subprocess.run([*base, str(src)], capture_output=True, text=True, cwd=ROOT)
+            if out.returncode != 0:
+                failed += 1
+                print(f"lint_c: CPython {version}: {src.relative_to(ROOT)}\n{out.stderr}")
+    missing = [v for v in PYTHONS if v not in includes]
+    print(
+        f"lint_c: compiled against CPython {', '.join(includes) or 'none'}"
+        + (f" (headers not found here: {', '.join(missing)})" if missing else ""),
+        flush=True,
+    )
+    return 1 if failed else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--fix", action="store_true", help="apply clang-format, skip cppcheck")
@@ -97,13 +154,17 @@ def main() -> int:
         return clang_format(files, fix=True)
     failed = [
         name
-        for name, rc in (("clang-format", clang_format(files, fix=False)), ("cppcheck", cppcheck()))
+        for name, rc in (
+            ("clang-format", clang_format(files, fix=False)),
+            ("cppcheck", cppcheck()),
+            ("the compilers", compile_against_pythons()),
+        )
         if rc
     ]
     if failed:
         print(f"lint_c: findings from {' and '.join(failed)}", file=sys.stderr)
         return 1
-    print(f"lint_c: {len(files)} files clean (clang-format, cppcheck)")
+    print(f"lint_c: {len(files)} files clean (clang-format, cppcheck, every CPython's headers)")
     return 0
 
 
