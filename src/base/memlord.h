@@ -202,6 +202,26 @@ static inline int ml_dev_has_cache(const ml_state *st, ml_dev d)
 int ml_format_bytes(long long n, char *buf, size_t size);
 PyObject *ml_format_bytes_py(PyObject *module, PyObject *arg);
 
+/* The object a weak reference points to (borrowed, for comparison or a
+ * Py_NewRef at once: no reference is kept), or NULL once it is dead.  3.13
+ * deprecates the borrowed read, so there the reference taken is given back
+ * at once (the object lives: someone else holds it). */
+static inline PyObject *ml_referent(PyObject *ref)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    PyObject *obj = NULL;
+    if (PyWeakref_GetRef(ref, &obj) != 1) {
+        PyErr_Clear();
+        return NULL;
+    }
+    Py_DECREF(obj);
+    return obj;
+#else
+    PyObject *obj = PyWeakref_GET_OBJECT(ref);
+    return obj == Py_None ? NULL : obj;
+#endif
+}
+
 /* 1 while the interpreter is shutting down (no Python may be called then). */
 static inline int ml_finalizing(void)
 {

@@ -300,8 +300,8 @@ ML_HOT static int lords_acquire(PyObject *refs, ml_lords *out)
     /* Reading a weak reference runs no Python, and the array exists before
      * the first read: nothing below can run the cyclic GC. */
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *lord = PyWeakref_GET_OBJECT(PyTuple_GET_ITEM(refs, i)); /* borrowed */
-        if (lord != Py_None && Py_REFCNT(lord) > 0) {
+        PyObject *lord = ml_referent(PyTuple_GET_ITEM(refs, i)); /* borrowed */
+        if (lord != NULL && Py_REFCNT(lord) > 0) {
             out->v[out->n++] = Py_NewRef(lord);
         }
     }
@@ -1851,8 +1851,8 @@ static PyObject *lords_with(PyObject *refs, PyObject *lord, int add)
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *ref = PyTuple_GET_ITEM(refs, i);
-        const PyObject *l = PyWeakref_GET_OBJECT(ref);
-        if (l == Py_None || l == lord || PyList_Append(out, ref) == 0) {
+        const PyObject *l = ml_referent(ref);
+        if (l == NULL || l == lord || PyList_Append(out, ref) == 0) {
             continue;
         }
         Py_DECREF(out);
@@ -1875,7 +1875,7 @@ static PyObject *lords_with(PyObject *refs, PyObject *lord, int add)
 static int refs_contain(PyObject *refs, const PyObject *lord)
 {
     for (Py_ssize_t i = 0; refs != NULL && i < PyTuple_GET_SIZE(refs); i++) {
-        if (PyWeakref_GET_OBJECT(PyTuple_GET_ITEM(refs, i)) == lord) {
+        if (ml_referent(PyTuple_GET_ITEM(refs, i)) == lord) {
             return 1;
         }
     }
@@ -1886,7 +1886,7 @@ static Py_ssize_t live_count(PyObject *refs)
 {
     Py_ssize_t k = 0;
     for (Py_ssize_t i = 0; refs != NULL && i < PyTuple_GET_SIZE(refs); i++) {
-        k += PyWeakref_GET_OBJECT(PyTuple_GET_ITEM(refs, i)) != Py_None;
+        k += ml_referent(PyTuple_GET_ITEM(refs, i)) != NULL;
     }
     return k;
 }

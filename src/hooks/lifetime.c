@@ -112,34 +112,12 @@ static inline int trackable_size(ml_dev dev, int64_t bytes)
     return bytes > 0 && (uint64_t)bytes <= ML_TR_BYTES_MASK && dev <= 0xFFFFu;
 }
 
-/* The object a weak reference points to, for comparison only (no reference
- * is kept), or NULL once it is dead. */
-static PyObject *referent(PyObject *ref)
-{
-#if PY_VERSION_HEX >= 0x030D0000
-    PyObject *obj = NULL;
-    if (PyWeakref_GetRef(ref, &obj) != 1) {
-        PyErr_Clear();
-        return NULL;
-    }
-    Py_DECREF(obj); /* alive: someone else holds it */
-    return obj;
-#else
-    PyObject *obj = PyWeakref_GetObject(ref);
-    if (obj == NULL) {
-        PyErr_Clear();
-        return NULL;
-    }
-    return obj == Py_None ? NULL : obj;
-#endif
-}
-
-/* 1 while the tracker's storage lives: referent() without the function
- * call (the walk of every tracker reads only the tracker itself). */
+/* 1 while the tracker's storage lives: ml_referent() reading only the
+ * tracker itself before 3.13 (the walk of every tracker touches no storage). */
 static inline int tracker_alive(const TrackerObject *tr)
 {
 #if PY_VERSION_HEX >= 0x030D0000
-    return referent((PyObject *)tr) != NULL;
+    return ml_referent((PyObject *)tr) != NULL;
 #else
     return tr->base.wr_object != Py_None;
 #endif
@@ -158,7 +136,7 @@ static void tracker_dealloc(PyObject *self)
  * whose field holds the key. */
 static Py_hash_t tracker_hash(PyObject *self)
 {
-    PyObject *obj = referent(self);
+    PyObject *obj = ml_referent(self);
     if (obj == NULL) {
         PyErr_SetString(PyExc_TypeError, "weak object has gone away");
         return -1;
@@ -225,7 +203,7 @@ static TrackerObject *table_find(const RegistryObject *reg, uintptr_t key)
             return NULL;
         }
         /* a dead entry waits for its callback: not a match for anyone */
-        if (tracker_key(tr) == key && referent((PyObject *)tr) == (PyObject *)key) {
+        if (tracker_key(tr) == key && ml_referent((PyObject *)tr) == (PyObject *)key) {
             return tr;
         }
     }
@@ -340,7 +318,7 @@ static PyObject *registry_vectorcall(PyObject *callable, PyObject *const *args, 
         Py_RETURN_NONE;
     }
     TrackerObject *tr = (TrackerObject *)args[0];
-    if (referent((PyObject *)tr) != NULL || !table_remove(reg, tr)) {
+    if (ml_referent((PyObject *)tr) != NULL || !table_remove(reg, tr)) {
         Py_RETURN_NONE; /* still alive, or not (any more) ours */
     }
     /* From here this function owns the table's reference to tr. */
