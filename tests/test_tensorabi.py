@@ -71,6 +71,9 @@ def _cases():
         yield "empty", torch.empty(0, 7), 0
         yield "transposed", base.t(), 96
         yield "slice", base[1:3, ::2], 96  # the storage it views
+        # views with no elements: no data pointer of their own, their storage has one
+        yield "empty view at the end", torch.empty(3)[3:], 12
+        yield "empty view at the start", torch.empty(3)[0:0], 12
         yield "expanded", torch.randn(1, 3).expand(100, 3), 12  # storage bytes, not numel
         yield "channels_last", torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last), 480
         yield "meta", torch.empty(1000, device="meta"), 0

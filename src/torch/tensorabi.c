@@ -179,9 +179,13 @@ ML_HOT int ml_abi_storage(const ml_state *st, PyObject *t, ml_dev *dev, uintptr_
         *nbytes = size; /* without ptr, the pointer is not read */
         return 1;
     }
-    if (abi.storage_offset(h, &offset) != 0 || offset < 0 || abi.data_ptr(h, &data) != 0) {
+    /* A tensor without elements has no data pointer (torch answers NULL),
+     * though its storage may have one: the general path reads the storage's. */
+    if (abi.storage_offset(h, &offset) != 0 || offset < 0 || abi.data_ptr(h, &data) != 0 ||
+        data == NULL) {
         return 0;
     }
+    uintptr_t base = (uintptr_t)data;
     if (offset > 0) { /* a view: the dtype says how far back the base is */
         if (abi.dtype(h, &dtype) != 0) {
             return 0;
@@ -190,9 +194,9 @@ ML_HOT int ml_abi_storage(const ml_state *st, PyObject *t, ml_dev *dev, uintptr_
         if (elsize == 0 || (uint64_t)offset > (uint64_t)size / elsize) {
             return 0;
         }
-        data = (char *)data - (uintptr_t)offset * elsize;
+        base -= (uintptr_t)offset * elsize;
     }
-    *ptr = (uintptr_t)data; /* the storage's base */
+    *ptr = base; /* the storage's base */
     *nbytes = size;
     return 1;
 }
