@@ -301,8 +301,8 @@ ML_HOT static int lords_acquire(PyObject *refs, ml_lords *out)
     /* Reading a weak reference runs no Python, and the array exists before
      * the first read: nothing below can run the cyclic GC. */
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *lord = ml_referent(PyTuple_GET_ITEM(refs, i)); /* borrowed */
-        if (lord != NULL && Py_REFCNT(lord) > 0) {
+        PyObject *lord = ml_referent(PyTuple_GET_ITEM(refs, i)); /* borrowed, NULL once dying */
+        if (lord != NULL) {
             out->v[out->n++] = Py_NewRef(lord);
         }
     }
@@ -1433,7 +1433,9 @@ static int hook_traverse(HookObject *self, visitproc visit, void *arg)
 
 static int hook_clear(HookObject *self)
 {
-    direct_of(self, Py_None); /* what it read belongs to original */
+    self->direct = NULL; /* what direct_of read belongs to original */
+    self->direct_self = NULL;
+    self->direct_type = NULL;
     Py_CLEAR(self->original);
     Py_CLEAR(self->owner);
     Py_CLEAR(self->name);
