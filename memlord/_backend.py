@@ -6,16 +6,21 @@ import torch
 
 
 def release_cache(device_type: str, index: int) -> bool:
-    """Release the caching allocator of one device, leaving the caller's
-    current device as it was, and say whether a cache was released.  A
-    backend that was never initialised holds no cache, so nothing runs (and
-    nothing initialises it)."""
+    """Release the caching allocator's unused blocks after the counters of one device
+    asked for it, and say whether a cache was released.  A backend that was never
+    initialised holds no cache, so nothing runs (and nothing initialises it).
+
+    CUDA: ``torch.cuda.empty_cache()`` releases the unused cached blocks of *every*
+    device (c10's ``emptyCache`` loops over all device allocators); entering
+    ``torch.cuda.device(index)`` first would change nothing about that, and for an
+    index torch does not have (a counted device that this host lacks) it raises.  So
+    nothing is entered, the caller's current device is never touched, and an index
+    torch does not have releases nothing."""
     if device_type == "cuda":
         cuda = torch.cuda
-        if not cuda.is_initialized():
+        if not cuda.is_initialized() or not 0 <= index < cuda.device_count():
             return False
-        with cuda.device(index):
-            cuda.empty_cache()
+        cuda.empty_cache()
         return True
     backend = getattr(torch, device_type, None)
     if backend is None:

@@ -23,6 +23,14 @@ def _dev_index(dev: str) -> int:
     return torch.device(dev).index or 0
 
 
+def _torch_cuda(dev: str) -> bool:
+    """Whether torch's caching allocator can answer for dev: an initialised CUDA and an
+    index torch has.  A device memlord counted need not exist here (a tensor that only
+    reports cuda:1, a profile from another host): torch.cuda.memory_stats(1) on a
+    one-GPU host raises, and memlord's queries answer None or 0 there instead."""
+    return dev.startswith("cuda") and _cuda_ready() and _dev_index(dev) < torch.cuda.device_count()
+
+
 class MemoryProfile:
     """What ``lord.profile_memory()`` yields: a region over the block (so the global peak
     is left alone) with ``peak_memory(device=None)`` and ``memory_summary()``."""
@@ -100,7 +108,7 @@ class MemoryAPIMixin:
         return sorted(out)
 
     def _backend_reserved(self, dev: str) -> int | None:
-        if dev.startswith("cuda") and _cuda_ready():
+        if _torch_cuda(dev):
             return torch.cuda.memory_reserved(_dev_index(dev))
         return None
 
@@ -147,7 +155,7 @@ class MemoryAPIMixin:
         the caching allocator); 0 for a device without a cache (cpu)."""
         total = 0
         for dev in self._select(device, "memory_cached"):
-            if dev.startswith("cuda") and _cuda_ready():
+            if _torch_cuda(dev):
                 i = _dev_index(dev)
                 total += torch.cuda.memory_reserved(i) - torch.cuda.memory_allocated(i)
         return total
@@ -157,7 +165,7 @@ class MemoryAPIMixin:
         which torch once called max_memory_cached); 0 for a device without a cache."""
         total = 0
         for dev in self._select(device, "max_memory_cached"):
-            if dev.startswith("cuda") and _cuda_ready():
+            if _torch_cuda(dev):
                 total += torch.cuda.max_memory_reserved(_dev_index(dev))
         return total
 
@@ -166,7 +174,7 @@ class MemoryAPIMixin:
         (autograd buffers, untracked tensors): allocator allocated minus memlord's
         allocated.  None where the backend does not say (cpu, an uninitialised CUDA)."""
         devs = self._select(device, "drift")
-        if not devs or not all(d.startswith("cuda") for d in devs) or not _cuda_ready():
+        if not devs or not all(_torch_cuda(d) for d in devs):
             return None
         return sum(
             torch.cuda.memory_allocated(_dev_index(d)) - self._ledger(d)["allocated"] for d in devs
@@ -180,7 +188,7 @@ class MemoryAPIMixin:
         (else those keys are None).  See docs/api.md for each key."""
         devs = self._select(device, "memory_stats")
         led = [self._ledger(d) for d in devs]
-        cuda = bool(devs) and all(d.startswith("cuda") for d in devs) and _cuda_ready()
+        cuda = bool(devs) and all(_torch_cuda(d) for d in devs)
         out: dict[str, Any] = {
             "allocated_bytes": sum(s["allocated"] for s in led),
             "peak_allocated": sum(s["peak_allocated"] for s in led),
@@ -258,7 +266,7 @@ class MemoryAPIMixin:
         devs = self._select(device, "reset_peak_memory_stats")
         self._reset_peak(device)  # type: ignore[attr-defined]
         for dev in devs:
-            if dev.startswith("cuda") and _cuda_ready():
+            if _torch_cuda(dev):
                 torch.cuda.reset_peak_memory_stats(_dev_index(dev))
 
     def reset_memory_stats(self, device: Any = None) -> None:
@@ -268,7 +276,7 @@ class MemoryAPIMixin:
         devs = self._select(device, "reset_memory_stats")
         self._reset_accumulated(device)  # type: ignore[attr-defined]
         for dev in devs:
-            if dev.startswith("cuda") and _cuda_ready():
+            if _torch_cuda(dev):
                 torch.cuda.reset_peak_memory_stats(_dev_index(dev))
                 torch.cuda.reset_accumulated_memory_stats(_dev_index(dev))
 

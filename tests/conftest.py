@@ -25,6 +25,8 @@ from __future__ import annotations
 import builtins
 import logging
 import os
+import random
+import re
 import sys
 import warnings
 
@@ -83,7 +85,31 @@ def cuda_device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def fake_mode_cuda() -> str:
+    """The device for a FakeTensorMode tensor that reports a second CUDA device where it
+    can: "cuda:1" on a CPU-only build (nothing is initialised) and on hosts with two
+    GPUs or more, "cuda:0" on a one-GPU host, where FakeTensorMode initialises the real
+    device and cuda:1 is an invalid device ordinal."""
+    return "cuda:0" if cuda_device_count() == 1 else "cuda:1"
+
+
+_ADDRESS_ID = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
 def pytest_collection_modifyitems(config, items):
+    # pytest-xdist needs every worker to collect the same ids in the same order: an id
+    # built from an object's address (repr of a bare object) differs between processes
+    unstable = [item.nodeid for item in items if _ADDRESS_ID.search(item.nodeid)]
+    if unstable:
+        raise pytest.UsageError(
+            "test ids that differ between processes (an address in the id; pass ids=): "
+            + ", ".join(unstable[:5])
+        )
+    # MEMLORD_TEST_SHUFFLE=<seed>: run the tests in a random order (the seed's), to prove
+    # that no test depends on another having run first (tools/gpu_check.sh uses it)
+    seed = os.environ.get("MEMLORD_TEST_SHUFFLE")
+    if seed:
+        random.Random(seed).shuffle(items)
     ngpu = cuda_device_count()
     skip_cuda = pytest.mark.skip(reason="needs a CUDA GPU; torch.cuda.is_available() is False")
     skip_cuda2 = pytest.mark.skip(reason=f"needs two CUDA GPUs; {ngpu} visible")

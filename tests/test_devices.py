@@ -77,12 +77,20 @@ def test_results_are_tuple_of_int_and_str(populated):
 
 
 MALFORMED_TYPE = [0, 1, 1.0, ["cpu"], ("cuda", 0), b"cpu", {"cpu": 1}, object()]
+
+
+def _stable_id(value) -> str:
+    """A parametrize id that is the same in every process (pytest-xdist's workers must
+    collect the same ids): the repr, except for a bare object, whose repr is an address."""
+    return "object()" if type(value) is object else repr(value)
+
+
 MALFORMED_VALUE = ["gpu", "cuda:", "cuda:-1", "cuda:x", "", "cuda:1:2", "cpu:", ":0", "cuda 0"]
 QUERIES = ["allocated", "freed", "stats", "top_alloc_site", "top_free_site"]
 
 
 @pytest.mark.parametrize("method", QUERIES)
-@pytest.mark.parametrize("bad", MALFORMED_TYPE, ids=repr)
+@pytest.mark.parametrize("bad", MALFORMED_TYPE, ids=_stable_id)
 def test_malformed_device_type_raises_type_error(populated, method, bad):
     before = populated.stats()
     with pytest.raises(TypeError, match="device"):

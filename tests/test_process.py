@@ -10,6 +10,7 @@ import sys
 import textwrap
 
 import pytest
+from conftest import fake_mode_cuda
 
 import memlord
 
@@ -107,7 +108,7 @@ EXIT_SCRIPT = """
     warnings.filterwarnings("ignore", "Accessing the data pointer of FakeTensor")
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode():
-        fake = torch.empty(100, device="cuda:1")
+        fake = torch.empty(100, device="{fake_dev}")
 
     lord = MemLord(auto_gc_bytes=64)
     hooks = lord.hook_into_torch()  # left on at exit
@@ -151,7 +152,7 @@ EXIT_SCRIPT = """
     ids=["fall-off-end", "sys-exit-with-debug-on"],
 )
 def test_interpreter_exit_with_tracked_objects_is_clean(tail):
-    r = run_python(EXIT_SCRIPT.format(tail=tail), x_dev=True)
+    r = run_python(EXIT_SCRIPT.format(tail=tail, fake_dev=fake_mode_cuda()), x_dev=True)
     assert r.returncode == 0, r.stderr
     # DEBUG=1 logs to stderr: log lines only, nothing else
     assert all(ln.startswith(("memlord: ", "  ")) for ln in r.stderr.splitlines()), r.stderr

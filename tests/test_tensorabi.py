@@ -18,7 +18,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import fake_cuda
+from conftest import fake_cuda, fake_mode_cuda
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -82,8 +82,8 @@ def _cases():
         yield "cuda-like:1", fake_cuda(10, 1), 40
         yield "zero strides", torch.empty_strided((10**6,), (0,)), 4
         with FakeTensorMode():
-            fake = torch.empty(10, device="cuda:1")
-        yield "fake cuda:1", fake, 0  # a meta storage
+            fake = torch.empty(10, device=fake_mode_cuda())
+        yield "fake cuda", fake, 0  # a meta storage
         yield "qint8", torch.quantize_per_tensor(torch.randn(10), 0.1, 0, torch.qint8), 10
         yield "mkldnn", torch.randn(4, 4).to_mkldnn(), 64
         yield "nested", torch.nested.nested_tensor([torch.randn(2), torch.randn(3)]), 20
