@@ -207,14 +207,14 @@ def _auto_gc(dev, band, used_pct, metric, value, threshold, runs, released, nlor
     outcome = (
         "cache released"
         if released > 0
-        else "no cache to release (backend not initialised)"
+        else "no cache to release (backend not initialised, or no such device here)"
         if released == 0
         else "cache release failed"
     )
     scope = ""
     if released > 0 and dev.startswith("cuda"):
         # torch.cuda.empty_cache() releases the caching allocator of every device
-        scope = " (torch releases every CUDA device's cache)"
+        scope = f" of every CUDA device (torch.cuda.empty_cache; triggered by {dev})"
     lords = f" lords={nlords}" if nlords > 1 else ""
     logger.info(
         "[auto_gc] %s band=%s used=%s metric=%s value=%d (%s) threshold=%d (%s) runs=%d%s; %s%s",

@@ -14,6 +14,7 @@ stands in only for what no CPU has; the ``cuda`` tests below do the same on a re
 
 from __future__ import annotations
 
+import logging
 import sys
 
 import pytest
@@ -136,12 +137,19 @@ def test_auto_gc_for_an_index_torch_lacks_releases_nothing(one_gpu_host, unraisa
 
 
 def test_auto_gc_for_torchs_index_releases_every_device_without_entering_one(
-    one_gpu_host, unraisable
+    one_gpu_host, unraisable, caplog
 ):
     lord = MemLord(auto_gc_bytes=1)
     t = fake_cuda(100, 0)
     lord.allocate(t)
-    lord.free(t)
+    with caplog.at_level(logging.INFO, logger="memlord"):
+        lord.free(t)
+    # the record names the device that triggered the run and says every device's cache went
+    (line,) = [r.getMessage() for r in caplog.records if "[auto_gc]" in r.getMessage()]
+    assert line.startswith("[auto_gc] cuda:0 ")
+    assert line.endswith(
+        "cache released of every CUDA device (torch.cuda.empty_cache; triggered by cuda:0)"
+    )
     assert lord.stats()["cuda:0"]["gc_runs"] == 1
     assert unraisable == []
     # empty_cache releases every device's cache; entering a device first changes nothing

@@ -27,7 +27,7 @@ GC_LINE = re.compile(
     r"\[auto_gc\] (?P<dev>\S+) band=(?P<band>bytes|\[[^)]*\)) used=(?P<used>\S+) "
     r"metric=(?P<metric>\w+) value=(?P<value>\d+) \([^)]*\) "
     r"threshold=(?P<threshold>\d+) \([^)]*\) runs=(?P<runs>\d+); "
-    r"(?:cache released|no cache to release \(backend not initialised\))"
+    r"(?:cache released|no cache to release \(backend not initialised, or no such device here\))"
 )
 
 

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The GPU check: one command for a machine with CUDA GPUs (the `device` tool's machine:
+# CPython 3.12, torch with CUDA, pytest and numpy, no network), in under 6 minutes:
+#
+#   1. builds memlord there (pip install --no-build-isolation -e .);
+#   2. runs the whole suite (CUDA tests included) in a random order whose seed it prints
+#      (MEMLORD_TEST_SHUFFLE), with pytest-xdist when it is there;
+#   3. runs each CUDA test file alone, in a fresh process: no test may depend on another
+#      having initialised CUDA or loaded the driver first;
+#   4. runs the GPU benchmarks (bench/bench_hooks.py: the casts and the 4 KiB non_blocking
+#      move; bench/bench_gpu.py: the layer-offload loop and a training step);
+#   5. prints one summary: a line per step with its result, then the benchmark table.
+#
+#     bash tools/gpu_check.sh            (logs and JSON under $OUT, or /tmp/gpu_check)
+#
+# GPU_CHECK_TESTS=tests/test_x.py narrows the suite step (a smoke test of this script).
+#
+# Packages the machine lacks (hypothesis, which the suite needs; pytest-xdist) travel as
+# wheels in .whl/ (git-ignored): `bash tools/gpu_wheels.sh` here downloads them, and the
+# device tool's `carry: [".whl"]` takes them along. Without them the suite runs serially
+# and the tests that import hypothesis fail at collection: the summary says so.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+summary=()
+
+step() {  # step SLUG LABEL TIMEOUT_S COMMAND...: log to $OUT/SLUG.log, one summary line
+    local slug=$1 label=$2 limit=$3 start=$SECONDS rc last
+    shift 3
+    timeout -k 10 "$limit" "$@" >"$OUT/$slug.log" 2>&1
+    rc=$?
+    last=$(grep -E "passed|failed|skipped|error|benchmarks|Error" "$OUT/$slug.log" | tail -n 1)
+    [ $rc -eq 124 ] && last="TIMED OUT after $limit s; $last"
+    summary+=("$(printf '%-36s rc=%-3s %4ss  %s' "$label" "$rc" "$((SECONDS - start))" "$last")")
+    echo "gpu_check: $label rc=$rc ($((SECONDS - start)) s)"
+    return $rc
+}
+
+# ---- environment ------------------------------------------------------------------
+{
+    nvidia-smi -L 2>&1 || true
+    "$PY" -c 'import sys, torch; print("python", sys.version.split()[0], "torch", torch.__version__,
+"cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
+} | tee "$OUT/env.log"
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/gpu_check_site .whl/*.whl && export PYTHONPATH=/tmp/gpu_check_site
+fi
+
+step build build 240 "$PY" -m pip install -q --no-build-isolation --no-deps -e . || {
+    printf '%s\n' "${summary[@]}"
+    tail -n 40 "$OUT/build.log"
+    exit 1
+}
+step info "python -m memlord --info" 60 "$PY" -m memlord --info
+cat "$OUT/info.log"
+
+# ---- the suite, in a random order -----------------------------------------------------
+seed=${MEMLORD_TEST_SHUFFLE:-$RANDOM}
+xdist=()
+if "$PY" -c "import xdist" >/dev/null 2>&1; then
+    xdist=(-n "$(($(nproc) > 12 ? 12 : $(nproc)))")
+fi
+# the browser test needs a Chromium the device lacks (skipped there unless required);
+# the network test needs PyPI
+MEMLORD_TEST_SHUFFLE=$seed step suite "suite (shuffle seed $seed)" 300 \
+    "$PY" -m pytest -q -p no:cacheprovider "${xdist[@]}" -m "not network" \
+    --junitxml="$OUT/suite.xml" ${GPU_CHECK_TESTS:-tests}
+
+# ---- each CUDA test file alone --------------------------------------------------------
+for f in tests/test_hooks_cuda.py tests/test_device_memory.py tests/test_gc.py \
+    tests/test_cuda_host_indices.py tests/test_fakecuda*.py; do
+    [ -e "$f" ] || continue
+    step "alone_$(basename "$f" .py)" "alone: $(basename "$f")" 120 "$PY" -m pytest -q -p no:cacheprovider "$f"
+done
+
+# ---- benchmarks --------------------------------------------------------------------------
+step bench_hooks "bench: hooks (casts, 4 KiB move)" 150 \
+    "$PY" bench/bench_hooks.py --samples 15 --json "$OUT/bench_hooks.json"
+step bench_gpu "bench: gpu (offload, train step)" 150 \
+    "$PY" bench/bench_gpu.py --samples 15 --json "$OUT/bench_gpu.json"
+
+# ---- summary ---------------------------------------------------------------------------
+echo
+echo "==== gpu_check summary ($(head -n 1 "$OUT/env.log" | cut -c1-60); $(tail -n 1 "$OUT/env.log"))"
+printf '%s\n' "${summary[@]}"
+echo
+grep -hE "^(FAILED|ERROR)" "$OUT"/suite.log "$OUT"/alone_*.log 2>/dev/null | head -n 60
+for f in "$OUT"/bench_hooks.log "$OUT"/bench_gpu.log; do
+    grep -E "^\|" "$f" || tail -n 5 "$f"
+done
