@@ -31,6 +31,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from fakecuda_driver import fake_torch_cuda, fakecuda, fakecuda_lib  # noqa: F401 (fixtures)
 from torch import nn
 
 STAT_KEYS = frozenset(
@@ -68,6 +69,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU (skipped without one)")
     config.addinivalue_line("markers", "cuda2: needs two CUDA GPUs (skipped with fewer)")
     config.addinivalue_line("markers", "slow: long stress tests")
+    config.addinivalue_line(
+        "markers", "fakecuda: runs memlord's CUDA paths on the fake driver (tests/fakecuda/)"
+    )
     config.addinivalue_line(
         "markers", "network: needs PyPI (installs into a fresh virtual environment)"
     )
