@@ -371,3 +371,55 @@ def test_device_beyond_the_driver_credits_at_once(lord, hooks, fakecuda):
     assert hooks.pending() == 0
     assert _stat(lord, "cuda:3", "freed_total") == 1024
     assert fakecuda.calls("cuEventRecord") == 0
+
+
+def test_threads_moving_concurrently_are_exact(lord, hooks, fakecuda):
+    """Each thread pushes and pops on its own context stack (the fake checks every pop has
+    its push); the ledger is exact once everything completed."""
+    import threading
+
+    nthreads, moves = 4, 200
+    errors = []
+
+    def work():
+        try:
+            x = fake_cuda(128)
+            for i in range(moves):
+                x.to("cpu", non_blocking=True)
+                if i % 50 == 49:
+                    hooks.poll()
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(nthreads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    torch.cuda.synchronize()
+    assert hooks.pending() == 0
+    assert _stat(lord, "cuda:0", "freed_total") == nthreads * moves * 512
+    assert _stat(lord, "cuda:0", "frees") == nthreads * moves
+    assert fakecuda.calls("cuCtxPushCurrent_v2") == fakecuda.calls("cuCtxPopCurrent_v2")
+
+
+# ---- the testing aids themselves ---------------------------------------------------------
+
+
+def test_standin_source_must_be_callable(fakecuda):
+    with pytest.raises(TypeError, match="argument 'source' must be callable or None"):
+        _core._cuda_standin(42)
+
+
+def test_standin_refused_while_hooks_are_installed(hooks):
+    with pytest.raises(RuntimeError, match="disable them first"):
+        _core._cuda_standin(None)
+
+
+def test_driver_switch_refused_while_frees_wait(lord, hooks, fakecuda):
+    fake_cuda(64).to("cpu", non_blocking=True)
+    with pytest.raises(RuntimeError, match="waiting for CUDA events"):
+        _core._cuda_driver(None)
+    assert _core._cuda_info()["library"] == fakecuda.path  # unchanged
+    torch.cuda.synchronize()
