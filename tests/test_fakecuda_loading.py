@@ -194,30 +194,36 @@ def test_info_first_names_the_library(fakecuda_lib, monkeypatch):
     assert "cuda:0" in out and "4 GiB used of" in out and "16 GiB (25.0%)" in out
 
 
-def test_info_says_why_none_missing_library(tmp_path, monkeypatch):
+# --info's reasons, in this process: _cuda_driver() starts over as a fresh process would.
+
+
+def _info_here(capsys) -> str:
+    from memlord.__main__ import info
+
+    capsys.readouterr()
+    assert info() == 0
+    return capsys.readouterr().out
+
+
+def test_info_says_why_none_missing_library(fakecuda, tmp_path, capsys):
     missing = tmp_path / "nope.so"
-    out = _info(_env(monkeypatch, MEMLORD_CUDA_DRIVER=str(missing)))
+    _core._cuda_driver(str(missing))
+    out = _info_here(capsys)
     assert f"CUDA driver: not available (cannot load {missing}:" in out
     assert "cuda:0" not in out
 
 
-def test_info_says_why_none_disabled(fakecuda_lib, monkeypatch):
-    env = _env(monkeypatch, MEMLORD_CUDA_DRIVER=str(fakecuda_lib), MEMLORD_DISABLE_CUDA="1")
-    out = _info(env)
-    assert "CUDA driver: not available (MEMLORD_DISABLE_CUDA is set)" in out
+def test_info_says_why_none_disabled(fakecuda, monkeypatch, capsys):
+    monkeypatch.setenv("MEMLORD_DISABLE_CUDA", "1")
+    _core._cuda_driver(fakecuda.path)
+    assert "CUDA driver: not available (MEMLORD_DISABLE_CUDA is set)" in _info_here(capsys)
+    assert fakecuda.calls() == 0  # not even loaded
 
 
-def test_info_says_cuinit_failed_with_its_code(fakecuda_lib):
-    done = run_fresh(
-        fakecuda_lib,
-        """
-fake.fail("cuInit", 100)
-import memlord.__main__ as m
-m.info()
-""",
-    )
-    assert done.returncode == 0, done.stderr
-    assert "CUDA driver: not available (cuInit failed with code 100)" in done.stdout
+def test_info_says_cuinit_failed_with_its_code(fakecuda, capsys):
+    fakecuda.fail("cuInit", 100)
+    assert "CUDA driver: not available (cuInit failed with code 100)" in _info_here(capsys)
+    assert fakecuda.calls("cuDeviceGetCount") == 0
 
 
 def test_missing_library_is_no_driver_and_moves_credit_at_once(tmp_path, fakecuda_lib):
