@@ -22,10 +22,12 @@ def info() -> int:
     print(f"python  {sys.version.split()[0]} ({platform.platform()})")
     print(f"torch   {torch.__version__} (CUDA build: {torch.version.cuda or 'no'})")
     cuda = _core._cuda_info()
-    print(
-        f"CUDA driver: {'loaded' if cuda['driver'] else 'not available'}, "
-        f"{cuda['device_count']} visible device(s)"
-    )
+    if cuda["driver"]:
+        print(
+            f"CUDA driver: loaded from {cuda['library']}, {cuda['device_count']} visible device(s)"
+        )
+    else:
+        print(f"CUDA driver: not available ({cuda['reason']})")
     abi = _core._tensor_abi()
     state = (
         "in use"

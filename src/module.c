@@ -195,10 +195,36 @@ static PyObject *core_cuda_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED
 {
     int64_t total = 0;
     int has = ml_cuda_min_total(&total);
+    const char *lib = ml_cuda_library();
+    const char *why = ml_cuda_why_not();
     return Py_BuildValue(
-        "{s:O,s:i,s:L,s:n,s:n}", "driver", ml_cuda_ready() ? Py_True : Py_False, "device_count",
-        ml_cuda_device_count(), "min_total", has ? (long long)total : -1LL, "events_created",
-        (Py_ssize_t)ml_cuda_events_created(), "events_pooled", (Py_ssize_t)ml_cuda_events_pooled());
+        "{s:O,s:z,s:z,s:i,s:L,s:n,s:n}", "driver", ml_cuda_ready() ? Py_True : Py_False, "library",
+        lib, "reason", why, "device_count", ml_cuda_device_count(), "min_total",
+        has ? (long long)total : -1LL, "events_created", (Py_ssize_t)ml_cuda_events_created(),
+        "events_pooled", (Py_ssize_t)ml_cuda_events_pooled());
+}
+
+/* _cuda_driver(path): testing aid.  Forget the CUDA driver loaded so far and
+ * load `path` (None: the usual search) at its next use, as in a fresh
+ * process.  Refused while a free waits for an event of the old one. */
+static PyObject *core_cuda_driver(PyObject *Py_UNUSED(module), PyObject *path)
+{
+    PyObject *bytes = NULL;
+    if (path != Py_None && !PyUnicode_FSConverter(path, &bytes)) {
+        return NULL;
+    }
+    if (ml_hooks_npending() > 0) {
+        Py_XDECREF(bytes);
+        PyErr_SetString(PyExc_RuntimeError,
+                        "_cuda_driver(): frees are waiting for CUDA events; poll() first");
+        return NULL;
+    }
+    int rc = ml_cuda_use_library(bytes ? PyBytes_AS_STRING(bytes) : NULL);
+    Py_XDECREF(bytes);
+    if (rc < 0) {
+        return PyErr_NoMemory();
+    }
+    Py_RETURN_NONE;
 }
 
 /* _tensor_abi(enabled=None): {"valid": bool, "enabled": bool}, after
@@ -341,7 +367,14 @@ static PyMethodDef core_methods[] = {
     {"_hooks_info", (PyCFunction)ml_hooks_info, METH_NOARGS,
      "The dispatcher's state: installed, subscribers, pending, event pool counts."},
     {"_cuda_info", (PyCFunction)core_cuda_info, METH_NOARGS,
-     "What the CUDA driver API reports (driver loaded, device count, smallest total)."},
+     "What the CUDA driver API reports: driver loaded, the library's path or why none was, "
+     "device count, smallest total, event pool counts.  Loads the driver on first use."},
+    {"_cuda_driver", (PyCFunction)core_cuda_driver, METH_O,
+     "Testing aid: forget the CUDA driver and load the given library (None: libcuda) at "
+     "its next use, as a fresh process would."},
+    {"_cuda_standin", (PyCFunction)ml_hooks_cuda_standin, METH_O,
+     "Testing aid: a stream source(index) -> handle that the next install of the torch hooks "
+     "uses as torch's current stream, patching torch.cuda's synchronize stand-ins; None: off."},
     {"_tensor_abi", (PyCFunction)(void (*)(void))core_tensor_abi, METH_FASTCALL,
      "Whether tensor metadata is read through torch's stable C ABI; switches it for tests."},
     {"_tensor_meta", (PyCFunction)core_tensor_meta, METH_O,

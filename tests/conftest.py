@@ -8,6 +8,9 @@ pytest's default ``prepend`` import mode puts ``tests/`` on ``sys.path``.
   (untyped storage data pointer, storage nbytes, device).
 * ``fake_cuda(numel, index)`` makes a tensor in CPU memory that reports ``cuda:<index>`` (a
   ``CudaLike``), so per-index auto-GC and hook paths run on a machine without a GPU.
+* ``fakecuda`` / ``fake_torch_cuda`` (fixtures, tests/fakecuda_driver.py): memlord on a fake
+  CUDA driver built from tests/fakecuda/fakecuda.c, and stand-ins for torch.cuda's streams,
+  for the tests marked ``fakecuda``.
 * ``here()`` is the caller's current line, for call-site assertions.
 * ``STRESS_SCALE`` (env ``MEMLORD_STRESS_SCALE``, default 1) scales the iteration counts of the
   long stress tests; 1 runs the counts the issues name.
@@ -33,6 +36,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from fakecuda_driver import fake_torch_cuda, fakecuda, fakecuda_lib  # noqa: F401 (fixtures)
 from torch import nn
 
 STAT_KEYS = frozenset(
@@ -70,6 +74,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "cuda: needs a CUDA GPU (skipped without one)")
     config.addinivalue_line("markers", "cuda2: needs two CUDA GPUs (skipped with fewer)")
     config.addinivalue_line("markers", "slow: long stress tests")
+    config.addinivalue_line(
+        "markers", "fakecuda: runs memlord's CUDA paths on the fake driver (tests/fakecuda/)"
+    )
     config.addinivalue_line(
         "markers", "network: needs PyPI (installs into a fresh virtual environment)"
     )

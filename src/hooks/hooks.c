@@ -214,6 +214,7 @@ static struct {
     PyObject *current_stream;   /* torch.cuda.current_stream, or NULL */
     PyObject *raw_stream;       /* torch._C._cuda_getCurrentRawStream (an int), or NULL */
     PyObject *s_cuda_stream;
+    PyObject *standin_stream; /* _cuda_standin(): a test's stream source, or NULL */
     ml_pending *pending;
     Py_ssize_t cap;
 } disp;
@@ -1761,17 +1762,24 @@ static int install_torch(PyObject *module)
         patch_one(st, st->module_type, "_apply", HK_MODULE_APPLY) < 0) {
         goto fail;
     }
-    if (torch_has_cuda()) {
+    if (disp.standin_stream != NULL || torch_has_cuda()) {
         PyObject *cuda = PyImport_ImportModule("torch.cuda");
         if (cuda == NULL) {
             goto fail;
         }
         PyObject *stream_cls = PyObject_GetAttrString(cuda, "Stream");
         PyObject *event_cls = stream_cls ? PyObject_GetAttrString(cuda, "Event") : NULL;
-        disp.current_stream = event_cls ? PyObject_GetAttrString(cuda, "current_stream") : NULL;
-        disp.raw_stream = ml_import_attr("torch._C", "_cuda_getCurrentRawStream");
-        if (disp.raw_stream == NULL) {
-            PyErr_Clear(); /* older torch: current_stream(i).cuda_stream */
+        if (disp.standin_stream != NULL) {
+            /* A test's stand-in (tests/fakecuda/): its stream source, and
+             * whatever torch.cuda's synchronize, Stream, Event are now. */
+            disp.current_stream = event_cls ? Py_NewRef(disp.standin_stream) : NULL;
+            disp.raw_stream = Py_NewRef(disp.standin_stream);
+        } else {
+            disp.current_stream = event_cls ? PyObject_GetAttrString(cuda, "current_stream") : NULL;
+            disp.raw_stream = ml_import_attr("torch._C", "_cuda_getCurrentRawStream");
+            if (disp.raw_stream == NULL) {
+                PyErr_Clear(); /* older torch: current_stream(i).cuda_stream */
+            }
         }
         int rc = disp.current_stream == NULL                             ? -1
                  : patch_one(st, cuda, "synchronize", HK_SYNC) < 0       ? -1
@@ -2014,6 +2022,28 @@ void ml_hooks_poll(void)
 int64_t ml_hooks_pending_bytes(const ml_book *lord, const ml_selector *sel)
 {
     return pending_bytes((const PyObject *)lord, sel);
+}
+
+Py_ssize_t ml_hooks_npending(void)
+{
+    return disp.npending;
+}
+
+PyObject *ml_hooks_cuda_standin(PyObject *Py_UNUSED(module), PyObject *source)
+{
+    if (source != Py_None && !PyCallable_Check(source)) {
+        PyErr_Format(PyExc_TypeError,
+                     "_cuda_standin(): argument 'source' must be callable or None, got %.100s",
+                     Py_TYPE(source)->tp_name);
+        return NULL;
+    }
+    if (group_installed(G_TORCH)) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "_cuda_standin(): the torch hooks are installed; disable them first");
+        return NULL;
+    }
+    Py_XSETREF(disp.standin_stream, source == Py_None ? NULL : Py_NewRef(source));
+    Py_RETURN_NONE;
 }
 
 /* The names of the installed hooks that call their original's C function

@@ -26,5 +26,13 @@ void ml_hooks_poll(void);
 int64_t ml_hooks_pending_bytes(const ml_book *lord, const ml_selector *sel);
 /* Module-level introspection: {"installed", "subscribers", "pending"} */
 PyObject *ml_hooks_info(PyObject *module, PyObject *unused);
+/* Frees now waiting for a CUDA event, every lord's. */
+Py_ssize_t ml_hooks_npending(void);
+/* Testing aid (_core._cuda_standin): with a callable source(index) -> stream
+ * handle (an int), the next install of the torch hooks takes it as torch's
+ * current-stream source and patches whatever torch.cuda.synchronize,
+ * Stream.synchronize and Event.synchronize are then, as with a CUDA build of
+ * torch; None turns that off.  Refused while the hooks are installed. */
+PyObject *ml_hooks_cuda_standin(PyObject *module, PyObject *source);
 
 #endif

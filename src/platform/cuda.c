@@ -4,6 +4,9 @@
  * pool are globals because they describe the process (one driver, one set
  * of contexts), not a module instance.  They are only touched with the GIL
  * held. */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1 /* dladdr: which file the driver was loaded from */
+#endif
 #include "platform/ml_cuda.h"
 
 #include <Python.h>
@@ -11,7 +14,10 @@
 #ifndef _WIN32
 #include <dlfcn.h>
 #endif
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #ifdef MEMLORD_HAVE_CUDA_H
 #include <cuda.h>
@@ -33,6 +39,7 @@ typedef CUresult (*fn_total)(size_t *, CUdevice);
 typedef CUresult (*fn_retain)(CUcontext *, CUdevice);
 typedef CUresult (*fn_push)(CUcontext);
 typedef CUresult (*fn_pop)(CUcontext *);
+typedef CUresult (*fn_current)(CUcontext *);
 typedef CUresult (*fn_meminfo)(size_t *, size_t *);
 typedef CUresult (*fn_ctx_state)(CUdevice, unsigned int *, int *);
 typedef CUresult (*fn_ev_create)(CUevent *, unsigned int);
@@ -40,9 +47,16 @@ typedef CUresult (*fn_ev_record)(CUevent, CUstream);
 typedef CUresult (*fn_ev_query)(CUevent);
 typedef CUresult (*fn_ev_sync)(CUevent);
 
-static struct {
+/* The driver: loaded once, on the first call of any function below, by
+ * ml_cuda_ready() and nothing else.  Every entry point asks it first, so
+ * whichever runs first in a process (device_memory, a deferred move, a band
+ * decision, --info) finds the driver as loaded as the others would. */
+static struct ml_driver {
     int state; /* 0 untried, 1 ready, -1 unavailable */
     void *lib;
+    char *override;  /* _cuda_driver(path): the library to load instead, or NULL */
+    char path[1024]; /* the library loaded, as the loader resolved it */
+    char why[1024];  /* why none was */
     fn_init init;
     fn_count count;
     fn_get get;
@@ -50,6 +64,7 @@ static struct {
     fn_retain retain;
     fn_push push;
     fn_pop pop;
+    fn_current current; /* optional: without it, a context is always pushed */
     fn_meminfo meminfo;
     fn_ctx_state ctx_state;
     fn_ev_create ev_create;
@@ -70,55 +85,138 @@ static ml_cuda_event *pool[ML_CUDA_MAX_DEVICES];
 static CUcontext primary[ML_CUDA_MAX_DEVICES];
 static size_t n_created, n_pooled;
 
-static void *sym(const char *name)
-{
 #ifndef _WIN32
-    return dlsym(drv.lib, name);
-#else
-    (void)name;
-    return NULL;
-#endif
+/* Every entry point memlord calls: the driver is used only when it has all
+ * of them, so a pointer read after ml_cuda_ready() is never NULL. */
+static int resolve(void)
+{
+    static const struct {
+        const char *name;
+        size_t offset;
+    } need[] = {
+        {"cuInit", offsetof(struct ml_driver, init)},
+        {"cuDeviceGetCount", offsetof(struct ml_driver, count)},
+        {"cuDeviceGet", offsetof(struct ml_driver, get)},
+        {"cuDeviceTotalMem_v2", offsetof(struct ml_driver, total)},
+        {"cuDevicePrimaryCtxRetain", offsetof(struct ml_driver, retain)},
+        {"cuCtxPushCurrent_v2", offsetof(struct ml_driver, push)},
+        {"cuCtxPopCurrent_v2", offsetof(struct ml_driver, pop)},
+        {"cuMemGetInfo_v2", offsetof(struct ml_driver, meminfo)},
+        {"cuDevicePrimaryCtxGetState", offsetof(struct ml_driver, ctx_state)},
+        {"cuEventCreate", offsetof(struct ml_driver, ev_create)},
+        {"cuEventRecord", offsetof(struct ml_driver, ev_record)},
+        {"cuEventQuery", offsetof(struct ml_driver, ev_query)},
+        {"cuEventSynchronize", offsetof(struct ml_driver, ev_sync)},
+    };
+    for (size_t i = 0; i < sizeof(need) / sizeof(need[0]); i++) {
+        void *f = dlsym(drv.lib, need[i].name);
+        if (f == NULL) {
+            snprintf(drv.why, sizeof(drv.why), "missing symbol %s", need[i].name);
+            return -1;
+        }
+        memcpy((char *)&drv + need[i].offset, &f, sizeof(f));
+    }
+    drv.current = (fn_current)dlsym(drv.lib, "cuCtxGetCurrent");
+    Dl_info where;
+    if (dladdr((void *)drv.init, &where) != 0 && where.dli_fname != NULL) {
+        snprintf(drv.path, sizeof(drv.path), "%s", where.dli_fname);
+    }
+    return 0;
 }
+
+static int load(void)
+{
+    drv.state = -1;
+    const char *env = getenv("MEMLORD_DISABLE_CUDA");
+    if (env != NULL && env[0] != '\0' && env[0] != '0') {
+        snprintf(drv.why, sizeof(drv.why), "MEMLORD_DISABLE_CUDA is set");
+        return 0;
+    }
+    const char *name = drv.override;
+    if (name == NULL) {
+        name = getenv("MEMLORD_CUDA_DRIVER");
+        if (name != NULL && name[0] == '\0') {
+            name = NULL;
+        }
+    }
+    drv.lib = dlopen(name != NULL ? name : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (drv.lib == NULL) {
+        const char *err = dlerror();
+        snprintf(drv.why, sizeof(drv.why), "cannot load %s: %s", name ? name : "libcuda.so.1",
+                 err ? err : "not found");
+        if (name == NULL) {
+            drv.lib = dlopen("libcuda.so", RTLD_NOW | RTLD_LOCAL);
+        }
+        if (drv.lib == NULL) {
+            return 0;
+        }
+    }
+    /* The library stays loaded for the process, even when unusable: its
+     * objects may still be referenced by whoever else loaded it. */
+    if (resolve() < 0) {
+        return 0;
+    }
+    CUresult rc = drv.init(0);
+    if (rc != CUDA_SUCCESS) {
+        snprintf(drv.why, sizeof(drv.why), "cuInit failed with code %d", (int)rc);
+        return 0;
+    }
+    drv.why[0] = '\0';
+    drv.state = 1;
+    return 1;
+}
+#endif
 
 int ml_cuda_ready(void)
 {
     if (drv.state != 0) {
         return drv.state > 0;
     }
-    drv.state = -1;
 #ifndef _WIN32
-    const char *env = getenv("MEMLORD_DISABLE_CUDA");
-    if (env != NULL && env[0] != '\0' && env[0] != '0') {
-        return 0;
-    }
-    drv.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (drv.lib == NULL) {
-        drv.lib = dlopen("libcuda.so", RTLD_NOW | RTLD_LOCAL);
-    }
-    if (drv.lib == NULL) {
-        return 0;
-    }
-    drv.init = (fn_init)sym("cuInit");
-    drv.count = (fn_count)sym("cuDeviceGetCount");
-    drv.get = (fn_get)sym("cuDeviceGet");
-    drv.total = (fn_total)sym("cuDeviceTotalMem_v2");
-    drv.retain = (fn_retain)sym("cuDevicePrimaryCtxRetain");
-    drv.push = (fn_push)sym("cuCtxPushCurrent_v2");
-    drv.pop = (fn_pop)sym("cuCtxPopCurrent_v2");
-    drv.meminfo = (fn_meminfo)sym("cuMemGetInfo_v2");
-    drv.ctx_state = (fn_ctx_state)sym("cuDevicePrimaryCtxGetState");
-    drv.ev_create = (fn_ev_create)sym("cuEventCreate");
-    drv.ev_record = (fn_ev_record)sym("cuEventRecord");
-    drv.ev_query = (fn_ev_query)sym("cuEventQuery");
-    drv.ev_sync = (fn_ev_sync)sym("cuEventSynchronize");
-    if (!drv.init || !drv.count || !drv.get || !drv.total || drv.init(0) != CUDA_SUCCESS) {
-        return 0;
-    }
-    drv.state = 1;
-    return 1;
+    return load();
 #else
+    drv.state = -1;
+    snprintf(drv.why, sizeof(drv.why), "not supported on this platform");
     return 0;
 #endif
+}
+
+const char *ml_cuda_library(void)
+{
+    return ml_cuda_ready() && drv.path[0] != '\0' ? drv.path : NULL;
+}
+
+const char *ml_cuda_why_not(void)
+{
+    return ml_cuda_ready() ? NULL : drv.why;
+}
+
+int ml_cuda_use_library(const char *path)
+{
+    char *copy = NULL;
+    if (path != NULL) {
+        size_t n = strlen(path) + 1;
+        copy = PyMem_RawMalloc(n);
+        if (copy == NULL) {
+            return -1;
+        }
+        memcpy(copy, path, n);
+    }
+    /* The old driver's objects are forgotten, never destroyed: its events
+     * and the contexts retained stay valid for whoever else holds them. */
+    for (int i = 0; i < ML_CUDA_MAX_DEVICES; i++) {
+        while (pool[i] != NULL) {
+            ml_cuda_event *e = pool[i];
+            pool[i] = e->next;
+            PyMem_RawFree(e);
+        }
+        primary[i] = NULL;
+    }
+    n_created = n_pooled = 0;
+    PyMem_RawFree(drv.override);
+    memset(&drv, 0, sizeof(drv));
+    drv.override = copy;
+    return 0;
 }
 
 int ml_cuda_device_count(void)
@@ -149,11 +247,14 @@ int ml_cuda_min_total(int64_t *out)
 }
 
 /* Make device index's primary context current (retained once, kept for the
- * process like torch does).  Returns 0 and pushes, or -1. */
-static int push_primary(int index)
+ * process like torch does).  0 when it is current, with *pushed saying
+ * whether it was pushed (then pop_primary() undoes it), or -1.  When the
+ * primary context is current already (whenever torch runs on that device)
+ * nothing is pushed: one driver call instead of two. */
+static int push_primary(int index, int *pushed)
 {
-    if (!ml_cuda_ready() || index < 0 || index >= ML_CUDA_MAX_DEVICES || !drv.retain || !drv.push ||
-        !drv.pop) {
+    *pushed = 0;
+    if (!ml_cuda_ready() || index < 0 || index >= ML_CUDA_MAX_DEVICES) {
         return -1;
     }
     if (primary[index] == NULL) {
@@ -164,18 +265,28 @@ static int push_primary(int index)
             return -1;
         }
     }
-    return drv.push(primary[index]) == CUDA_SUCCESS ? 0 : -1;
+    CUcontext cur = NULL;
+    if (drv.current != NULL && drv.current(&cur) == CUDA_SUCCESS && cur == primary[index]) {
+        return 0;
+    }
+    if (drv.push(primary[index]) != CUDA_SUCCESS) {
+        return -1;
+    }
+    *pushed = 1;
+    return 0;
 }
 
-static void pop_primary(void)
+static void pop_primary(int pushed)
 {
-    CUcontext ctx;
-    drv.pop(&ctx);
+    if (pushed) {
+        CUcontext ctx;
+        drv.pop(&ctx);
+    }
 }
 
 int ml_cuda_primary_active(int index)
 {
-    if (!ml_cuda_ready() || index < 0 || index >= ML_CUDA_MAX_DEVICES || !drv.ctx_state) {
+    if (!ml_cuda_ready() || index < 0 || index >= ML_CUDA_MAX_DEVICES) {
         return -1;
     }
     if (primary[index] != NULL) {
@@ -193,12 +304,13 @@ int ml_cuda_primary_active(int index)
 
 int ml_cuda_mem_info(int index, int64_t *free_bytes, int64_t *total_bytes)
 {
-    if (!drv.meminfo || push_primary(index) < 0) {
+    int pushed;
+    if (push_primary(index, &pushed) < 0) {
         return -1;
     }
     size_t f = 0, t = 0;
     CUresult rc = drv.meminfo(&f, &t);
-    pop_primary();
+    pop_primary(pushed);
     if (rc != CUDA_SUCCESS) {
         return -1;
     }
@@ -209,7 +321,8 @@ int ml_cuda_mem_info(int index, int64_t *free_bytes, int64_t *total_bytes)
 
 ml_cuda_event *ml_cuda_event_record(int index, uintptr_t stream)
 {
-    if (!drv.ev_create || !drv.ev_record || !drv.ev_query || push_primary(index) < 0) {
+    int pushed;
+    if (push_primary(index, &pushed) < 0) {
         return NULL;
     }
     ml_cuda_event *e = pool[index];
@@ -219,19 +332,19 @@ ml_cuda_event *ml_cuda_event_record(int index, uintptr_t stream)
     } else {
         e = PyMem_RawMalloc(sizeof(ml_cuda_event));
         if (e == NULL) {
-            pop_primary();
+            pop_primary(pushed);
             return NULL;
         }
         if (drv.ev_create(&e->ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
             PyMem_RawFree(e);
-            pop_primary();
+            pop_primary(pushed);
             return NULL;
         }
         e->index = index;
         n_created++;
     }
     CUresult rc = drv.ev_record(e->ev, (CUstream)stream);
-    pop_primary();
+    pop_primary(pushed);
     if (rc != CUDA_SUCCESS) {
         ml_cuda_event_release(e);
         return NULL;
@@ -242,11 +355,12 @@ ml_cuda_event *ml_cuda_event_record(int index, uintptr_t stream)
 int ml_cuda_event_query(ml_cuda_event *e)
 {
     /* The event's context current, as for any driver call on its objects. */
-    if (push_primary(e->index) < 0) {
+    int pushed;
+    if (push_primary(e->index, &pushed) < 0) {
         return -1;
     }
     CUresult rc = drv.ev_query(e->ev);
-    pop_primary();
+    pop_primary(pushed);
     if (rc == CUDA_SUCCESS) {
         return 1;
     }
@@ -255,11 +369,12 @@ int ml_cuda_event_query(ml_cuda_event *e)
 
 int ml_cuda_event_wait(ml_cuda_event *e)
 {
-    if (drv.ev_sync == NULL || push_primary(e->index) < 0) {
+    int pushed;
+    if (push_primary(e->index, &pushed) < 0) {
         return -1;
     }
     CUresult rc = drv.ev_sync(e->ev);
-    pop_primary();
+    pop_primary(pushed);
     return rc == CUDA_SUCCESS ? 0 : -1;
 }
 

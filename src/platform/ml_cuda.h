@@ -6,8 +6,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* 1 when libcuda loaded and cuInit succeeded; loads on first use. */
+/* 1 when libcuda loaded and cuInit succeeded; loads on first use.  The one
+ * place that decides: every function below asks it first.  The library is
+ * libcuda.so.1 (then libcuda.so), or the file MEMLORD_CUDA_DRIVER names (a
+ * testing aid: tests/fakecuda/); MEMLORD_DISABLE_CUDA=1 loads none. */
 int ml_cuda_ready(void);
+/* The file the driver was loaded from, or NULL when none was. */
+const char *ml_cuda_library(void);
+/* Why no driver was loaded ("cuInit failed with code 100", ...), or NULL. */
+const char *ml_cuda_why_not(void);
+/* Testing aid (_core._cuda_driver): forget the driver, its pooled events and
+ * its contexts (none destroyed), and load `path` (NULL: the usual search) at
+ * the next use.  Only when no event is pending.  0, or -1 out of memory. */
+int ml_cuda_use_library(const char *path);
 /* Number of visible devices (honours CUDA_VISIBLE_DEVICES), 0 without CUDA. */
 int ml_cuda_device_count(void);
 /* Smallest total memory among visible devices: 1 and *out set, or 0. */

@@ -1,0 +1,200 @@
+"""device_memory, "auto" and band decisions from the fake driver's capacity, and what one
+deferred move costs in driver calls (issue 24).
+
+The call ceiling is the test that keeps the event path cheap without a GPU: when the
+device's primary context is current already (whenever torch runs on that device), memlord
+pushes and pops nothing, and a deferred move costs one cuCtxGetCurrent and one
+cuEventRecord at the move, one cuCtxGetCurrent and one cuEventQuery at its credit.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import fake_cuda
+from fakecuda_driver import GIB
+
+from memlord import MemLord, _core
+
+pytestmark = pytest.mark.fakecuda
+
+
+def _stat(lord, dev, key):
+    return lord.stats().get(dev, {}).get(key, 0)
+
+
+def band(n):
+    return {"metric": "allocated", "threshold": {"bytes": n}}
+
+
+# ---- device_memory -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "total,free",
+    [(16 * GIB, 12 * GIB), (80 * GIB, 0), (8 * GIB, 8 * GIB), (12345678901, 1234567890)],
+)
+def test_device_memory_is_the_drivers(fakecuda, total, free):
+    fakecuda.set_memory(0, total, free)
+    got = MemLord(auto_gc_bytes=None).device_memory("cuda:0")
+    assert got == (total, total - free, (total - free) * 100 / total)
+    assert fakecuda.ctx_depth() == 0
+
+
+def test_device_memory_per_device(fakecuda):
+    fakecuda.set_devices(3)
+    for i, (total, free) in enumerate([(4 * GIB, GIB), (8 * GIB, 2 * GIB), (2 * GIB, GIB)]):
+        fakecuda.set_memory(i, total, free)
+    lord = MemLord(auto_gc_bytes=None)
+    assert lord.device_memory("cuda:1")[:2] == (8 * GIB, 6 * GIB)
+    assert lord.device_memory(torch.device("cuda", 2))[:2] == (2 * GIB, GIB)
+    assert lord.device_memory("cuda:0")[:2] == (4 * GIB, 3 * GIB)
+    assert lord.device_memory("cuda:3") == (None, None, None)  # the driver has three
+    assert _core._cuda_info()["device_count"] == 3
+
+
+def test_device_memory_may_initialise_the_device(fakecuda):
+    """An explicit device_memory() makes the primary context (as torch.cuda.mem_get_info
+    does), once for the process."""
+    assert not fakecuda.primary_active(0)
+    lord = MemLord(auto_gc_bytes=None)
+    lord.device_memory("cuda:0")
+    MemLord(auto_gc_bytes=None).device_memory("cuda:0")
+    assert fakecuda.primary_active(0) and fakecuda.retains(0) == 1
+
+
+def test_no_devices(fakecuda):
+    fakecuda.set_devices(0)
+    assert MemLord(auto_gc_bytes=None).device_memory("cuda:0") == (None, None, None)
+    assert MemLord("auto").auto_gc_bytes is None
+    info = _core._cuda_info()
+    assert info["driver"] is True and info["device_count"] == 0 and info["min_total"] == -1
+
+
+# ---- "auto" ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("totals", [[16 * GIB], [24 * GIB, 6 * GIB, 80 * GIB], [10**10 + 1]])
+def test_auto_is_the_smallest_total_over_three(fakecuda, totals):
+    fakecuda.set_devices(len(totals))
+    for i, t in enumerate(totals):
+        fakecuda.set_memory(i, t, t // 2)
+    assert MemLord("auto").auto_gc_bytes == min(totals) // 3
+    assert _core._cuda_info()["min_total"] == min(totals)
+
+
+# ---- bands -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "free,fires_at",
+    [(12 * GIB, 100), (6 * GIB, 200), (GIB, 300)],  # 25 %, 62.5 %, 93.75 % used
+)
+def test_band_from_the_drivers_capacity(fakecuda, free, fires_at):
+    fakecuda.set_memory(0, 16 * GIB, free)
+    fakecuda.set_primary_active(0, True)
+    lord = MemLord(auto_gc_strategy={(0, 50): band(100), (50, 75): band(200), (75, 101): band(300)})
+    lord.allocate(fake_cuda(fires_at - 1, dtype=torch.uint8))
+    assert _stat(lord, "cuda:0", "gc_runs") == 0
+    lord.allocate(fake_cuda(1, dtype=torch.uint8))
+    assert _stat(lord, "cuda:0", "gc_runs") == 1
+
+
+def test_band_decision_never_creates_a_context(fakecuda):
+    """Nobody initialised cuda:0: the capacity is unknown for a GC decision (the lowest band,
+    on bytes) and no context is made; device_memory() would make one."""
+    fakecuda.set_memory(0, 16 * GIB, GIB)  # 93.75 %, were it read
+    lord = MemLord(auto_gc_strategy={(0, 50): band(100), (75, 101): band(10_000)})
+    lord.allocate(fake_cuda(100, dtype=torch.uint8))
+    assert _stat(lord, "cuda:0", "gc_runs") == 1
+    assert fakecuda.retains(0) == 0 and not fakecuda.primary_active(0)
+    assert fakecuda.calls("cuMemGetInfo_v2") == 0
+    assert lord.device_memory("cuda:0")[1] == 15 * GIB
+    assert fakecuda.retains(0) == 1
+
+
+def test_band_percent_threshold_uses_the_drivers_total(fakecuda):
+    fakecuda.set_memory(0, 1000, 1000)
+    fakecuda.set_primary_active(0, True)
+    lord = MemLord(
+        auto_gc_strategy={(0, 101): {"metric": "allocated", "threshold": {"percent": 10.0}}}
+    )
+    lord.allocate(fake_cuda(99, dtype=torch.uint8))
+    assert _stat(lord, "cuda:0", "gc_runs") == 0
+    lord.allocate(fake_cuda(1, dtype=torch.uint8))  # 100 bytes = 10 % of 1000
+    assert _stat(lord, "cuda:0", "gc_runs") == 1
+
+
+# ---- the event path's cost --------------------------------------------------------------
+
+
+def _one_deferred_move(fake, hooks, x):
+    fake.clear_calls()
+    x.to("cpu", non_blocking=True)
+    at_move = fake.counts()
+    fake.complete()
+    fake.clear_calls()
+    hooks.poll()
+    at_credit = fake.counts()
+    assert hooks.pending() == 0
+    return at_move, at_credit
+
+
+@pytest.fixture
+def hooks(fake_torch_cuda):
+    lord = MemLord(auto_gc_bytes=None)
+    h = lord.hook_into_torch()
+    yield h
+    h.disable()
+
+
+def test_deferred_move_calls_when_the_context_is_current(fakecuda, hooks):
+    fakecuda.set_current(0)  # torch runs on cuda:0
+    x = fake_cuda(256)
+    _one_deferred_move(fakecuda, hooks, x)  # the first loads the driver, makes the event
+    at_move, at_credit = _one_deferred_move(fakecuda, hooks, x)
+    assert at_move == {"cuCtxGetCurrent": 1, "cuEventRecord": 1}
+    assert at_credit == {"cuCtxGetCurrent": 1, "cuEventQuery": 1}
+    assert sum(at_move.values()) + sum(at_credit.values()) <= 4  # the ceiling
+    fakecuda.set_current(None)
+
+
+def test_deferred_move_calls_when_no_context_is_current(fakecuda, hooks):
+    """On a thread where no context is current, the primary one is pushed and popped around
+    each call: balanced, and still bounded."""
+    x = fake_cuda(256)
+    _one_deferred_move(fakecuda, hooks, x)
+    at_move, at_credit = _one_deferred_move(fakecuda, hooks, x)
+    for counts in (at_move, at_credit):
+        assert counts["cuCtxPushCurrent_v2"] == counts["cuCtxPopCurrent_v2"] == 1
+    assert sum(at_move.values()) + sum(at_credit.values()) <= 8
+    assert fakecuda.ctx_depth() == 0
+
+
+def test_another_devices_context_current_is_pushed_over(fakecuda, hooks):
+    """cuda:1's context current, a move from cuda:0: cuda:0's is pushed, then popped."""
+    fakecuda.set_devices(2)
+    fakecuda.set_current(1)
+    x = fake_cuda(256, 0)
+    at_move, _ = _one_deferred_move(fakecuda, hooks, x)
+    assert at_move["cuCtxPushCurrent_v2"] == at_move["cuCtxPopCurrent_v2"] == 1
+    assert fakecuda.current_device() == 1
+    assert fakecuda.misuse() == 0
+    fakecuda.set_current(None)
+
+
+def test_a_thousand_moves_stay_within_the_ceiling(fakecuda, hooks):
+    fakecuda.set_current(0)
+    fakecuda.set_auto_complete(True)
+    x = fake_cuda(64)
+    x.to("cpu", non_blocking=True)
+    hooks.poll()
+    fakecuda.clear_calls()
+    for _ in range(1000):
+        x.to("cpu", non_blocking=True)
+    hooks.poll()
+    assert hooks.pending() == 0
+    assert fakecuda.calls() <= 4 * 1000
+    assert fakecuda.calls("cuCtxPushCurrent_v2") == 0
+    assert fakecuda.calls("cuEventCreate") <= 1
+    fakecuda.set_current(None)
