@@ -192,11 +192,7 @@ def _check_outputs(args: argparse.Namespace) -> dict[str, tuple[str, str]] | Non
         if found != fmt:
             _say(f"--{option} {path}: the name must end in {endings}")
             return None
-        absolute = os.path.abspath(path)
-        if absolute in given:
-            _say(f"--{option} {path}: the same file as {given[absolute][0]}")
-            return None
-        given[absolute] = (f"--{option}", path)
+        given[os.path.abspath(path)] = (f"--{option}", path)  # endings differ: no clash
     if args.html:
         try:
             import plotly  # noqa: F401
@@ -218,6 +214,11 @@ def _check_outputs(args: argparse.Namespace) -> dict[str, tuple[str, str]] | Non
 
 
 def run(args: argparse.Namespace) -> int:
+    """Run the script as ``__main__`` under a tracker; the reports are written by an
+    ``atexit`` handler when the interpreter ends (called in-process, at that process's
+    end), or by the tracker's signal handlers.  Returns the exit status for the script
+    that raised (1) or ended normally (0); a ``SystemExit`` or ``KeyboardInterrupt`` of
+    the script is raised again."""
     from .profiler import MemoryTracker
 
     script = Path(args.script)
@@ -283,6 +284,8 @@ def run(args: argparse.Namespace) -> int:
         _kept.append(exc)
         # as Python keeps an uncaught exception (and so the frames it ended) until exit
         sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
+        if sys.version_info >= (3, 12):
+            sys.last_exc = exc
         traceback.print_exc()
         code = 1
     if pending is not None:
