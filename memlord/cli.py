@@ -268,8 +268,8 @@ def run(args: argparse.Namespace) -> int:
         written = tracker.stop()
         for path in written:
             _say(f"wrote {shown.get(str(path), path)}")
-        for path, given in shown.items():
-            if Path(path) not in written:
+        for name, given in shown.items():
+            if Path(name) not in written:
                 _say(f"{given} was not written (the error is above)")
 
     atexit.register(finish)
