@@ -228,3 +228,18 @@ def test_the_final_snapshot_sees_the_globals_of_a_script_that_exits(tmp_path):
     )
     assert r.returncode == 5, r.stderr
     assert load(tmp_path / "p.json").counters["cpu"]["allocated"] == 4 << 20
+
+
+def test_an_output_lost_during_the_run_is_reported(tmp_path):
+    """Checked at start, its folder replaced by a file while the script ran: the error is
+    logged and one line says the report was not written."""
+    (tmp_path / "out").mkdir()
+    r = _run(
+        tmp_path,
+        "import os\nos.rmdir('out')\nopen('out', 'w').close()\n",
+        "--json",
+        "out/p.json",
+    )
+    assert r.returncode == 0, r.stderr
+    assert "memlord: out/p.json was not written (the error is above)" in r.stderr
+    assert not _wrote(r.stderr)
