@@ -6,14 +6,17 @@
     python -m memlord gantt IN.json OUT.html
 
 ``run`` executes an unmodified script as ``__main__`` with memlord's torch and lifetime
-hooks on and writes the requested reports when it ends: normally, by an exception, by
-``sys.exit``, or on SIGTERM / SIGINT.  With no output option it writes
-``memory_profile_YYYYMMDD_HHMMSS.json`` in the current directory.
+hooks on and writes the requested reports when the program ends, as ``atexit`` sees it
+(after its non-daemon threads, with its globals alive): normally, by an exception, by
+``sys.exit``, or on SIGTERM / SIGINT.  Output paths are checked before the script runs and
+resolved against the directory ``run`` was started in.  With no output option it writes
+``memory_profile_YYYYMMDD_HHMMSS_<pid>_<n>.json`` in the current directory.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import runpy
 import sys
@@ -155,26 +158,84 @@ class ModuleSpans:
         self._handles = []
 
 
+#: what `run` keeps alive until the report is written at exit: the script's globals (or
+#: the exception that ended it, whose traceback holds them), as they are under `python
+#: script.py` until the interpreter tears its modules down
+_kept: list[Any] = []
+
+#: each ``run`` output option, the format its file must have, and the endings that name it
+_OUTPUTS = (
+    ("json", "json", ".json"),
+    ("html", "html", ".html or .htm"),
+    ("trace", "trace", ".trace.json"),
+    ("pickle", "pickle", ".pickle or .pkl"),
+)
+
+
+def _check_outputs(args: argparse.Namespace) -> dict[str, tuple[str, str]] | None:
+    """The output options' paths, absolute (against the directory `run` was started in,
+    whatever the script's ``os.chdir`` later) -> (option, the path as given); or None
+    after saying, in one line, why one cannot be written.  Checked before the script
+    runs, so a wrong name costs nothing."""
+    from .report import format_of
+    from .report._util import check_writable
+
+    given: dict[str, tuple[str, str]] = {}
+    for option, fmt, endings in _OUTPUTS:
+        path = getattr(args, option)
+        if not path:
+            continue
+        try:
+            found = format_of(path)
+        except ValueError:
+            found = None
+        if found != fmt:
+            _say(f"--{option} {path}: the name must end in {endings}")
+            return None
+        given[os.path.abspath(path)] = (f"--{option}", path)  # endings differ: no clash
+    if args.html:
+        try:
+            import plotly  # noqa: F401
+        except ImportError:
+            _say("--html needs plotly: pip install memlord[report]")
+            return None
+    # where the default memory_profile_*.json goes when no output is named
+    probes = list(given) or [os.path.join(os.getcwd(), "memory_profile.json")]
+    for absolute in probes:
+        option, path = given.get(absolute, ("the default profile in", os.getcwd()))
+        try:
+            check_writable(absolute)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            where = f" ({exc.filename})" if exc.filename and exc.filename != absolute else ""
+            _say(f"{option} {path}: cannot be written: {reason}{where}")
+            return None
+    return given
+
+
 def run(args: argparse.Namespace) -> int:
+    """Run the script as ``__main__`` under a tracker; the reports are written by an
+    ``atexit`` handler when the interpreter ends (called in-process, at that process's
+    end), or by the tracker's signal handlers.  Returns the exit status for the script
+    that raised (1) or ended normally (0); a ``SystemExit`` or ``KeyboardInterrupt`` of
+    the script is raised again."""
     from .profiler import MemoryTracker
 
     script = Path(args.script)
     if not script.is_file():
         _say(f"script not found: {args.script}")
         return 2
-    exports = [Path(p) for p in (args.html, args.trace, args.pickle) if p]
-    json_path: Any = args.json
+    outputs = _check_outputs(args)
+    if outputs is None:
+        return 2
+    by_option = {option: absolute for absolute, (option, _) in outputs.items()}
+    exports = [by_option[o] for o in ("--html", "--trace", "--pickle") if o in by_option]
+    json_path: Any = by_option.get("--json")
     if json_path is None:
         json_path = False if exports else None
-    if args.html:
-        try:
-            import plotly  # noqa: F401
-        except ImportError:
-            _say("--html needs plotly: pip install memlord[report]")
-            return 2
     title = " ".join(["python -m memlord run", args.script, *args.args])
     tracker = MemoryTracker(
-        ".",
+        os.getcwd(),
         True,
         args.interval,
         exports=exports,
@@ -189,23 +250,44 @@ def run(args: argparse.Namespace) -> int:
     tracker.start()
     if args.modules:
         modules = ModuleSpans(tracker)
+    pid = os.getpid()
+
+    def finish() -> None:
+        # at exit, as atexit sees the program: after the script's non-daemon threads
+        # ended and its own exit handlers ran (registered later, they run first), with
+        # its globals alive; only in the process that started the run (a child the
+        # script forked ends here too, and writes nothing)
+        if os.getpid() != pid:
+            return
+        if modules is not None:
+            modules.remove()
+        shown = {path: given for path, (_, given) in outputs.items()}
+        default = tracker.json_path()  # the default name, fixed now
+        if default is not None and str(default) not in shown:
+            shown[str(default)] = default.name  # in the directory run was started in
+        written = tracker.stop()
+        for path in written:
+            _say(f"wrote {shown.get(str(path), path)}")
+        for name, given in shown.items():
+            if Path(name) not in written:
+                _say(f"{given} was not written (the error is above)")
+
+    atexit.register(finish)
     pending: BaseException | None = None
     code = 0
     try:
-        runpy.run_path(str(script), run_name="__main__")
-    except SystemExit as exc:
+        _kept.append(runpy.run_path(str(script), run_name="__main__"))
+    except (SystemExit, KeyboardInterrupt) as exc:
+        _kept.append(exc)
         pending = exc
-    except KeyboardInterrupt as exc:
-        pending = exc
-    except BaseException:  # noqa: BLE001 - report it as Python would, then write
+    except BaseException as exc:  # noqa: BLE001 - report it as Python would
+        _kept.append(exc)
+        # as Python keeps an uncaught exception (and so the frames it ended) until exit
+        sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
+        if sys.version_info >= (3, 12):
+            sys.last_exc = exc
         traceback.print_exc()
         code = 1
-    finally:
-        if modules is not None:
-            modules.remove()
-        written = tracker.stop()
-        for path in written:
-            _say(f"wrote {path}")
     if pending is not None:
         raise pending
     return code

@@ -1,5 +1,5 @@
 """The memory profiler: periodic snapshots, checkpoints, operation tracking and PyTorch
-operator statistics, saved as ``memory_profile_YYYYMMDD_HHMMSS.json``.
+operator statistics, saved as ``memory_profile_YYYYMMDD_HHMMSS_<pid>_<n>.json``.
 
     from memlord.profiler import (
         initialize_memory_tracker, memory_checkpoint, stop_memory_tracker, get_memory_tracker,
@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime as _dt
+import itertools
 import logging
 import math
 import os
@@ -40,7 +41,7 @@ from typing import Any
 import torch
 
 from . import __version__
-from .report import Events, Profile, SampleBuilder, Span, export
+from .report import Events, Profile, SampleBuilder, Span, export, format_of
 from .report._lord import read_consistent, region_span, region_spans, ring_events
 from .report._source import FROM_GC_SCAN, LedgerSource, build_snapshot
 from .report._util import MiB
@@ -73,6 +74,23 @@ def _check_interval(interval: object) -> float | None:
     return float(interval)
 
 
+#: numbers the default file names of this process's trackers (with the pid and the time,
+#: no two trackers of any processes share one)
+_name_counter = itertools.count(1)
+
+
+def _check_path(path: object, what: str, fmt: str | None = None) -> Path:
+    """``path`` as an absolute path (relative ones against the working directory now, so
+    a later ``os.chdir`` of the program does not move the report), of format ``fmt``
+    (any report format when None)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a str or os.PathLike, got {path!r}")
+    found = format_of(path)  # ValueError naming the known endings
+    if fmt is not None and found != fmt:
+        raise ValueError(f"{what} {os.fspath(path)!r} names a {found} file, not {fmt}")
+    return Path(os.path.abspath(path))
+
+
 def _check_name(name: object, what: str = "name") -> str:
     if not isinstance(name, str):
         raise TypeError(f"{what} must be a str, got {type(name).__name__}")
@@ -85,11 +103,15 @@ class MemoryTracker:
     ``enabled=False`` makes every method a cheap no-op: no thread, no hooks, no file.
     ``interval`` (seconds, or None for none) is the period of the background snapshots.
     ``exports`` are extra report paths (``.html``, ``.trace.json``, ``.pickle``) written
-    with the JSON; ``json_path`` replaces the default ``memory_profile_<time>.json`` in
-    ``output_dir`` (``False``: no JSON).  ``source`` is where the numbers come from
-    (default: a fresh lord with lifetime tracking on).  ``events`` is the capacity of
-    the lord's event ring the tracker turns on (default :data:`EVENTS`; ``0``: none; a
-    lord already recording keeps its own ring)."""
+    with the JSON; ``json_path`` replaces the default
+    ``memory_profile_<time>_<pid>_<n>.json`` in ``output_dir`` (``False``: no JSON).
+    Relative paths are resolved against the working directory when the tracker is
+    made.  ``source`` is where the numbers come from (default: a fresh lord with
+    lifetime tracking on).  ``events`` is the capacity of the lord's event ring the
+    tracker turns on (default :data:`EVENTS`; ``0``: none; a lord already recording
+    keeps its own ring).  A tracker writes only in the process that started it: a child
+    made by ``os.fork()`` writes nothing (it starts a tracker of its own for a file of
+    its own)."""
 
     def __init__(
         self,
@@ -115,11 +137,16 @@ class MemoryTracker:
             raise ValueError(f"top must be an int >= 0, got {top!r}")
         if isinstance(events, bool) or not isinstance(events, int) or events < 0:
             raise ValueError(f"events must be an int >= 0, got {events!r}")
-        self.output_dir = Path(output_dir)
+        if isinstance(exports, (str, os.PathLike)):
+            raise TypeError(f"exports must be a sequence of paths, got {exports!r}")
+        self.output_dir = Path(os.path.abspath(output_dir))
         self.enabled = enabled
         self.top = top
-        self.exports = [Path(p) for p in exports]
+        self.exports = [_check_path(p, "exports: path") for p in exports]
+        if json_path not in (None, True, False):
+            json_path = _check_path(json_path, "json_path", "json")
         self._json_path = json_path
+        self._pid = os.getpid()
         self._source = source
         self._torch_hooks = torch_hooks
         self._install_handlers = install_handlers
@@ -172,6 +199,7 @@ class MemoryTracker:
             self._own_ring = True
         self._ring_capacity = lord.events_capacity
         self._source.start()
+        self._pid = os.getpid()
         self.start_ns = time.monotonic_ns()
         self.start_unix = time.time()
         self._running = True
@@ -193,6 +221,11 @@ class MemoryTracker:
                     log.debug("memlord profiler: cannot handle signal %s: %s", sig, exc)
         return self
 
+    def _forked(self) -> bool:
+        """True in a child process made by ``os.fork()`` after the tracker started: the
+        parent writes the reports, the child writes nothing."""
+        return os.getpid() != self._pid
+
     def _stop_thread(self) -> None:
         self._stop_event.set()
         thread = self._thread
@@ -202,12 +235,15 @@ class MemoryTracker:
 
     def stop(self) -> list[Path]:
         """Stop the thread, write the reports, restore the handlers, turn the hooks
-        off.  Returns the paths written (none when disabled or already stopped)."""
+        off.  Returns the paths written (none when disabled or already stopped, and in
+        a forked child, which writes nothing)."""
         if not self.enabled or not self._running:
             return []
         self._stop_thread()
-        self.take_snapshot("stop")
-        written = self.write()
+        written = []
+        if not self._forked():
+            self.take_snapshot("stop")
+            written = self.write()
         if self._own_ring and self._source is not None:
             # keep what the ring holds for profile(), and give its memory back
             self._frozen = read_consistent(self._source.lord)
@@ -233,15 +269,19 @@ class MemoryTracker:
         self._prev_handlers.clear()
 
     def _at_exit(self) -> None:
-        if self._running:
+        if self._running and not self._forked():
             self._stop_thread()
             self.take_snapshot("exit")
             self.write()
 
     def _on_signal(self, signum: int, frame: Any) -> Any:
         try:
-            self._stop_thread()
-            self.write()
+            if not self._forked():
+                # no join: the snapshot thread may wait for a lock this thread holds
+                self._stop_event.set()
+                # a write this signal interrupted goes on when the handlers return: this
+                # one has its own temporary file, and the last complete one stays
+                self.write()
         except Exception:  # noqa: BLE001 - a signal handler must reach the chained one
             log.exception("memlord profiler: writing the profile on signal %s failed", signum)
         prev = self._prev_handlers.get(signum, signal.SIG_DFL)
@@ -542,20 +582,32 @@ class MemoryTracker:
         )
 
     def json_path(self) -> Path | None:
-        """Where the JSON goes: fixed at the first write (one file per session)."""
+        """Where the JSON goes: fixed at the first call (one file per session).  The
+        default name, ``memory_profile_<YYYYmmdd_HHMMSS>_<pid>_<n>.json`` (the time, the
+        process, a counter of the process's trackers), is one no other tracker of any
+        process uses, and not the name of a file already there."""
         if self._json_path is False:
             return None
         if self._json_path not in (None, True):
             return Path(self._json_path)  # type: ignore[arg-type]
-        if self._written_path is None:
-            stamp = _dt.datetime.now().strftime("%Y%m%d_%H%M%S")
-            self._written_path = self.output_dir / f"memory_profile_{stamp}.json"
-        return self._written_path
+        with self._lock:
+            if self._written_path is None:
+                while True:
+                    stamp = _dt.datetime.now().strftime("%Y%m%d_%H%M%S")
+                    name = f"memory_profile_{stamp}_{os.getpid()}_{next(_name_counter)}.json"
+                    path = self.output_dir / name
+                    if not path.exists():
+                        break
+                self._written_path = path
+            return self._written_path
 
     def write(self) -> list[Path]:
         """Write the JSON and the extra exports now; returns the paths written.  A path
-        that cannot be written is logged, never raised."""
-        if not self.enabled:
+        that cannot be written is logged, never raised.  Each file is written whole or
+        not at all (a temporary file of its own, renamed), so a signal whose handler
+        writes while this write is interrupted, or another thread writing at once,
+        cannot spoil it.  Nothing is written in a forked child."""
+        if not self.enabled or self._forked():
             return []
         doc = self.profile()
         paths = [p for p in [self.json_path(), *self.exports] if p is not None]

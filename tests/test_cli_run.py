@@ -164,9 +164,9 @@ def test_the_demo_says_how_to_get_a_report(capsys):
 
 
 def test_run_attributes_no_site_to_memlord_itself(tmp_path):
-    """Storages that die once the script is over (its globals cleared) have no user line
-    left on the stack: their frees are unattributed, never put on memlord's own
-    `python -m memlord` frame (they were, at memlord/__main__.py)."""
+    """No site is memlord's own `python -m memlord` frame (frees of the script's globals
+    were put at memlord/__main__.py, then at `<frozen runpy>`; the report is now written
+    while the globals are alive: tests/test_cli_run_files.py)."""
     script = tmp_path / "keep.py"
     script.write_text("import torch\nkeep = [torch.empty(1024) for _ in range(4)]\n")
     r = subprocess.run(

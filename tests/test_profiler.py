@@ -27,7 +27,7 @@ from memlord.profiler import (
 from memlord.report import load, memory_series
 from memlord.report._source import LedgerSource
 
-NAME = re.compile(r"memory_profile_\d{8}_\d{6}\.json")
+NAME = re.compile(r"memory_profile_\d{8}_\d{6}_\d+_\d+\.json")
 
 
 def _profiler_threads() -> list[threading.Thread]:

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import html
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ._model import Profile, Span
 from ._series import Series, decimate_indices, lanes, memory_series
-from ._util import MiB, Progress, no_progress
+from ._util import MiB, Progress, atomic_write, no_progress
 
 EXTRA_HINT = "pip install memlord[report]"
 DEFAULT_BUCKETS = 2000
@@ -531,10 +530,8 @@ def write_html(
     buckets: int = DEFAULT_BUCKETS,
 ) -> None:
     text = render_html(doc, buckets=buckets, progress=progress)
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    with atomic_write(path) as f:
+        f.write(text)
 
 
 __all__ = ["render_html", "write_html", "EXTRA_HINT"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,7 +20,7 @@ from ._model import (
     Samples,
     Span,
 )
-from ._util import Progress, no_progress
+from ._util import Progress, atomic_write, no_progress
 
 
 def _default(obj: Any) -> Any:
@@ -100,12 +99,9 @@ def dumps(doc: Profile, progress: Progress = no_progress) -> str:
 def write_json(
     doc: Profile, path: str | os.PathLike[str], progress: Progress = no_progress
 ) -> None:
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_write(path) as f:
         for chunk in _chunks(doc, progress):
             f.write(chunk)
-    os.replace(tmp, path)
 
 
 # ---- reading ------------------------------------------------------------------------

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import os
 import pickle
-from pathlib import Path
 from typing import Any
 
 from ._model import Profile
 from ._series import memory_series
-from ._util import Progress, no_progress
+from ._util import Progress, atomic_write, no_progress
 
 SEGMENT_BASE = 0x7F0000000000
 SEGMENT_STRIDE = 1 << 40
@@ -171,11 +170,8 @@ def write_pickle(
     doc: Profile, path: str | os.PathLike[str], progress: Progress = no_progress
 ) -> None:
     snap = to_snapshot(doc, progress)
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with atomic_write(path, binary=True) as f:
         pickle.dump(snap, f, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(tmp, path)
 
 
 __all__ = ["to_snapshot", "write_pickle", "device_indices"]

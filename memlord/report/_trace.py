@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ._model import Profile
 from ._series import memory_series
-from ._util import Progress, no_progress
+from ._util import Progress, atomic_write, no_progress
 
 PID = 1
 COUNTER_TID = 0
@@ -146,9 +145,6 @@ def _chunks(doc: Profile, progress: Progress):
 def write_trace(
     doc: Profile, path: str | os.PathLike[str], progress: Progress = no_progress
 ) -> None:
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_write(path) as f:
         for chunk in _chunks(doc, progress):
             f.write(chunk)
-    os.replace(tmp, path)

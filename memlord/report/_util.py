@@ -1,12 +1,17 @@
-"""Small helpers shared by the writers: units, times, a progress bar."""
+"""Small helpers shared by the writers: units, times, a progress bar, atomic writes."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import errno
+import itertools
 import os
+import secrets
 import sys
-from collections.abc import Callable
-from typing import Any, TextIO
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any, TextIO
 
 MiB = 1024 * 1024
 
@@ -71,3 +76,60 @@ def stage(progress: Progress, lo: float, hi: float) -> Progress:
         progress(lo + (hi - lo) * fraction, label)
 
     return inner
+
+
+# ---- atomic writes ------------------------------------------------------------------------
+
+_temp_counter = itertools.count(1)
+
+
+def _create_temp(path: Path) -> tuple[int, Path]:
+    """A new, empty temporary file beside ``path`` (same folder, so the rename is atomic),
+    created exclusively under a name no other writer uses: ``.NAME.<pid>.<n>.<random>.tmp``
+    (process, a per-process counter, random bits).  Returns its descriptor and path."""
+    stem = path.name[:120]  # keep the name under the file system's limit
+    for _ in range(100):
+        tmp = path.with_name(
+            f".{stem}.{os.getpid()}.{next(_temp_counter)}.{secrets.token_hex(4)}.tmp"
+        )
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary name", str(path))  # pragma: no cover
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike[str], binary: bool = False) -> Iterator[IO[Any]]:
+    """Write ``path`` all at once: the block writes a temporary file of its own beside it
+    (text in UTF-8, or bytes with ``binary``), renamed over ``path`` when the block ends;
+    when the block raises (a signal handler's ``SystemExit`` included), the temporary file
+    is removed and ``path`` keeps what it held.  Every writer of the same path (threads,
+    processes, a signal handler that writes while an interrupted write waits) has its own
+    temporary file, and the last rename wins: the file is always one complete write.
+    This is the one write path of every report format."""
+    path = Path(path)
+    fd, tmp = _create_temp(path)
+    try:
+        f = os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")
+        with f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def check_writable(path: str | os.PathLike[str]) -> None:
+    """Raise ``OSError`` unless a report could be written to ``path`` now: it must not be
+    a folder, and its folder must exist (missing folders are created, as the writers
+    would) and take a new file (tried for real: a temporary file is made and removed)."""
+    path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a folder", str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = _create_temp(path)
+    os.close(fd)
+    os.unlink(tmp)
