@@ -1032,7 +1032,7 @@ class IdentityMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         names = ("zeros", "ones_like", "clone", "to", "half", "clone")
         owners = (torch, torch, torch, torch.Tensor, torch.Tensor, torch.Tensor)
-        self.seen.append([func is getattr(o, n, None) for o, n in zip(owners, names)])
+        self.seen.append([func is getattr(o, n, None) for o, n in zip(owners, names, strict=True)])
         return func(*args, **(kwargs or {}))
 
 
