@@ -1311,7 +1311,12 @@ static vectorcallfunc hook_entry(int kind)
 
 /* Bound like a function: obj.to(...) passes obj first.  (A bound hook is a
  * method object where torch's bound C method is a builtin; its __self__,
- * __name__, equality and calls are the same.) */
+ * __name__, equality and calls are the same.  A builtin_function_or_method
+ * holds only its PyMethodDef, its self and its __module__: nothing that
+ * could keep the hook alive and find it again on a call without showing
+ * (__module__ would be the hook), short of hooks that are never freed.
+ * PyCMethod, which carries a class, is another type, builtin_method.  The
+ * hot path never binds: `t.half()` calls the hook with t first.) */
 static PyObject *hook_descr_get(PyObject *self, PyObject *obj, PyObject *Py_UNUSED(type))
 {
     if (obj == NULL || obj == Py_None) {
