@@ -26,13 +26,13 @@ See docs/api.md#live-snapshots for every field.
 from __future__ import annotations
 
 import gc
+import sys
 from collections import deque
-from itertools import compress
 from typing import Any
 
 import torch
 
-from ._core import format_bytes
+from ._core import _gc_objects_of, format_bytes
 from ._sites import site_text
 
 #: Step samples kept for growth(): growth(min_steps) needs min_steps + 1 of them.
@@ -94,43 +94,47 @@ class _Decoder:
         }
 
 
-def _tensor_types() -> set[type]:
-    """torch.Tensor and every subclass defined so far."""
-    out: set[type] = set()
-    todo = [torch.Tensor]
-    while todo:
-        t = todo.pop()
-        if t not in out:
-            out.add(t)
-            todo.extend(type.__subclasses__(t))
-    return out
+#: The modules of tensors that hold no memory of their own (torch.compile's, AOT's,
+#: make_fx's and FakeTensorMode's), and their classes: never imported here.
+_TRACING_TYPES = (
+    ("torch._subclasses.fake_tensor", "FakeTensor"),
+    ("torch._subclasses.functional_tensor", "FunctionalTensor"),
+)
+
+
+def _tracing_types() -> tuple[type, ...]:
+    """FakeTensor and FunctionalTensor, where loaded: tensors of tracing, whose data
+    pointer must not be read (torch warns that it is deprecated and will raise)."""
+    out = []
+    for module, name in _TRACING_TYPES:
+        cls = getattr(sys.modules.get(module), name, None)
+        if isinstance(cls, type):
+            out.append(cls)
+    return tuple(out)
 
 
 def _live_tensors() -> list[torch.Tensor]:
-    """Every tensor the cyclic GC tracks, for the caller's thread to inspect.
+    """Every tensor the cyclic GC tracks (FakeTensors and FunctionalTensors left out),
+    for the caller's thread to inspect.
 
     ``gc.get_objects()`` returns a list holding a reference to every tracked object,
-    including objects another thread is still building: a tuple that ``tuple(gen)`` is
+    including tuples another thread is still filling: a tuple that ``tuple(gen)`` is
     filling may be resized only while nothing else refers to it, and CPython fails with
-    ``SystemError: bad argument to internal function`` otherwise.  So the list lives as
-    briefly as possible: it is filtered down to tensors by C code only (no bytecode, so
-    no thread switch, inside the filter), with the collector off (no finalizers).  A
-    switch can still happen between the two calls, so the profiler never scans from its
-    background thread: periodic snapshots carry the ledger's totals only.  With
-    lifetime tracking on, memlord's registry of live storages answers instead (see
-    :func:`_snapshot_section`)."""
-    contains = _tensor_types().__contains__
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        objs = gc.get_objects()
-        try:
-            return list(compress(objs, map(contains, map(type, objs))))
-        finally:
-            del objs
-    finally:
-        if was_enabled:
-            gc.enable()
+    ``SystemError: bad argument to internal function`` in that thread otherwise.  So the
+    list never reaches Python: one C call (``_core._gc_objects_of``) makes it, keeps the
+    tensors and drops it, holding the GIL and running no Python meanwhile, so that no
+    other thread runs while it exists.  With lifetime tracking on, memlord's registry
+    of live storages answers instead (see :func:`_snapshot_section`)."""
+    return _gc_objects_of(gc.get_objects, torch.Tensor, _tracing_types())
+
+
+_is_functional = getattr(torch, "_is_functional_tensor", None)
+
+
+def _skipped(t: Any) -> bool:
+    """A tensor without memory of its own, whose storage is not read: meta tensors and
+    functionalization's wrappers (their storage's data pointer is not real)."""
+    return bool(t.is_meta) or (_is_functional is not None and bool(_is_functional(t)))
 
 
 def _shape_or_none(t: Any) -> tuple[int, ...] | None:
@@ -149,6 +153,8 @@ def _untracked_storages(lord: Any) -> list[dict[str, Any]]:
     out = []
     for obj in _live_tensors():
         try:
+            if _skipped(obj):
+                continue
             storage = obj.untyped_storage()
             if id(storage) in seen:
                 continue

@@ -6,6 +6,7 @@
 #include "sinks/regions.h"
 #include "core/autogc.h"
 #include "api/handles.h"
+#include "api/snapshot.h"
 #include "hooks/hooks.h"
 #include "core/logsink.h"
 #include "core/sites.h"
@@ -377,6 +378,9 @@ static PyMethodDef core_methods[] = {
      "uses as torch's current stream, patching torch.cuda's synchronize stand-ins; None: off."},
     {"_tensor_abi", (PyCFunction)(void (*)(void))core_tensor_abi, METH_FASTCALL,
      "Whether tensor metadata is read through torch's stable C ABI; switches it for tests."},
+    {"_gc_objects_of", (PyCFunction)(void (*)(void))ml_gc_objects_of, METH_FASTCALL,
+     "The objects of gc.get_objects() of a type, less those of the skipped types, found "
+     "in one C call that no other thread can interleave with."},
     {"_tensor_meta", (PyCFunction)core_tensor_meta, METH_O,
      "(device, nbytes) of a tensor as the hooks size it: its storage bytes."},
     {NULL, NULL, 0, NULL},

@@ -7,7 +7,9 @@ Every row runs with the hooks off (the reference) and on, in three ways: the tor
 (``hook_into_torch()``), the Python hooks (``hook_into_python()``: factories, lifetime
 tracking) and both; the observations must be identical. Only the identity and the type of
 the patched attributes themselves may differ (``torch.zeros is <original>`` is False while
-hooked), and no row looks at those.
+hooked), and no row looks at those; every name torch has for one function is still one object
+(``torch._C._VariableFunctions.zeros is torch.zeros``), and so is what a mode receives and what
+pickle gives back.
 
 ``test_corpus_in_a_fresh_process`` runs the corpus in a new interpreter in which the hooks
 were enabled before torch's device context (and its cached set of constructor functions)
@@ -799,6 +801,38 @@ def pickle_factories_and_methods():
 
 
 @row
+def pickle_round_trip_is_the_same_object():
+    # a pickled torch function or method resolves to what torch names at load time: the
+    # very object the program holds (r44)
+    fs = (
+        torch.zeros,
+        torch.empty_like,
+        torch.clone,
+        torch.Tensor.to,
+        torch.Tensor.clone,
+        torch.Tensor.half,
+        nn.Module.to,
+        nn.Parameter.__new__,
+    )
+    return [pickle.loads(pickle.dumps(f, protocol=p)) is f for f in fs for p in (2, 5)]
+
+
+@row
+def torch_names_its_functions_alike():
+    # torch's own names of one function are one object: torch.zeros is the function the
+    # dispatcher finds in torch._C._VariableFunctions, torch.Tensor.to is TensorBase's
+    return [
+        torch._C._VariableFunctions.zeros is torch.zeros,
+        torch._VF.empty_like is torch.empty_like,
+        torch._C.TensorBase.to is torch.Tensor.to,
+        torch._C.TensorBase.clone is torch.Tensor.clone,
+        torch._C.TensorBase.float is torch.Tensor.float,
+        torch._C._VariableFunctions.zeros(2),
+        torch._C.TensorBase.to(T, torch.float64),
+    ]
+
+
+@row
 def pickle_partials():
     p = functools.partial(torch.empty, 3)
     q = functools.partial(torch.Tensor.to, dtype=torch.float64)
@@ -988,6 +1022,48 @@ class RecordingMode(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+class IdentityMode(TorchFunctionMode):
+    """Dispatches on ``func is <torch's name>``, a common idiom (r43)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        names = ("zeros", "ones_like", "clone", "to", "half", "clone")
+        owners = (torch, torch, torch, torch.Tensor, torch.Tensor, torch.Tensor)
+        self.seen.append([func is getattr(o, n, None) for o, n in zip(owners, names, strict=True)])
+        return func(*args, **(kwargs or {}))
+
+
+@row
+def torch_function_mode_identity():
+    with IdentityMode() as mode:
+        a = torch.zeros(2)
+        b = torch.ones_like(a).to(torch.float64).half()
+        c = torch.clone(b).clone()
+    return [mode.seen, a, b, c]
+
+
+class IdentitySubclass(torch.Tensor):
+    seen: list = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.seen.append(
+            [func is torch.zeros_like, func is torch.Tensor.to, func is torch.Tensor.clone]
+        )
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@row
+def subclass_torch_function_identity():
+    IdentitySubclass.seen = []
+    x = torch.ones(2).as_subclass(IdentitySubclass)
+    y = torch.zeros_like(x).to(torch.float64).clone()
+    return [IdentitySubclass.seen[:3], type(y).__name__, y.as_subclass(torch.Tensor)]
+
+
 @row
 def torch_function_mode_records():
     with RecordingMode() as mode:
@@ -1027,6 +1103,41 @@ class SideCopyMode(TorchFunctionMode):
 def torch_function_mode_changes_result():
     with SideCopyMode():
         return torch.ones(3).double()
+
+
+# --------------------------------------------------------------------------- torch.fx
+
+
+class FxTraced(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+
+    def forward(self, x):
+        y = torch.zeros_like(x) + x.to(torch.float64).float().half().float()
+        z = torch.ones(3) + torch.empty_like(y).fill_(1) + x.clone()
+        return self.lin(y + z).cpu()
+
+
+@row
+def fx_symbolic_trace_graph():
+    # nothing of memlord runs on an FX Proxy: the graph is the user's own (r42)
+    gm = torch.fx.symbolic_trace(FxTraced())
+    nodes = [[n.op, getattr(n.target, "__name__", str(n.target))] for n in gm.graph.nodes]
+    return [nodes, gm.code, list(gm(torch.ones(3)).shape)]
+
+
+@row
+def fx_proxy_through_factories_and_parameter():
+    # a Proxy built by hand (as FX passes and torch.export's tracers do)
+    graph = torch.fx.Graph()
+    tracer = torch.fx.proxy.GraphAppendingTracer(graph)
+    x = torch.fx.Proxy(graph.placeholder("x"), tracer)
+    out = [type(torch.empty_like(x)).__name__, type(torch.ones_like(x)).__name__]
+    out.append(type(x.to(torch.float16)).__name__)
+    out.append(type(nn.Parameter(x)).__name__)
+    out.append([n.op + ":" + str(getattr(n.target, "__name__", n.target)) for n in graph.nodes])
+    return out
 
 
 # --------------------------------------------------------------------------- subclasses

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from memlord import MemLord
-from memlord._snapshot import _live_tensors
+from memlord._snapshot import _live_tensors, _skipped
 
 log = logging.getLogger("memlord")
 
@@ -287,7 +287,7 @@ class LedgerSource:
         seen: set[tuple[str, int, int]] = set()
         for obj in _live_tensors():
             try:
-                if obj.is_meta:
+                if _skipped(obj):
                     continue
                 storage = obj.untyped_storage()
                 device = str(obj.device)

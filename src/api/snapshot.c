@@ -385,3 +385,74 @@ PyObject *ml_lord_now_ns(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(ignored)
 {
     return PyLong_FromLongLong((long long)ml_now_ns());
 }
+
+/* ---- the scan of Python's objects ----------------------------------------- */
+
+/* _gc_objects_of(get_objects, cls, skip) -> list: every object that
+ * get_objects() (CPython's gc.get_objects) returns whose type is cls or a
+ * subclass of it and no subclass of a type in the tuple skip.
+ *
+ * gc.get_objects() returns a list holding a reference to every object the
+ * cyclic GC tracks, among them tuples that other threads are still filling:
+ * a tuple being built by tuple(generator) is resized in place, which CPython
+ * allows only while nothing else refers to it, so a thread that runs while
+ * such a list exists fails with SystemError ("bad argument to internal
+ * function").  Here the list exists only inside this one C call, which
+ * holds the GIL throughout and runs no Python: get_objects is CPython's C
+ * function (checked), the collector is off (no finalizer can run), the
+ * filter reads types only and appending to the result only grows its item
+ * array.  No other thread can run, and so see an extra reference, before
+ * the list is gone; only the matching objects (complete tensors, never a
+ * half-built tuple) outlive the call.  Dropping the list cannot free
+ * anything: each object it refers to had a reference of its own. */
+PyObject *ml_gc_objects_of(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyCFunction_Check(args[0]) || !PyType_Check(args[1]) ||
+        !PyTuple_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "_gc_objects_of(get_objects, cls, skip): expected CPython's "
+                        "gc.get_objects, a type and a tuple of types");
+        return NULL;
+    }
+    PyObject *skip = args[2];
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(skip); i++) {
+        if (!PyType_Check(PyTuple_GET_ITEM(skip, i))) {
+            PyErr_SetString(PyExc_TypeError, "_gc_objects_of(): skip must hold types only");
+            return NULL;
+        }
+    }
+    PyTypeObject *cls = (PyTypeObject *)args[1];
+    PyObject *out = PyList_New(0); /* before the scan: the only new GC object */
+    if (out == NULL) {
+        return NULL;
+    }
+    int was_enabled = PyGC_Disable();
+    PyObject *all = PyObject_CallNoArgs(args[0]);
+    if (all != NULL && !PyList_CheckExact(all)) {
+        PyErr_SetString(PyExc_TypeError, "_gc_objects_of(): get_objects() returned no list");
+        Py_CLEAR(all);
+    }
+    int rc = all != NULL ? 0 : -1;
+    for (Py_ssize_t i = 0; rc == 0 && i < PyList_GET_SIZE(all); i++) {
+        PyObject *o = PyList_GET_ITEM(all, i);
+        if (!PyObject_TypeCheck(o, cls)) {
+            continue;
+        }
+        int skipped = 0;
+        for (Py_ssize_t j = 0; !skipped && j < PyTuple_GET_SIZE(skip); j++) {
+            skipped = PyObject_TypeCheck(o, (PyTypeObject *)PyTuple_GET_ITEM(skip, j));
+        }
+        if (!skipped) {
+            rc = PyList_Append(out, o);
+        }
+    }
+    Py_XDECREF(all);
+    if (was_enabled) {
+        PyGC_Enable();
+    }
+    if (rc < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return out;
+}

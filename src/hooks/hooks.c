@@ -176,6 +176,13 @@ typedef struct {
     PyObject *own;      /* owner.__dict__[name] before patching, or NULL */
     PyObject *original; /* getattr(owner, name) before patching */
     PyObject *hook;     /* the HookObject installed */
+    /* The same attribute in the class torch dispatches through, when that is
+     * not owner (see alias_of): alias_type.__dict__[name] held alias_own
+     * and now holds alias_put (the hook, or a staticmethod of it).  NULL
+     * when there is none. */
+    PyObject *alias_type;
+    PyObject *alias_own;
+    PyObject *alias_put;
     int group;
 } ml_patch;
 
@@ -1149,6 +1156,12 @@ static PyObject *hook_module_to(PyObject *callable, PyObject *const *args, size_
  * result is returned unchanged whatever happens. */
 static PyObject *track_result(PyObject *callable, ml_state *st, PyObject *result, const char *label)
 {
+    /* Only real tensors: a tensor-like result (an FX Proxy while
+     * symbolic_trace runs, any __torch_function__ object) would record every
+     * method memlord calls on it (untyped_storage) into the user's graph. */
+    if (!PyObject_TypeCheck(result, (PyTypeObject *)st->tensor_type) || uncounted(st, result)) {
+        return result;
+    }
     ml_lords lords; /* a snapshot: subscribers may change */
     if (lords_acquire(disp.py_lord_refs, &lords) < 0) {
         report_failure(callable);
@@ -1299,7 +1312,12 @@ static vectorcallfunc hook_entry(int kind)
 
 /* Bound like a function: obj.to(...) passes obj first.  (A bound hook is a
  * method object where torch's bound C method is a builtin; its __self__,
- * __name__, equality and calls are the same.) */
+ * __name__, equality and calls are the same.  A builtin_function_or_method
+ * holds only its PyMethodDef, its self and its __module__: nothing that
+ * could keep the hook alive and find it again on a call without showing
+ * (__module__ would be the hook), short of hooks that are never freed.
+ * PyCMethod, which carries a class, is another type, builtin_method.  The
+ * hot path never binds: `t.half()` calls the hook with t first.) */
 static PyObject *hook_descr_get(PyObject *self, PyObject *obj, PyObject *Py_UNUSED(type))
 {
     if (obj == NULL || obj == Py_None) {
@@ -1561,6 +1579,82 @@ static void jit_builtin_alias(PyObject *hook, PyObject *original, int add)
     PyErr_Clear();
 }
 
+/* torch finds a function it hands to a TorchFunctionMode or a subclass's
+ * __torch_function__ in its own class, not where memlord patches it:
+ * torch.zeros is torch._C._VariableFunctionsClass.zeros (a staticmethod of
+ * the builtin, whose m_self is that class), torch.Tensor.to is
+ * torch._C.TensorBase.to (torch.Tensor inherits it); pickle names them there
+ * too.  The hook goes into that class as well, so that `func is
+ * torch.zeros` in a mode and pickle.loads(pickle.dumps(torch.zeros)) is
+ * torch.zeros hold as they do bare.  Finds that class: *cls, the entry it
+ * holds now (*own) and the entry to put (*put: the hook, or a staticmethod
+ * of it), new references; all NULL when there is none (a Python function,
+ * a method torch.Tensor defines itself).  Best effort: errors are cleared. */
+static void alias_of(PyObject *owner, PyObject *name, PyObject *original, PyObject *hook,
+                     PyObject **cls, PyObject **own, PyObject **put)
+{
+    *cls = *own = *put = NULL;
+    PyObject *c = NULL;
+    int wrap = 0;
+    if (PyCFunction_Check(original) && (PyCFunction_GET_FLAGS(original) & METH_STATIC) &&
+        PyType_Check(((PyCFunctionObject *)original)->m_self)) {
+        c = ((PyCFunctionObject *)original)->m_self; /* METH_STATIC: the defining class */
+        wrap = 1;
+    } else if (PyType_Check(owner) && Py_TYPE(original) == &PyMethodDescr_Type) {
+        c = (PyObject *)PyDescr_TYPE(original);
+    }
+    if (c == NULL || c == owner || ((PyTypeObject *)c)->tp_dict == NULL) {
+        return;
+    }
+    Py_INCREF(c);
+    PyObject *v = PyDict_GetItemWithError(((PyTypeObject *)c)->tp_dict, name);
+    Py_XINCREF(v);
+    int match = 0;
+    if (v != NULL && wrap && PyObject_TypeCheck(v, &PyStaticMethod_Type)) {
+        PyObject *f = PyObject_GetAttrString(v, "__func__");
+        match = f == original;
+        Py_XDECREF(f);
+    } else if (v != NULL && !wrap) {
+        match = v == original;
+    }
+    PyObject *p = !match ? NULL : wrap ? PyStaticMethod_New(hook) : Py_NewRef(hook);
+    if (p == NULL) {
+        PyErr_Clear();
+        Py_DECREF(c);
+        Py_XDECREF(v);
+        return;
+    }
+    *cls = c;
+    *own = v;
+    *put = p;
+}
+
+/* Write cls.__dict__[name] = value.  These classes are immutable static
+ * types (setattr refuses), so their dict is written as CPython's own
+ * setattr of a mutable type does, and the type's attribute caches are
+ * invalidated.  name is never a special method (no slot to update). */
+static int alias_set(PyObject *cls, PyObject *name, PyObject *value)
+{
+    if (PyDict_SetItem(((PyTypeObject *)cls)->tp_dict, name, value) < 0) {
+        return -1;
+    }
+    PyType_Modified((PyTypeObject *)cls);
+    return 0;
+}
+
+/* Put the alias's own entry back where the hook is still there. */
+static void alias_restore(PyObject *cls, PyObject *name, PyObject *own, PyObject *put)
+{
+    if (cls == NULL) {
+        return;
+    }
+    const PyObject *v = PyDict_GetItemWithError(((PyTypeObject *)cls)->tp_dict, name);
+    if (v == put && alias_set(cls, name, own) < 0) {
+        PyErr_WriteUnraisable(cls);
+    }
+    PyErr_Clear();
+}
+
 static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
 {
     if (disp.npatches == ML_MAX_PATCHES) {
@@ -1617,7 +1711,19 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
         return -1;
     }
     jit_builtin_alias((PyObject *)hook, original, 1);
+    PyObject *acls, *aown, *aput;
+    alias_of(owner, pname, original, (PyObject *)hook, &acls, &aown, &aput);
+    if (acls != NULL && alias_set(acls, pname, aput) < 0) {
+        PyErr_Clear(); /* best effort: only identity differs without it */
+        Py_CLEAR(acls);
+        Py_CLEAR(aown);
+        Py_CLEAR(aput);
+    }
     if (disp.npatches == ML_MAX_PATCHES) { /* filled while Python ran */
+        alias_restore(acls, pname, aown, aput);
+        Py_XDECREF(acls);
+        Py_XDECREF(aown);
+        Py_XDECREF(aput);
         jit_builtin_alias((PyObject *)hook, original, 0);
         if (PyObject_SetAttr(owner, pname, own != NULL ? own : original) < 0) {
             PyErr_Clear();
@@ -1635,6 +1741,9 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
     p->own = own;
     p->original = original;
     p->hook = (PyObject *)hook;
+    p->alias_type = acls;
+    p->alias_own = aown;
+    p->alias_put = aput;
     p->group = installing_group;
     return 0;
 }
@@ -1685,6 +1794,7 @@ static int unpatch_group(int group)
                 (size_t)(disp.npatches - i - 1) * sizeof(ml_patch));
         disp.npatches--;
         jit_builtin_alias(p.hook, p.original, 0);
+        alias_restore(p.alias_type, p.name, p.alias_own, p.alias_put);
         int ours = holds_hook(p.owner, p.name, p.hook);
         int r = 0;
         if (ours > 0) {
@@ -1700,6 +1810,9 @@ static int unpatch_group(int group)
         Py_XDECREF(p.own);
         Py_XDECREF(p.original);
         Py_XDECREF(p.hook);
+        Py_XDECREF(p.alias_type);
+        Py_XDECREF(p.alias_own);
+        Py_XDECREF(p.alias_put);
     }
     if (disp.npatches == 0) {
         disp.st = NULL;
