@@ -500,18 +500,10 @@ ML_HOT static inline uint32_t recent_id(ml_sitetab *t, const ml_walker *w)
  * by the caller after. */
 static uint32_t stack_id(ml_sitetab *t, const ml_walker *w, PyObject **old)
 {
-    if (w->n == 0) {
-        return 0;
-    }
     if (t->raw == NULL) {
         t->raw = PyMem_Calloc(ML_RAW_SLOTS, sizeof(ml_raw));
         if (t->raw == NULL) {
             return 0;
-        }
-    } else {
-        uint32_t id = recent_id(t, w);
-        if (id != 0) {
-            return id;
         }
     }
     ml_sitestack s = {.n = (uint8_t)w->n, .user = (int8_t)w->user, .elided = (uint8_t)w->elided};
@@ -550,6 +542,18 @@ static uint32_t stack_id(ml_sitetab *t, const ml_walker *w, PyObject **old)
     return id;
 }
 
+/* A stack other than the last two: interned, and the references the raw
+ * slots let go of released after (no frame pointer is held then). */
+ML_COLD static uint32_t capture_new(ml_sitetab *t, const ml_walker *w)
+{
+    PyObject *old[3 * ML_STACK_MAX] = {NULL};
+    uint32_t id = stack_id(t, w, old);
+    for (int i = 0; i < 3 * ML_STACK_MAX; i++) {
+        Py_XDECREF(old[i]);
+    }
+    return id;
+}
+
 ML_HOT static void capture(ml_state *st, ml_site *out, int in_place)
 {
     ml_walker w;
@@ -562,13 +566,14 @@ ML_HOT static void capture(ml_state *st, ml_site *out, int in_place)
     if (!in_place || !capture_direct(&w)) {
         capture_public(&w);
     }
-    PyObject *old[3 * ML_STACK_MAX] = {NULL};
-    out->id = stack_id(&st->sites, &w, old);
-    /* no frame pointer is held from here */
-    for (int i = 0; i < 3 * ML_STACK_MAX; i++) {
-        Py_XDECREF(old[i]);
+    ml_sitetab *t = &st->sites;
+    out->id = w.n > 0 && t->raw != NULL ? recent_id(t, &w) : 0;
+    if (out->id == 0 && w.n > 0) {
+        out->id = capture_new(t, &w);
     }
-    Py_XDECREF(w.drop);
+    if (w.drop != NULL) {
+        Py_DECREF(w.drop); /* no frame pointer is held from here */
+    }
 }
 
 ML_HOT void ml_site_capture(ml_state *st, ml_site *out)
