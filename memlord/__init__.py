@@ -25,7 +25,7 @@ except ImportError:
     if _missing is None:
         raise
     raise _missing from None  # no built extension here: say exactly what to run
-from . import _backend, _log
+from . import _backend, _log, _sites
 from ._core import Hooks, PythonHooks, TorchHooks, format_bytes
 from ._events import EVENT_DTYPE, EVENT_KINDS, EVENT_SOURCES
 from ._memapi import MemoryProfile
@@ -77,3 +77,4 @@ _core._configure(
     log_gc=_log._auto_gc,
     module_grads=_backend.module_grads,
 )
+_core._set_library_paths(*_sites.library_paths())

@@ -16,7 +16,7 @@ from . import _config, _core
 from ._events import EventsMixin
 from ._memapi import MemoryAPIMixin
 from ._regions import REGION_HISTORY, RegionsMixin, _Aggregate
-from ._sites import relative_path, site_location
+from ._sites import site_location, site_text
 from ._snapshot import SnapshotMixin
 
 _NOT_GIVEN: Any = ...
@@ -111,16 +111,15 @@ class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, SnapshotMixin, _core.Lo
     # ---- hotspots ----------------------------------------------------------------------
 
     def _top_site(self, free: bool, device) -> tuple[torch.device, str, int] | None:
-        totals: dict[tuple[int, str, str, int], int] = {}
+        totals: dict[tuple[int, str, str], int] = {}
         for dev, site, nbytes, key in self._hotspots(free, device):
-            loc = site_location(site)
-            if loc is not None:
-                k = (key, dev, loc[0], loc[1])
+            if site_location(site) is not None:
+                k = (key, dev, site_text(site))
                 totals[k] = totals.get(k, 0) + nbytes
         if not totals:
             return None
-        (_, dev, filename, line), nbytes = min(totals.items(), key=lambda kv: (-kv[1], kv[0][0]))
-        return torch.device(dev), f"{relative_path(filename)}:{line}", nbytes
+        (_, dev, where), nbytes = min(totals.items(), key=lambda kv: (-kv[1], kv[0][0]))
+        return torch.device(dev), where, nbytes
 
     def top_alloc_site(self, device=None) -> tuple[torch.device, str, int] | None:
         """``(torch.device, "file:line", bytes)`` of the biggest cumulative allocation

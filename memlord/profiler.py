@@ -42,7 +42,13 @@ import torch
 
 from . import __version__
 from .report import Events, Profile, SampleBuilder, Span, export, format_of
-from .report._lord import read_consistent, region_span, region_spans, ring_events
+from .report._lord import (
+    read_consistent,
+    region_span,
+    region_spans,
+    ring_events,
+    site_frames_table,
+)
 from .report._source import FROM_GC_SCAN, LedgerSource, build_snapshot
 from .report._util import MiB
 
@@ -542,6 +548,7 @@ class MemoryTracker:
                         lord.events_dropped if self._frozen is None else self._frozen_dropped
                     ),
                     "events_before_reset": skipped,
+                    "site_frames": site_frames_table(recs),
                 }
             except Exception:  # noqa: BLE001 - never raises into the caller
                 log.exception("memlord profiler: reading the event ring failed")

@@ -186,6 +186,7 @@ static PyObject *core_configure(PyObject *module, PyObject *args, PyObject *kwds
     Py_XSETREF(st->release_cache, release == Py_None ? NULL : Py_NewRef(release));
     Py_XSETREF(st->torch_prefix, Py_NewRef(tp));
     Py_XSETREF(st->memlord_prefix, Py_NewRef(mp));
+    ml_sites_paths_changed(st);
     if (grads != Py_None) {
         Py_XSETREF(st->module_grads, Py_NewRef(grads));
     }
@@ -278,13 +279,67 @@ static PyObject *core_site(PyObject *module, PyObject *arg)
     if (id == (unsigned long)-1 && PyErr_Occurred()) {
         return NULL;
     }
-    PyObject *code;
+    PyObject *filename;
     int line;
     if (id > UINT32_MAX ||
-        !ml_site_lookup(&ml_state_of_module(module)->sites, (uint32_t)id, &code, &line)) {
+        !ml_site_lookup(&ml_state_of_module(module)->sites, (uint32_t)id, &filename, &line)) {
         Py_RETURN_NONE;
     }
-    return Py_BuildValue("(Oi)", ((PyCodeObject *)code)->co_filename, line);
+    return Py_BuildValue("(Oi)", filename, line);
+}
+
+/* _site_stack(id): ((filename, line, name, is_user), ...) innermost first and
+ * whether library frames were left out before the last, or None. */
+static PyObject *core_site_stack(PyObject *module, PyObject *arg)
+{
+    unsigned long id = PyLong_AsUnsignedLong(arg);
+    if (id == (unsigned long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (id > UINT32_MAX) {
+        Py_RETURN_NONE;
+    }
+    return ml_site_stack(&ml_state_of_module(module)->sites, (uint32_t)id);
+}
+
+/* _sites_info(): (stacks, locations, raw slots in use) of the site table. */
+static PyObject *core_sites_info(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    return ml_sites_info(&ml_state_of_module(module)->sites);
+}
+
+/* _capture_site(): the site id a capture here gets (0: none).  A test probe. */
+static PyObject *core_capture_site(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    ml_site s;
+    ml_site_capture(ml_state_of_module(module), &s);
+    return PyLong_FromUnsignedLong(s.id);
+}
+
+/* _set_library_paths(prefixes, parts): file names that start with one of
+ * prefixes or contain one of parts are library code (site-packages, the
+ * standard library): a site in library code continues to the user's frame. */
+static PyObject *core_set_library_paths(PyObject *module, PyObject *args)
+{
+    PyObject *prefixes, *parts;
+    if (!PyArg_ParseTuple(args, "O!O!:_set_library_paths", &PyTuple_Type, &prefixes, &PyTuple_Type,
+                          &parts)) {
+        return NULL;
+    }
+    PyObject *both[2] = {prefixes, parts};
+    for (int k = 0; k < 2; k++) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(both[k]); i++) {
+            if (!PyUnicode_CheckExact(PyTuple_GET_ITEM(both[k], i))) {
+                PyErr_SetString(PyExc_TypeError, "_set_library_paths(): items must be str");
+                return NULL;
+            }
+        }
+    }
+    ml_state *st = ml_state_of_module(module);
+    Py_XSETREF(st->lib_prefixes, Py_NewRef(prefixes));
+    Py_XSETREF(st->lib_parts, Py_NewRef(parts));
+    ml_sites_paths_changed(st);
+    Py_RETURN_NONE;
 }
 
 /* _capture_sites(): ((code, offset) as the hooks capture the caller's site,
@@ -293,14 +348,14 @@ static PyObject *core_site(PyObject *module, PyObject *arg)
 static PyObject *core_capture_sites(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     ml_state *st = ml_state_of_module(module);
-    ml_site a, b;
-    ml_site_capture(st, &a);
-    ml_site_capture_public(st, &b);
-    PyObject *r =
-        Py_BuildValue("((Oi)(Oi)O)", a.code ? a.code : Py_None, a.line, b.code ? b.code : Py_None,
-                      b.line, ml_sites_direct() ? Py_True : Py_False);
-    ml_site_clear(&a);
-    ml_site_clear(&b);
+    PyObject *a, *b;
+    int la, lb;
+    ml_site_probe(st, 1, &a, &la);
+    ml_site_probe(st, 0, &b, &lb);
+    PyObject *r = Py_BuildValue("((Oi)(Oi)O)", a ? a : Py_None, la, b ? b : Py_None, lb,
+                                ml_sites_direct() ? Py_True : Py_False);
+    Py_XDECREF(a);
+    Py_XDECREF(b);
     return r;
 }
 
@@ -354,6 +409,14 @@ static PyMethodDef core_methods[] = {
      "Test probe: whether auto-GC treats a device type as having a cache; returns the old "
      "value."},
     {"_site", (PyCFunction)core_site, METH_O, "(filename, line) of a site id, or None."},
+    {"_site_stack", (PyCFunction)core_site_stack, METH_O,
+     "((filename, line, name, is_user), ...), elided of a site id, or None."},
+    {"_sites_info", (PyCFunction)core_sites_info, METH_NOARGS,
+     "(stacks, locations, raw slots in use) of the site table."},
+    {"_capture_site", (PyCFunction)core_capture_site, METH_NOARGS,
+     "The site id a capture here gets (0: none)."},
+    {"_set_library_paths", (PyCFunction)core_set_library_paths, METH_VARARGS,
+     "File name prefixes and parts of library code (tuples of str)."},
     {"_capture_sites", (PyCFunction)core_capture_sites, METH_NOARGS,
      "Test probe: the caller's site as captured, the same through the public frame API, and "
      "whether the capture read CPython's frames in place."},
@@ -450,7 +513,8 @@ static size_t state_objects(ml_state *st, PyObject ***out)
         &st->release_cache,
         &st->torch_prefix,
         &st->memlord_prefix,
-        &st->last_code,
+        &st->lib_prefixes,
+        &st->lib_parts,
         &st->module_grads,
     };
     size_t n = sizeof(objs) / sizeof(objs[0]);
@@ -471,10 +535,9 @@ static int core_traverse(PyObject *module, visitproc visit, void *arg)
     for (int t = 0; t < ML_MAX_DEV_TYPES; t++) {
         Py_VISIT(st->type_names[t]);
     }
-    if (ml_log_traverse(st, visit, arg) < 0) {
-        return -1;
-    }
-    return ml_sitetab_traverse(&st->sites, visit, arg);
+    /* the site table holds strings and bytes only: nothing the cyclic GC
+     * tracks */
+    return ml_log_traverse(st, visit, arg);
 }
 
 static int core_clear(PyObject *module)

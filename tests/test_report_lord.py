@@ -178,8 +178,9 @@ def test_pickle_is_read_by_torch_memory_viz(work, tmp_path):
     assert all(not t for i, t in enumerate(snap["device_traces"]) if i != cpu)
     allocs = [e for e in trace if e["action"] == "alloc"]
     assert len(allocs) == work.lord.stats()["cpu"]["allocs"]
-    assert {"filename": work.site.rpartition(":")[0], "line": int(work.site.rpartition(":")[2]),
-            "name": "?"} in allocs[0]["frames"]  # fmt: skip
+    where = [(f["filename"], f["line"]) for f in allocs[0]["frames"]]
+    assert (work.site.rpartition(":")[0], int(work.site.rpartition(":")[2])) in where
+    assert all(f["name"] not in ("?", "") for f in allocs[0]["frames"])  # functions' names
     assert "snapshot.pickle" in memory_viz.trace_plot(snap)
 
 

@@ -200,6 +200,21 @@ def base_metadata(title: str, start_ns: int) -> dict[str, Any]:
     }
 
 
+def site_frames_table(recs: np.ndarray) -> dict[str, list[dict[str, Any]]]:
+    """For each site of the ring's records, by its text: its frames as torch's memory
+    snapshots list them (``filename``, ``line``, ``name``; innermost first).  Kept in a
+    profile's ``metadata["site_frames"]``; the memory_viz pickle reads it."""
+    from memlord._sites import site_frames, site_text
+
+    out: dict[str, list[dict[str, Any]]] = {}
+    for site in np.unique(recs["site"]).tolist() if len(recs) else []:
+        if site:
+            frames = site_frames(int(site))
+            if frames:
+                out[site_text(int(site))] = frames
+    return out
+
+
 def profile_from_lord(lord: Any, *, top: int = 10, title: str | None = None) -> Profile:
     """The profile document of ``lord`` now (what ``lord.export`` writes)."""
     recs, stats = read_consistent(lord)
@@ -225,6 +240,7 @@ def profile_from_lord(lord: Any, *, top: int = 10, title: str | None = None) -> 
             "threads": thread_names(idents),
             "top_tensors_from": origin,
             "event_baseline": baseline,
+            "site_frames": site_frames_table(recs),
             "events_capacity": lord.events_capacity,
             "events_dropped": lord.events_dropped,
             "events_before_reset": skipped,

@@ -19,6 +19,7 @@ import os
 import pickle
 from typing import Any
 
+from .._sites import VIA
 from ._model import Profile
 from ._series import memory_series
 from ._util import Progress, atomic_write, no_progress
@@ -41,13 +42,32 @@ def device_indices(devices: list[str]) -> dict[str, int]:
     return out
 
 
-def _frames(site: str | None) -> list[dict[str, Any]]:
+def _frame(where: str) -> dict[str, Any]:
+    filename, _, line = where.rpartition(":")
+    if not filename or not line.isdigit():
+        return {"filename": where, "line": 0, "name": "?"}
+    return {"filename": filename, "line": int(line), "name": "?"}
+
+
+def _is_frame(f: Any) -> bool:
+    return (
+        isinstance(f, dict)
+        and isinstance(f.get("filename"), str)
+        and isinstance(f.get("line"), int)
+        and isinstance(f.get("name"), str)
+    )
+
+
+def _frames(site: str | None, table: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """A site's frames, innermost first: from the profile's ``site_frames`` (with the
+    functions' names), else from its text (``file:line``, or ``user.py:12 via
+    lib.py:110``), named ``?``."""
     if not site:
         return []
-    filename, _, line = site.rpartition(":")
-    if not filename or not line.isdigit():
-        return [{"filename": site, "line": 0, "name": "?"}]
-    return [{"filename": filename, "line": int(line), "name": "?"}]
+    known = table.get(site) if table else None
+    if isinstance(known, list) and known and all(_is_frame(f) for f in known):
+        return [{"filename": f["filename"], "line": f["line"], "name": f["name"]} for f in known]
+    return [_frame(part) for part in reversed(site.split(VIA))]
 
 
 def to_snapshot(doc: Profile, progress: Progress = no_progress) -> dict[str, Any]:
@@ -60,6 +80,9 @@ def to_snapshot(doc: Profile, progress: Progress = no_progress) -> dict[str, Any
     start_ns = doc.metadata.get("start_ns", doc.t0_ns())
     start_unix = float(doc.metadata.get("start_unix", 0.0))
     live: dict[str, dict[int, tuple[int, str | None]]] = {d: {} for d in devices}
+    table = doc.metadata.get("site_frames")
+    if not isinstance(table, dict):
+        table = None
     if len(ev):
         kinds = ev.kinds
         kind_col = ev["kind"].tolist()
@@ -77,19 +100,21 @@ def to_snapshot(doc: Profile, progress: Progress = no_progress) -> dict[str, Any
             site = ev.sites[site_col[i]] if site_col[i] >= 0 else None
             base = {"addr": addr, "size": size, "stream": 0, "time_us": t_col[i]}
             if kind == "alloc":
-                trace.append({"action": "alloc", **base, "frames": _frames(site)})
+                trace.append({"action": "alloc", **base, "frames": _frames(site, table)})
                 if addr:
                     live[dev][addr] = (size, site)
             elif kind == "free":
-                trace.append({"action": "free_requested", **base, "frames": _frames(site)})
+                trace.append({"action": "free_requested", **base, "frames": _frames(site, table)})
                 trace.append({"action": "free_completed", **base, "frames": []})
                 live[dev].pop(addr, None)
             elif kind in ("free_requested", "free_completed"):
-                trace.append({"action": kind, **base, "frames": _frames(site)})
+                trace.append({"action": kind, **base, "frames": _frames(site, table)})
                 if kind == "free_completed":
                     live[dev].pop(addr, None)
             elif kind == "oom":
-                trace.append({"action": "oom", **base, "device_free": 0, "frames": _frames(site)})
+                trace.append(
+                    {"action": "oom", **base, "device_free": 0, "frames": _frames(site, table)}
+                )
             if i % 65536 == 0:
                 progress(0.8 * i / n, "pickle traces")
     series = memory_series(doc)
@@ -112,7 +137,7 @@ def to_snapshot(doc: Profile, progress: Progress = no_progress) -> dict[str, Any
                         "size": size,
                         "requested_size": size,
                         "state": "active_allocated",
-                        "frames": _frames(site),
+                        "frames": _frames(site, table),
                     }
                 )
                 offset += size

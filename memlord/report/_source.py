@@ -196,16 +196,15 @@ def lord_hotspots(lord: MemLord, limit: int = 10) -> list[dict[str, Any]]:
     """Per device and kind (``alloc``, ``free``), the ``limit`` sites with the most
     cumulative bytes, folded by ``file:line``, largest first: ``device``, ``kind``,
     ``site``, ``bytes``."""
-    from memlord._sites import relative_path, site_location
+    from memlord._sites import site_location, site_text
 
     out = []
     for kind, free in (("alloc", False), ("free", True)):
         totals: dict[tuple[str, str], int] = {}
         for dev, site, nbytes, _key in lord._hotspots(free, None):  # type: ignore[attr-defined]
-            loc = site_location(site)
-            if loc is None:
+            if site_location(site) is None:
                 continue
-            k = (str(dev), f"{relative_path(loc[0])}:{loc[1]}")
+            k = (str(dev), site_text(site))
             totals[k] = totals.get(k, 0) + nbytes
         by_dev: dict[str, list[tuple[str, int]]] = {}
         for (dev, where), nbytes in totals.items():

@@ -81,7 +81,7 @@ static PyObject *record_object(MemLordObject *self, PyObject *obj, int is_free)
     int untrack = is_free && self->book.registry != NULL;
     ml_walk w;
     ml_deltas ds;
-    ml_site site = {NULL, 0};
+    ml_site site = {0};
     PyObject *result = NULL;
     ml_walk_init(&w);
     deltas_init(&ds);
@@ -111,9 +111,6 @@ static PyObject *record_object(MemLordObject *self, PyObject *obj, int is_free)
         if (deltas_add(&ds, b->dev, b->nbytes, 1, addr, life) < 0) {
             goto done;
         }
-    }
-    if (self->book.track_callsite) {
-        ml_site_capture(st, &site);
     }
     ml_emit_ctx ctx = {obj, what};
     if (ml_record(&self->book, is_free ? ML_EV_FREE : ML_EV_ALLOC, ML_SRC_EXPLICIT, ds.d, ds.n,

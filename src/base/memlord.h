@@ -74,25 +74,67 @@ typedef struct {
     int next;
 } ml_fast;
 
-/* ---- the site table (sites.c) ------------------------------------------- */
-#define ML_SITES_MAX (1 << 20)
+/* ---- the site table (sites.c) -------------------------------------------
+ * A site is a short call stack, interned once: its id names it everywhere
+ * (events, hotspots, trackers).  The table holds strings only (file names,
+ * function names and the line tables of recently seen code), never a code
+ * object, so generated code dies when its user drops it. */
+#define ML_SITES_MAX (1 << 20) /* stacks, and frame locations, each */
+#define ML_STACK_MAX 4         /* frames a site keeps */
+#define ML_RAW_SLOTS 1024      /* recently seen (code, offset) -> location */
+#define ML_KIND_SLOTS 64       /* file name -> internal, library or user */
 
 typedef struct {
-    PyObject *code; /* strong */
-    int offset;
-} ml_site_entry;
+    PyObject *filename, *name; /* strong: str */
+    int line;
+    uint32_t hash;
+} ml_loc;
 
 typedef struct {
-    ml_site_entry *by_id; /* by_id[0] is unused: id 0 means unknown */
-    uint32_t n, cap;      /* ids 1..n in use */
-    uint32_t *index;      /* open addressing: id, 0 = empty */
-    uint32_t nindex;      /* power of two */
-    uint32_t recent[2];   /* the ids interned last, newest first: a loop hits one
-                           * or two sites (a factory's line and its result's death) */
-    /* recent[0]'s code object (compared by address only: by_id holds it)
-     * and offset, kept here so that a repeated site reads no entry */
-    const PyObject *recent_code;
-    int recent_offset;
+    uint32_t loc[ML_STACK_MAX]; /* location ids, innermost first */
+    uint8_t n;                  /* frames */
+    int8_t user;                /* index of the user's frame, -1 when none */
+    uint8_t elided;             /* library frames left out before the user's */
+    uint32_t hash;
+} ml_sitestack;
+
+/* What a (code object, instruction offset) resolves to, kept without the code
+ * object: the fields that decide its file, line and name (the line table is
+ * a bytes object the code holds, compared by address while held here). */
+typedef struct {
+    PyObject *linetable, *filename, *name; /* strong, NULL: empty */
+    int firstlineno, offset;
+    uint32_t loc;
+    uint8_t kind;
+} ml_raw;
+
+typedef struct {
+    PyObject *filename; /* strong, NULL: empty */
+    uint8_t kind;
+} ml_kind_entry;
+
+typedef struct {
+    uint32_t id;
+    uint8_t n;
+    uint16_t slot[ML_STACK_MAX];
+} ml_recent;
+
+typedef struct {
+    ml_sitestack *stacks; /* by id; stacks[0] unused: id 0 means unknown */
+    uint32_t n, cap;
+    uint32_t *index; /* open addressing over stacks: id, 0 = empty */
+    uint32_t nindex; /* power of two */
+    ml_loc *locs;    /* by location id; locs[0] unused */
+    uint32_t nlocs, caplocs;
+    uint32_t *locindex;
+    uint32_t nlocindex;
+    ml_raw *raw;         /* ML_RAW_SLOTS entries, direct mapped, or NULL */
+    ml_kind_entry *kind; /* ML_KIND_SLOTS entries, direct mapped, or NULL */
+    /* the stacks interned last, newest first: a loop hits one or two sites
+     * (two lines taking turns).  Each is its id, its frame count and the
+     * raw slots of its frames; a hit compares the frames walked with those
+     * slots, no hash. */
+    ml_recent recent[2];
 } ml_sitetab;
 
 #define ML_MAX_DTYPES 255
@@ -153,8 +195,10 @@ typedef struct {
     PyObject *module_grads;  /* callable(module) -> its parameters' gradients, or NULL */
     PyObject *torch_prefix;  /* directory of the torch package, with trailing slash */
     PyObject *memlord_prefix;
-    PyObject *last_code; /* sites.c: last code object classified, strong */
-    ml_sitetab sites;    /* sites.c: every call site seen, by id */
+    /* sites.c: library code (site-packages, the standard library): file name
+     * prefixes and parts, tuples of str, or NULL */
+    PyObject *lib_prefixes, *lib_parts;
+    ml_sitetab sites; /* sites.c: every call site seen, by id */
     /* logsink.c: the "memlord" logger and what decides whether it emits */
     PyObject *log_logger;      /* logging.getLogger("memlord") */
     PyObject *log_cache;       /* its Logger._cache dict, or NULL (then ask every time) */
@@ -168,7 +212,6 @@ typedef struct {
      * log_cache they were computed at (logsink.c); valid 0: ask again */
     uint64_t log_env_version[2], log_cache_version[2];
     unsigned char log_answer[2], log_answer_valid[2];
-    int last_code_internal;
 } ml_state;
 
 /* ---- small helpers (util.c) ------------------------------------------- */

@@ -306,8 +306,8 @@ ML_HOT int ml_record(ml_book *lord, int kind, int source, const ml_delta *d, int
         return ml_record_one(lord, kind, source, d, site, ctx != NULL ? ctx : &none);
     }
     uint32_t sid = 0;
-    if (lord->track_callsite && site != NULL && site->code != NULL) {
-        sid = ml_site_id(&ml_lord_state(lord)->sites, site);
+    if (lord->track_callsite && site != NULL && site->id != 0) {
+        sid = site->id;
     }
     ml_event inline_ev[ML_DELTAS_INLINE];
     ml_event *ev = n <= ML_DELTAS_INLINE ? inline_ev : PyMem_Malloc((size_t)n * sizeof(ml_event));

@@ -112,8 +112,8 @@ static inline int ml_record_one(ml_book *lord, int kind, int source, const ml_de
                                 const ml_site *site, const ml_emit_ctx *ctx)
 {
     uint32_t sid = 0;
-    if (lord->track_callsite && site != NULL && site->code != NULL) {
-        sid = ml_site_id(&ml_lord_state(lord)->sites, site);
+    if (lord->track_callsite && site != NULL && site->id != 0) {
+        sid = site->id;
     }
     ml_event e = ml_event_of(d, kind, source, sid);
     return ml_emit_one(lord, &e, ctx);

@@ -26,31 +26,120 @@ ML_COLD static int is_internal(ml_state *st, PyObject *filename)
     return 0;
 }
 
-/* The verdict for the last code object seen first on the stack: a loop
- * calling from one line asks about the same code object every time.  The
- * strong reference keeps the address from being reused by another one.  The
- * reference it replaces goes to *drop (NULL on entry), released by the caller
- * once it holds no frame pointer: releasing a code object can run a weakref
- * callback.  A second change in one capture is not kept. */
-static int code_is_internal(ml_state *st, PyCodeObject *code, PyObject **drop)
+enum { KIND_INTERNAL = 0, KIND_LIBRARY = 1, KIND_USER = 2 };
+
+/* Library code: a file under site-packages or the standard library (the
+ * paths memlord/__init__.py configures), or a frozen module. */
+ML_COLD static int is_library(ml_state *st, PyObject *filename)
 {
-    if ((PyObject *)code == st->last_code) {
-        return st->last_code_internal;
+    if (!PyUnicode_Check(filename)) {
+        return 0;
     }
-    int internal = is_internal(st, code->co_filename);
-    if (*drop != NULL) {
-        return internal; /* one replacement per capture: kept, not released */
+    if (st->lib_prefixes != NULL) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(st->lib_prefixes); i++) {
+            if (PyUnicode_Tailmatch(filename, PyTuple_GET_ITEM(st->lib_prefixes, i), 0,
+                                    PY_SSIZE_T_MAX, -1) == 1) {
+                return 1;
+            }
+        }
     }
-    *drop = st->last_code;
-    st->last_code = Py_NewRef(code);
-    st->last_code_internal = internal;
-    return internal;
+    if (st->lib_parts != NULL) {
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(st->lib_parts); i++) {
+            if (PyUnicode_Find(filename, PyTuple_GET_ITEM(st->lib_parts, i), 0, PY_SSIZE_T_MAX,
+                               1) >= 0) {
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+ML_COLD static int classify(ml_state *st, PyObject *filename)
+{
+    int kind = is_internal(st, filename)  ? KIND_INTERNAL
+               : is_library(st, filename) ? KIND_LIBRARY
+                                          : KIND_USER;
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+    }
+    return kind;
+}
+
+/* A code object's kind, cached by its file name (a direct-mapped table of
+ * strings: a file's code objects share one name object, and no code object
+ * is kept).  A slot taken by another name is replaced once per capture, its
+ * old name going to *drop (NULL on entry), released by the caller once it
+ * holds no frame pointer. */
+ML_HOT static int code_kind(ml_state *st, PyCodeObject *code, PyObject **drop)
+{
+    PyObject *fn = code->co_filename;
+    ml_kind_entry *k = st->sites.kind;
+    size_t j = ((uintptr_t)fn >> 4) & (ML_KIND_SLOTS - 1);
+    if (k != NULL && k[j].filename == fn) {
+        return k[j].kind;
+    }
+    int kind = classify(st, fn);
+    if (k == NULL) {
+        k = st->sites.kind = PyMem_Calloc(ML_KIND_SLOTS, sizeof(ml_kind_entry));
+        if (k == NULL) {
+            return kind;
+        }
+    }
+    if (k[j].filename == NULL || *drop == NULL) {
+        *drop = k[j].filename;
+        k[j].filename = Py_NewRef(fn);
+        k[j].kind = (uint8_t)kind;
+    }
+    return kind;
+}
+
+/* ---- the walk ------------------------------------------------------------
+ * The frames of one capture, innermost first: the first outside torch and
+ * memlord (the site), and when it is library code, more frames up to the
+ * user's own.  Code objects are borrowed: each frame is waiting on the call
+ * in progress, so it holds its code object until the capture returns. */
+#define ML_WALK_MAX 64 /* frames looked at beyond the first kept */
+
+typedef struct {
+    ml_state *st;
+    PyCodeObject *code[ML_STACK_MAX];
+    int offset[ML_STACK_MAX];
+    int n;      /* frames kept */
+    int user;   /* index of the user's frame, -1 none */
+    int looked; /* frames looked at after the first kept */
+    int elided; /* library frames left out */
+    PyObject *drop;
+} ml_walker;
+
+/* One frame, innermost first; 1 when the walk is done.  The first frames
+ * outside torch and memlord are kept up to ML_STACK_MAX - 1 of them; the
+ * last slot waits for the user's frame, further library frames left out. */
+ML_HOT static inline int walk_frame(ml_walker *w, PyCodeObject *code, int offset)
+{
+    if (w->n > 0 && ++w->looked > ML_WALK_MAX) {
+        return 1;
+    }
+    int kind = code_kind(w->st, code, &w->drop);
+    if (kind == KIND_INTERNAL) {
+        return 0;
+    }
+    if (kind == KIND_USER || w->n < ML_STACK_MAX - 1) {
+        w->code[w->n] = code;
+        w->offset[w->n] = offset;
+        if (kind == KIND_USER) {
+            w->user = w->n;
+        }
+        w->n++;
+        return kind == KIND_USER;
+    }
+    w->elided = 1;
+    return 0;
 }
 
 /* Through the public frame API: PyEval_GetFrame gives the innermost frame
  * as a frame object, which CPython 3.11+ creates on first request (an
  * allocation, and a copy of the frame's locals when the function returns). */
-static void capture_public(ml_state *st, ml_site *out, PyObject **drop)
+static void capture_public(ml_walker *w)
 {
     /* The innermost frame is borrowed: most captures end there (the user
      * called torch directly), with no reference taken on the frame. */
@@ -58,21 +147,21 @@ static void capture_public(ml_state *st, ml_site *out, PyObject **drop)
     PyFrameObject *owned = NULL; /* frames further out are new references */
     while (frame != NULL) {
         PyCodeObject *code = PyFrame_GetCode(frame);
-        if (!code_is_internal(st, code, drop)) {
-            out->code = (PyObject *)code;
 #if PY_VERSION_HEX >= 0x030B0000
-            out->line = PyFrame_GetLasti(frame);
+        int offset = PyFrame_GetLasti(frame);
 #else
-            out->line = frame->f_lasti * 2;
+        int offset = frame->f_lasti * 2;
 #endif
-            Py_XDECREF(owned);
-            return;
-        }
+        /* the frame holds its code object while it runs */
         Py_DECREF(code);
+        if (walk_frame(w, code, offset)) {
+            break;
+        }
         PyFrameObject *back = PyFrame_GetBack(frame);
         Py_XDECREF(owned);
         frame = owned = back;
     }
+    Py_XDECREF(owned);
     if (PyErr_Occurred()) {
         PyErr_Clear();
     }
@@ -173,7 +262,7 @@ ML_COLD static int frames_check(void)
     return n == 0 ? -1 : ok; /* no Python frame to compare with: ask again next time */
 }
 
-ML_HOT static int capture_direct(ml_state *st, ml_site *out, PyObject **drop)
+ML_HOT static int capture_direct(ml_walker *w)
 {
     if (frames_direct < 0) {
         frames_direct = frames_check();
@@ -182,13 +271,11 @@ ML_HOT static int capture_direct(ml_state *st, ml_site *out, PyObject **drop)
         return 0;
     }
     /* No Python runs and nothing is allocated during the walk (a verdict's
-     * old code object is released by the caller, after it); the frames
-     * from here out are all waiting on the call in progress. */
+     * old file name is released by the caller, after it); the frames from
+     * here out are all waiting on the call in progress. */
     for (const ml_iframe *f = innermost(); f != NULL; f = f->previous) {
-        if (!incomplete(f) && !code_is_internal(st, f->f_code, drop)) {
-            out->code = Py_NewRef((PyObject *)f->f_code);
-            out->line = offset_of(f);
-            return 1;
+        if (!incomplete(f) && walk_frame(w, f->f_code, offset_of(f))) {
+            break;
         }
     }
     return 1;
@@ -199,8 +286,7 @@ int ml_sites_direct(void)
     return frames_direct > 0;
 }
 #else
-static int capture_direct(ml_state *Py_UNUSED(st), ml_site *Py_UNUSED(out),
-                          PyObject **Py_UNUSED(drop))
+static int capture_direct(ml_walker *Py_UNUSED(w))
 {
     return 0;
 }
@@ -211,15 +297,283 @@ int ml_sites_direct(void)
 }
 #endif
 
+/* ---- the site table ------------------------------------------------------ */
+
+#if PY_VERSION_HEX >= 0x030B0000
+#define CODE_NAME(c) ((c)->co_qualname)
+#else
+#define CODE_NAME(c) ((c)->co_name)
+#endif
+
+static inline uint32_t mix(uint64_t x)
+{
+    x *= 0x9E3779B97F4A7C15ULL;
+    return (uint32_t)(x ^ (x >> 31));
+}
+
+/* A name's hash: str's own (cached in the object, computed without
+ * allocating) for an exact str, else its address (compared by identity). */
+static uint64_t name_hash(PyObject *s)
+{
+    if (PyUnicode_CheckExact(s)) {
+        Py_hash_t h = PyObject_Hash(s);
+        if (h != -1) {
+            return (uint64_t)h;
+        }
+        PyErr_Clear();
+    }
+    return (uint64_t)(uintptr_t)s;
+}
+
+static int name_eq(PyObject *a, PyObject *b)
+{
+    if (a == b) {
+        return 1;
+    }
+    return PyUnicode_CheckExact(a) && PyUnicode_CheckExact(b) && PyUnicode_Compare(a, b) == 0;
+}
+
+/* Room for one more id in a table of `size`-byte entries with its index:
+ * PyMem only, which never runs the cyclic GC.  rehash re-inserts id. */
+static int table_grow(void **by_id, uint32_t n, uint32_t *cap, size_t size, uint32_t **index,
+                      uint32_t *nindex,
+                      void (*rehash)(const void *, uint32_t *, uint32_t, uint32_t))
+{
+    if (n + 1 >= ML_SITES_MAX) {
+        return -1;
+    }
+    if (n + 1 >= *cap) {
+        uint32_t c = *cap ? *cap * 2 : 64;
+        void *p = PyMem_Realloc(*by_id, (size_t)c * size);
+        if (p == NULL) {
+            return -1;
+        }
+        *by_id = p;
+        *cap = c;
+    }
+    if ((n + 1) * 2 >= *nindex) {
+        uint32_t ni = *nindex ? *nindex * 2 : 128;
+        uint32_t *ix = PyMem_Calloc(ni, sizeof(uint32_t));
+        if (ix == NULL) {
+            return -1;
+        }
+        for (uint32_t id = 1; id <= n; id++) {
+            rehash(*by_id, ix, ni, id);
+        }
+        PyMem_Free(*index);
+        *index = ix;
+        *nindex = ni;
+    }
+    return 0;
+}
+
+static void loc_rehash(const void *by_id, uint32_t *ix, uint32_t ni, uint32_t id)
+{
+    uint32_t j = ((const ml_loc *)by_id)[id].hash & (ni - 1);
+    while (ix[j] != 0) {
+        j = (j + 1) & (ni - 1);
+    }
+    ix[j] = id;
+}
+
+static void stack_rehash(const void *by_id, uint32_t *ix, uint32_t ni, uint32_t id)
+{
+    uint32_t j = ((const ml_sitestack *)by_id)[id].hash & (ni - 1);
+    while (ix[j] != 0) {
+        j = (j + 1) & (ni - 1);
+    }
+    ix[j] = id;
+}
+
+/* The id of a location (file, line, function), added when new; 0 when the
+ * table is full.  Runs no Python: takes references to the two strings. */
+static uint32_t loc_intern(ml_sitetab *t, PyObject *filename, PyObject *name, int line)
+{
+    uint32_t h = mix(name_hash(filename) * 31 + name_hash(name) * 7 + (uint64_t)(uint32_t)line);
+    if (t->nlocindex > 0) {
+        uint32_t mask = t->nlocindex - 1;
+        for (uint32_t j = h & mask; t->locindex[j] != 0; j = (j + 1) & mask) {
+            const ml_loc *l = &t->locs[t->locindex[j]];
+            if (l->hash == h && l->line == line && name_eq(l->filename, filename) &&
+                name_eq(l->name, name)) {
+                return t->locindex[j];
+            }
+        }
+    }
+    void *by_id = t->locs;
+    int rc = table_grow(&by_id, t->nlocs, &t->caplocs, sizeof(ml_loc), &t->locindex, &t->nlocindex,
+                        loc_rehash);
+    t->locs = by_id;
+    if (rc < 0) {
+        return 0;
+    }
+    uint32_t id = ++t->nlocs;
+    t->locs[id] = (ml_loc){Py_NewRef(filename), Py_NewRef(name), line, h};
+    loc_rehash(t->locs, t->locindex, t->nlocindex, id);
+    return id;
+}
+
+static int stack_eq(const ml_sitestack *a, const ml_sitestack *b)
+{
+    if (a->hash != b->hash || a->n != b->n || a->user != b->user || a->elided != b->elided) {
+        return 0;
+    }
+    for (int i = 0; i < a->n; i++) {
+        if (a->loc[i] != b->loc[i]) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static uint32_t stack_intern(ml_sitetab *t, ml_sitestack *s)
+{
+    uint64_t x = (uint64_t)s->n << 8 | (uint64_t)(uint8_t)s->user << 1 | s->elided;
+    for (int i = 0; i < s->n; i++) {
+        x = x * 0x100000001B3ULL + s->loc[i];
+    }
+    s->hash = mix(x);
+    if (t->nindex > 0) {
+        uint32_t mask = t->nindex - 1;
+        for (uint32_t j = s->hash & mask; t->index[j] != 0; j = (j + 1) & mask) {
+            if (stack_eq(&t->stacks[t->index[j]], s)) {
+                return t->index[j];
+            }
+        }
+    }
+    void *by_id = t->stacks;
+    int rc = table_grow(&by_id, t->n, &t->cap, sizeof(ml_sitestack), &t->index, &t->nindex,
+                        stack_rehash);
+    t->stacks = by_id;
+    if (rc < 0) {
+        return 0;
+    }
+    uint32_t id = ++t->n;
+    t->stacks[id] = *s;
+    stack_rehash(t->stacks, t->index, t->nindex, id);
+    return id;
+}
+
+static inline uint32_t raw_slot(const PyCodeObject *code, int offset)
+{
+    return mix((uint64_t)(uintptr_t)code->co_linetable ^ (uint64_t)(uint32_t)offset << 40) &
+           (ML_RAW_SLOTS - 1);
+}
+
+/* Whether a raw entry is this frame: the fields its file, line and name
+ * depend on are the same objects (the entry holds them, so an address
+ * cannot be another object's), whatever the code object. */
+ML_HOT static inline int raw_is(const ml_raw *e, const PyCodeObject *code, int offset)
+{
+    return e->offset == offset && e->linetable == code->co_linetable &&
+           e->filename == code->co_filename && e->name == CODE_NAME(code) &&
+           e->firstlineno == code->co_firstlineno;
+}
+
+/* A capture that is one of the two stacks interned last: its id, else 0. */
+ML_HOT static inline uint32_t recent_id(ml_sitetab *t, const ml_walker *w)
+{
+    for (int r = 0; r < 2; r++) {
+        if (t->recent[r].id == 0 || t->recent[r].n != w->n ||
+            t->stacks[t->recent[r].id].elided != w->elided) {
+            continue;
+        }
+        int i = 0;
+        while (i < w->n && raw_is(&t->raw[t->recent[r].slot[i]], w->code[i], w->offset[i])) {
+            i++;
+        }
+        if (i == w->n) {
+            if (r == 1) { /* newest first */
+                ml_recent tmp = t->recent[0];
+                t->recent[0] = t->recent[1];
+                t->recent[1] = tmp;
+            }
+            return t->recent[0].id;
+        }
+    }
+    return 0;
+}
+
+/* The id of the walked stack, interned when new.  Runs no Python and keeps
+ * no code object: a new frame is resolved to its file, line and name now.
+ * The references the raw slots let go of go to old[] (3 per frame), released
+ * by the caller after. */
+static uint32_t stack_id(ml_sitetab *t, const ml_walker *w, PyObject **old)
+{
+    if (t->raw == NULL) {
+        t->raw = PyMem_Calloc(ML_RAW_SLOTS, sizeof(ml_raw));
+        if (t->raw == NULL) {
+            return 0;
+        }
+    }
+    ml_sitestack s = {.n = (uint8_t)w->n, .user = (int8_t)w->user, .elided = (uint8_t)w->elided};
+    uint16_t slots[ML_STACK_MAX];
+    for (int i = 0; i < w->n; i++) {
+        PyCodeObject *code = w->code[i];
+        uint32_t j = raw_slot(code, w->offset[i]);
+        ml_raw *e = &t->raw[j];
+        if (!raw_is(e, code, w->offset[i])) {
+            int line = PyCode_Addr2Line(code, w->offset[i]);
+            uint32_t loc = loc_intern(t, code->co_filename, CODE_NAME(code), line);
+            if (loc == 0) {
+                return 0;
+            }
+            old[3 * i] = e->linetable;
+            old[3 * i + 1] = e->filename;
+            old[3 * i + 2] = e->name;
+            *e = (ml_raw){Py_NewRef(code->co_linetable),
+                          Py_NewRef(code->co_filename),
+                          Py_NewRef(CODE_NAME(code)),
+                          code->co_firstlineno,
+                          w->offset[i],
+                          loc,
+                          0};
+        }
+        s.loc[i] = e->loc;
+        slots[i] = (uint16_t)j;
+    }
+    uint32_t id = stack_intern(t, &s);
+    if (id != 0) {
+        t->recent[1] = t->recent[0];
+        t->recent[0].id = id;
+        t->recent[0].n = (uint8_t)w->n;
+        memcpy(t->recent[0].slot, slots, sizeof(slots));
+    }
+    return id;
+}
+
+/* A stack other than the last two: interned, and the references the raw
+ * slots let go of released after (no frame pointer is held then). */
+ML_COLD static uint32_t capture_new(ml_sitetab *t, const ml_walker *w)
+{
+    PyObject *old[3 * ML_STACK_MAX] = {NULL};
+    uint32_t id = stack_id(t, w, old);
+    for (int i = 0; i < 3 * ML_STACK_MAX; i++) {
+        Py_XDECREF(old[i]);
+    }
+    return id;
+}
+
 ML_HOT static void capture(ml_state *st, ml_site *out, int in_place)
 {
-    out->code = NULL;
-    out->line = 0;
-    PyObject *drop = NULL;
-    if (!in_place || !capture_direct(st, out, &drop)) {
-        capture_public(st, out, &drop);
+    ml_walker w;
+    w.st = st;
+    w.n = 0;
+    w.user = -1;
+    w.looked = 0;
+    w.elided = 0;
+    w.drop = NULL;
+    if (!in_place || !capture_direct(&w)) {
+        capture_public(&w);
     }
-    Py_XDECREF(drop);
+    ml_sitetab *t = &st->sites;
+    out->id = w.n > 0 && t->raw != NULL ? recent_id(t, &w) : 0;
+    if (out->id == 0 && w.n > 0) {
+        out->id = capture_new(t, &w);
+    }
+    if (w.drop != NULL) {
+        Py_DECREF(w.drop); /* no frame pointer is held from here */
+    }
 }
 
 ML_HOT void ml_site_capture(ml_state *st, ml_site *out)
@@ -232,146 +586,118 @@ void ml_site_capture_public(ml_state *st, ml_site *out)
     capture(st, out, 0);
 }
 
-void ml_site_clear(ml_site *s)
+void ml_site_probe(ml_state *st, int in_place, PyObject **code, int *offset)
 {
-    Py_CLEAR(s->code);
+    ml_walker w;
+    w.st = st;
+    w.n = 0;
+    w.user = -1;
+    w.looked = 0;
+    w.elided = 0;
+    w.drop = NULL;
+    if (!in_place || !capture_direct(&w)) {
+        capture_public(&w);
+    }
+    *code = w.n > 0 ? Py_NewRef((PyObject *)w.code[0]) : NULL;
+    *offset = w.n > 0 ? w.offset[0] : 0;
+    Py_XDECREF(w.drop);
 }
-
-/* ---- the site table ------------------------------------------------------ */
 
 void ml_sitetab_init(ml_sitetab *t)
 {
-    t->by_id = NULL;
-    t->n = t->cap = 0;
-    t->index = NULL;
-    t->nindex = 0;
-    t->recent[0] = t->recent[1] = 0;
-    t->recent_code = NULL;
-    t->recent_offset = 0;
+    memset(t, 0, sizeof(*t));
 }
 
 void ml_sitetab_clear(ml_sitetab *t)
 {
-    /* Detach first: releasing a code object may run Python that captures
-     * a site again. */
-    ml_site_entry *by_id = t->by_id;
-    uint32_t n = t->n;
-    PyMem_Free(t->index);
+    /* Detach first: releasing a string may run Python (a str subclass's
+     * finalizer) that captures a site again. */
+    ml_sitetab old = *t;
     ml_sitetab_init(t);
-    for (uint32_t i = 1; i <= n; i++) {
-        Py_XDECREF(by_id[i].code);
+    PyMem_Free(old.index);
+    PyMem_Free(old.locindex);
+    PyMem_Free(old.stacks);
+    for (uint32_t i = 1; i <= old.nlocs; i++) {
+        Py_XDECREF(old.locs[i].filename);
+        Py_XDECREF(old.locs[i].name);
     }
-    PyMem_Free(by_id);
-}
-
-int ml_sitetab_traverse(ml_sitetab *t, visitproc visit, void *arg)
-{
-    for (uint32_t i = 1; i <= t->n; i++) {
-        Py_VISIT(t->by_id[i].code);
-    }
-    return 0;
-}
-
-static uint32_t hash_site(const PyObject *code, int offset)
-{
-    uint64_t x = (uint64_t)(uintptr_t)code * 0x9E3779B97F4A7C15ULL;
-    x ^= (uint64_t)(uint32_t)offset * 0xBF58476D1CE4E5B9ULL;
-    return (uint32_t)(x ^ (x >> 31));
-}
-
-static uint32_t *index_slot(uint32_t *index, uint32_t nindex, const ml_site_entry *by_id,
-                            const PyObject *code, int offset)
-{
-    uint32_t mask = nindex - 1;
-    uint32_t j = hash_site(code, offset) & mask;
-    while (index[j] != 0 && !(by_id[index[j]].code == code && by_id[index[j]].offset == offset)) {
-        j = (j + 1) & mask;
-    }
-    return &index[j];
-}
-
-/* Room for one more id: PyMem only, which never runs the cyclic GC. */
-static int sitetab_grow(ml_sitetab *t)
-{
-    if (t->n + 1 >= ML_SITES_MAX) {
-        return -1;
-    }
-    if (t->n + 1 >= t->cap) {
-        uint32_t cap = t->cap ? t->cap * 2 : 64;
-        ml_site_entry *by_id = PyMem_Realloc(t->by_id, (size_t)cap * sizeof(ml_site_entry));
-        if (by_id == NULL) {
-            return -1;
+    PyMem_Free(old.locs);
+    if (old.raw != NULL) {
+        for (int i = 0; i < ML_RAW_SLOTS; i++) {
+            Py_XDECREF(old.raw[i].linetable);
+            Py_XDECREF(old.raw[i].filename);
+            Py_XDECREF(old.raw[i].name);
         }
-        t->by_id = by_id;
-        t->cap = cap;
+        PyMem_Free(old.raw);
     }
-    if ((t->n + 1) * 2 >= t->nindex) {
-        uint32_t nindex = t->nindex ? t->nindex * 2 : 128;
-        uint32_t *index = PyMem_Calloc(nindex, sizeof(uint32_t));
-        if (index == NULL) {
-            return -1;
+    if (old.kind != NULL) {
+        for (int i = 0; i < ML_KIND_SLOTS; i++) {
+            Py_XDECREF(old.kind[i].filename);
         }
-        for (uint32_t id = 1; id <= t->n; id++) {
-            *index_slot(index, nindex, t->by_id, t->by_id[id].code, t->by_id[id].offset) = id;
+        PyMem_Free(old.kind);
+    }
+}
+
+void ml_sites_paths_changed(ml_state *st)
+{
+    ml_kind_entry *k = st->sites.kind;
+    st->sites.kind = NULL;
+    if (k != NULL) {
+        for (int i = 0; i < ML_KIND_SLOTS; i++) {
+            Py_XDECREF(k[i].filename);
         }
-        PyMem_Free(t->index);
-        t->index = index;
-        t->nindex = nindex;
+        PyMem_Free(k);
     }
-    return 0;
 }
 
-static inline int site_is(const ml_sitetab *t, uint32_t id, const ml_site *site)
-{
-    return id != 0 && t->by_id[id].code == site->code && t->by_id[id].offset == site->line;
-}
-
-static inline uint32_t site_seen(ml_sitetab *t, uint32_t id)
-{
-    if (t->recent[0] != id) {
-        t->recent[1] = t->recent[0];
-        t->recent[0] = id;
-        t->recent_code = t->by_id[id].code;
-        t->recent_offset = t->by_id[id].offset;
-    }
-    return id;
-}
-
-ML_HOT uint32_t ml_site_intern(ml_sitetab *t, const ml_site *site)
-{
-    if (site->code == NULL) {
-        return 0;
-    }
-    if (t->recent[0] != 0 && t->recent_code == site->code && t->recent_offset == site->line) {
-        return t->recent[0];
-    }
-    if (site_is(t, t->recent[1], site)) {
-        return site_seen(t, t->recent[1]);
-    }
-    if (t->nindex > 0) {
-        uint32_t id = *index_slot(t->index, t->nindex, t->by_id, site->code, site->line);
-        if (id != 0) {
-            return site_seen(t, id);
-        }
-    }
-    if (sitetab_grow(t) < 0) {
-        return 0;
-    }
-    uint32_t id = ++t->n;
-    t->by_id[id].code = Py_NewRef(site->code);
-    t->by_id[id].offset = site->line;
-    *index_slot(t->index, t->nindex, t->by_id, site->code, site->line) = id;
-    return site_seen(t, id);
-}
-
-int ml_site_lookup(const ml_sitetab *t, uint32_t id, PyObject **code, int *line)
+int ml_site_lookup(const ml_sitetab *t, uint32_t id, PyObject **filename, int *line)
 {
     if (id == 0 || id > t->n) {
         return 0;
     }
-    *code = t->by_id[id].code;
-    *line = PyCode_Addr2Line((PyCodeObject *)t->by_id[id].code, t->by_id[id].offset);
+    const ml_loc *l = &t->locs[t->stacks[id].loc[0]];
+    *filename = l->filename;
+    *line = l->line;
     return 1;
+}
+
+PyObject *ml_site_stack(const ml_sitetab *t, uint32_t id)
+{
+    if (id == 0 || id > t->n) {
+        Py_RETURN_NONE;
+    }
+    /* copy first: building the tuples allocates, which can run Python that
+     * interns a site and moves the table */
+    ml_sitestack s = t->stacks[id];
+    ml_loc l[ML_STACK_MAX];
+    for (int i = 0; i < s.n; i++) {
+        l[i] = t->locs[s.loc[i]];
+        Py_INCREF(l[i].filename);
+        Py_INCREF(l[i].name);
+    }
+    PyObject *frames = PyTuple_New(s.n);
+    for (int i = 0; i < s.n; i++) {
+        PyObject *f = frames == NULL ? NULL
+                                     : Py_BuildValue("(OiOO)", l[i].filename, l[i].line, l[i].name,
+                                                     i == s.user ? Py_True : Py_False);
+        if (f == NULL) {
+            Py_CLEAR(frames);
+        } else {
+            PyTuple_SET_ITEM(frames, i, f);
+        }
+        Py_DECREF(l[i].filename);
+        Py_DECREF(l[i].name);
+    }
+    return frames == NULL ? NULL : Py_BuildValue("(NO)", frames, s.elided ? Py_True : Py_False);
+}
+
+PyObject *ml_sites_info(const ml_sitetab *t)
+{
+    Py_ssize_t raw = 0;
+    for (int i = 0; t->raw != NULL && i < ML_RAW_SLOTS; i++) {
+        raw += t->raw[i].linetable != NULL;
+    }
+    return Py_BuildValue("(IIn)", t->n, t->nlocs, raw);
 }
 
 /* ---- hotspots ------------------------------------------------------------ */

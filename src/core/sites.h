@@ -4,46 +4,51 @@
 
 #include "base/memlord.h"
 
-/* A site is a code object and the byte offset of the calling instruction:
- * the line number is computed only when a query or a log line needs it. */
+/* A site is a short call stack, interned in the module's site table when it
+ * is captured: the id names it (0: unknown).  It holds no reference. */
 typedef struct {
-    PyObject *code; /* strong reference, or NULL when unknown */
-    int line;       /* instruction offset */
+    uint32_t id;
 } ml_site;
 
-/* The innermost frame outside torch and memlord.  out->code is NULL when no
- * such frame exists.  Never fails: a frame that cannot be read is skipped. */
+/* The innermost frame outside torch and memlord and, when that frame is in a
+ * library (site-packages, the standard library), a few frames further out up
+ * to the user's own (ML_STACK_MAX in all).  out->id is 0 when no such frame
+ * exists or the table is full.  Never fails, runs no Python: a frame that
+ * cannot be read is skipped. */
 void ml_site_capture(ml_state *st, ml_site *out);
 /* The same through the public frame API only (the tests compare the two). */
 void ml_site_capture_public(ml_state *st, ml_site *out);
+/* A test probe: the innermost frame a capture keeps, as (code object, a new
+ * reference or NULL, instruction offset), read in place when in_place and the
+ * reader is on, else through the public frame API. */
+void ml_site_probe(ml_state *st, int in_place, PyObject **code, int *offset);
 /* 1 when captures read CPython's frames in place (3.11, layout checked at
  * the first capture), 0 when they go through the public frame API. */
 int ml_sites_direct(void);
-void ml_site_clear(ml_site *s);
+static inline void ml_site_clear(ml_site *s)
+{
+    s->id = 0;
+}
 
 /* ---- the site table ------------------------------------------------------
- * A site (code object, instruction offset) gets a stable id the first time it
- * is seen; events and hotspots refer to ids, and "file:line" is resolved only
- * when asked.  The table keeps a strong reference to each code object so that
- * an id stays resolvable; it lives in the module state and grows up to
- * ML_SITES_MAX entries, after which new sites read as unknown (id 0). */
+ * A stack gets a stable id the first time it is seen; events and hotspots
+ * refer to ids, and "file:line" is resolved only when asked.  The table
+ * keeps each frame's file name, line and function name (strings), never the
+ * code object.  It lives in the module state and grows up to ML_SITES_MAX
+ * stacks, after which new ones read as unknown (id 0). */
 void ml_sitetab_init(ml_sitetab *t);
 void ml_sitetab_clear(ml_sitetab *t);
-int ml_sitetab_traverse(ml_sitetab *t, visitproc visit, void *arg);
-/* The id of site (0 when unknown or the table cannot grow).  Never raises,
- * never runs Python. */
-uint32_t ml_site_intern(ml_sitetab *t, const ml_site *site);
-
-/* The same, inline when site is the one interned last (a loop). */
-static inline uint32_t ml_site_id(ml_sitetab *t, const ml_site *site)
-{
-    if (t->recent[0] != 0 && t->recent_code == site->code && t->recent_offset == site->line) {
-        return t->recent[0];
-    }
-    return ml_site_intern(t, site);
-}
-/* The code object (borrowed) and line number of an id; 0 when unknown. */
-int ml_site_lookup(const ml_sitetab *t, uint32_t id, PyObject **code, int *line);
+/* The library paths changed: classify file names again. */
+void ml_sites_paths_changed(ml_state *st);
+/* The innermost frame's file name (borrowed) and line of an id; 0 when
+ * unknown. */
+int ml_site_lookup(const ml_sitetab *t, uint32_t id, PyObject **filename, int *line);
+/* The frames of an id, innermost first, as a tuple of (filename, line, name,
+ * is_user) and whether library frames were left out before the last: a new
+ * (frames, elided) tuple, None when unknown, NULL on error. */
+PyObject *ml_site_stack(const ml_sitetab *t, uint32_t id);
+/* (stacks, locations, raw slots in use): the table's size, for tests. */
+PyObject *ml_sites_info(const ml_sitetab *t);
 
 /* ---- hotspots: cumulative bytes per (device, site id); pure C ------------ */
 typedef struct {

@@ -512,8 +512,7 @@ static int pending_push(ml_cuda_event *ev, ml_dev dev, int64_t bytes, uintptr_t 
     p->bytes = bytes;
     p->ptr = ptr;
     p->lords = tuple;
-    p->site.code = Py_XNewRef(site->code);
-    p->site.line = site->line;
+    p->site = *site;
     return 0;
 }
 
@@ -547,11 +546,9 @@ static int any_tracks_callsite(const ml_lords *lords)
 ML_HOT static void conversion_site(ml_state *st, const ml_hook_tls *tl, const ml_lords *lords,
                                    ml_site *site)
 {
-    site->code = NULL;
-    site->line = 0;
+    site->id = 0;
     if (tl->module_site_set) {
-        site->code = Py_XNewRef(tl->module_site.code);
-        site->line = tl->module_site.line;
+        *site = tl->module_site;
     } else if (any_tracks_callsite(lords)) {
         ml_site_capture(st, site);
     }
@@ -679,7 +676,7 @@ static int track_new_tensor(ml_state *st, const ml_lords *lords, PyObject *t, co
             PyErr_Clear();
             return 0;
         }
-        ml_site site = {NULL, 0};
+        ml_site site = {0};
         if (any_tracks_callsite(lords)) {
             ml_site_capture(st, &site);
         }
@@ -692,7 +689,7 @@ static int track_new_tensor(ml_state *st, const ml_lords *lords, PyObject *t, co
     ml_walk_init(&w);
     int rc = storages_of(st, t, &w);
     if (rc == 0 && w.n > 0) {
-        ml_site site = {NULL, 0};
+        ml_site site = {0};
         if (any_tracks_callsite(lords)) {
             ml_site_capture(st, &site);
         }
@@ -711,7 +708,7 @@ static void track_items(const ml_lords *lords, const ml_life_item *items, Py_ssi
         if (deep_only ? !ml_life_deep(lord) : !ml_life_active(lord)) {
             continue;
         }
-        ml_site none = {NULL, 0};
+        ml_site none = {0};
         if (ml_life_count(lord, items, n, 0, lord->track_callsite ? site : &none, label, NULL) <
             0) {
             PyErr_WriteUnraisable((PyObject *)lord);
@@ -729,7 +726,7 @@ static void track_for(const ml_lords *lords, const ml_walk *w, const ml_site *si
         if (deep_only ? !ml_life_deep(lord) : !ml_life_active(lord)) {
             continue;
         }
-        ml_site none = {NULL, 0};
+        ml_site none = {0};
         if (ml_life_count_walk(lord, w, 0, lord->track_callsite ? site : &none, label, NULL) < 0) {
             PyErr_WriteUnraisable((PyObject *)lord);
         }

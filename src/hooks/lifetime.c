@@ -328,7 +328,7 @@ static PyObject *registry_vectorcall(PyObject *callable, PyObject *const *args, 
         int64_t now = ml_now_ns();
         ml_delta d = {tracker_dev(tr), tracker_bytes(tr), 1, tr->ptr,
                       tr->born_ns > 0 && now > tr->born_ns ? now - tr->born_ns : 0};
-        ml_site site = {NULL, 0};
+        ml_site site = {0};
         if (lord->track_callsite) {
             ml_site_capture(ml_lord_state(lord), &site);
         }
@@ -529,8 +529,8 @@ int ml_life_count(ml_book *lord, const ml_life_item *items, Py_ssize_t n, int fl
     int nd = 0;
     int64_t born = ml_now_ns();
     uint32_t sid = 0;
-    if (lord->track_callsite && site != NULL && site->code != NULL) {
-        sid = ml_site_intern(&ml_lord_state(lord)->sites, site);
+    if (lord->track_callsite && site != NULL && site->id != 0) {
+        sid = site->id;
     }
     uint32_t region = ml_regions_current(lord->regions, (uint64_t)PyThread_get_thread_ident());
     uint64_t birth_meta = pack_meta(sid, region, &(ml_tmeta){0, 0, 0, 0, NULL});
