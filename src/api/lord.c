@@ -381,16 +381,17 @@ static void clear_qcache(MemLordObject *self)
 
 static PyObject *lord_reset(MemLordObject *self, PyObject *Py_UNUSED(ignored))
 {
-    /* The ledger and hotspots are cleared in the event's apply phase. */
+    /* The ledger and hotspots are cleared in the event's apply phase, and
+     * the tracked storages forgotten just before (they were counted before
+     * the reset: their deaths no longer credit anything), with no Python in
+     * between: a storage counted once the event's sinks run (a log handler)
+     * is counted after the reset, and tracked, and credited when it dies. */
     ml_event ev = {0};
     ev.kind = ML_EV_RESET;
     ev.source = ML_SRC_POLICY;
-    if (ml_emit(&self->book, &ev, 1, &(ml_emit_ctx){NULL, NULL}) < 0) {
+    if (ml_emit_with(&self->book, &ev, 1, &(ml_emit_ctx){NULL, NULL}, ml_life_detach) < 0) {
         return NULL;
     }
-    /* Objects registered before the reset were counted before it: their
-     * deaths no longer credit anything. */
-    ml_life_detach(&self->book);
     clear_qcache(self);
     ml_safe_point();
     Py_RETURN_NONE;
