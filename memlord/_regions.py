@@ -11,6 +11,7 @@ name, decorates functions and hooks modules.
 from __future__ import annotations
 
 import functools
+import inspect
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -134,10 +135,50 @@ class _Aggregate:
 
 
 def _decorate(region: Region, fn: Callable) -> Callable:
-    """``@lord.region(name)``: a fresh region of that name around every call."""
+    """``@lord.region(name)``: a fresh region of that name around every call.
+
+    On a generator function the region is open from the first ``next()`` to the end of
+    the iteration, on an ``async def`` while the coroutine is awaited, and on an async
+    generator from the first ``anext()`` to its end: as a ``with lord.region(name):``
+    around the body would be.  The wrapper is of the same kind as ``fn``, so
+    ``inspect.isgeneratorfunction``, ``iscoroutinefunction`` and
+    ``isasyncgenfunction`` answer as they do for ``fn``."""
     if not callable(fn):
         raise TypeError(f"region(): a decorator takes a function, not {type(fn).__name__}")
     lord, name, sink = region._lord, region.name, region._sink
+
+    if sink is None:
+
+        def make() -> Region:
+            return lord.region(name)
+
+    else:
+
+        def make() -> Region:
+            return lord._region_with_sink(name, sink)
+
+    if inspect.isasyncgenfunction(fn):
+        return functools.wraps(fn)(_async_gen_wrapper(fn, make))
+
+    if inspect.isgeneratorfunction(fn):
+
+        @functools.wraps(fn)
+        def gen_wrapper(*args: Any, **kwargs: Any) -> Any:
+            gen = fn(*args, **kwargs)
+            with make():
+                return (yield from gen)
+
+        return gen_wrapper
+
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def coro_wrapper(*args: Any, **kwargs: Any) -> Any:
+            coro = fn(*args, **kwargs)
+            with make():
+                return await coro
+
+        return coro_wrapper
 
     if sink is None:
 
@@ -154,6 +195,37 @@ def _decorate(region: Region, fn: Callable) -> Callable:
                 return fn(*args, **kwargs)
 
     return wrapper
+
+
+def _async_gen_wrapper(fn: Callable, make: Callable[[], Region]) -> Callable:
+    """An async generator function delegating to ``fn``'s (``yield from`` has no async
+    form): values sent, exceptions thrown and ``aclose()`` reach the inner generator."""
+
+    async def agen_wrapper(*args: Any, **kwargs: Any) -> Any:
+        agen = fn(*args, **kwargs)
+        with make():
+            try:
+                value = await agen.__anext__()
+            except StopAsyncIteration:
+                return
+            while True:
+                try:
+                    sent = yield value
+                except GeneratorExit:
+                    await agen.aclose()
+                    raise
+                except BaseException as exc:
+                    try:
+                        value = await agen.athrow(exc)
+                    except StopAsyncIteration:
+                        return
+                else:
+                    try:
+                        value = await agen.asend(sent)
+                    except StopAsyncIteration:
+                        return
+
+    return agen_wrapper
 
 
 class ModuleTracker:
