@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -228,6 +229,14 @@ def _async_gen_wrapper(fn: Callable, make: Callable[[], Region]) -> Callable:
     return agen_wrapper
 
 
+class _Stack(list):
+    """One thread's open regions of a ModuleTracker: (name, Region), innermost last."""
+
+    __slots__ = ("__weakref__",)
+    __hash__ = object.__hash__  # by identity, in a WeakSet
+    __eq__ = object.__eq__  # type: ignore[assignment]
+
+
 class ModuleTracker:
     """What ``lord.track_modules(model)`` returns: one region per submodule call, named
     by the qualified name (the root by its class name) and ``"<name> (backward)"`` for
@@ -250,6 +259,10 @@ class ModuleTracker:
         self._aggregate = _Aggregate()
         self._done: list = []
         self._local = threading.local()
+        # every thread's stack (a thread's is dropped with the thread, and the regions
+        # in it with it): disable() closes the regions of all of them
+        self._stacks: weakref.WeakSet[_Stack] = weakref.WeakSet()
+        self._stacks_lock = threading.Lock()
         self._handles: list[Any] = []
         root = type(model).__name__
         try:
@@ -267,10 +280,12 @@ class ModuleTracker:
             self.disable()
             raise
 
-    def _stack(self) -> list[tuple[str, Region]]:
+    def _stack(self) -> _Stack:
         stack = getattr(self._local, "stack", None)
         if stack is None:
-            stack = self._local.stack = []
+            stack = self._local.stack = _Stack()
+            with self._stacks_lock:
+                self._stacks.add(stack)
         return stack
 
     def _opener(self, name: str) -> Callable:
@@ -302,13 +317,21 @@ class ModuleTracker:
         return bool(self._handles)
 
     def disable(self) -> None:
-        """Remove every hook and close the regions this thread still has open."""
+        """Remove every hook and close the regions the tracker still has open, on every
+        thread (a backward that raised leaves its regions open on the thread autograd ran
+        it on)."""
         handles, self._handles = self._handles, []
         for h in handles:
             h.remove()
-        stack = self._stack()
-        while stack:
-            stack.pop()[1].__exit__(None, None, None)
+        with self._stacks_lock:
+            stacks = list(self._stacks)
+        for stack in stacks:
+            while True:
+                try:  # the owning thread may pop at the same time
+                    region = stack.pop()[1]
+                except IndexError:
+                    break
+                region.__exit__(None, None, None)
 
     def regions(self, clear: bool = False) -> dict[str, dict[str, Any]]:
         """The regions this tracker opened, aggregated per name (as lord.regions())."""

@@ -22,7 +22,8 @@ typedef struct {
 typedef struct {
     int64_t id;
     uint32_t name_ix; /* the event ring's index of the region's name, 0 when not interned */
-    uint64_t thread;
+    uint64_t thread;  /* the opening thread's ident (what export() shows) */
+    uint64_t key;     /* the opening thread's key (thread_key()): what events are matched by */
     int64_t t0_ns;
     ml_rdev *devs;
     int ndev, cap;
@@ -34,6 +35,23 @@ struct ml_regions {
     int64_t next_id;
     int naming; /* the event ring records: name the regions opened */
 };
+
+/* A key per OS thread that is never given to another thread, unlike the
+ * thread ident (glibc hands a dead thread's ident to the next thread at
+ * once): a region left open by a thread that ended must not count, or name
+ * the events of, the next thread that gets the same ident.  Thread-local,
+ * zero in a new thread, set from a counter on first use (under the GIL). */
+static _Thread_local uint64_t tls_thread_key;
+static uint64_t next_thread_key = 1;
+
+static inline uint64_t thread_key(void)
+{
+    uint64_t k = tls_thread_key;
+    if (k == 0) {
+        k = tls_thread_key = next_thread_key++;
+    }
+    return k;
+}
 
 struct ml_regions *ml_regions_new(void)
 {
@@ -106,10 +124,14 @@ static uint32_t intern_name(ml_book *lord, PyObject *name)
     return (uint32_t)next;
 }
 
-uint32_t ml_regions_current(const struct ml_regions *r, uint64_t thread)
+uint32_t ml_regions_current(const struct ml_regions *r)
 {
+    if (r->n == 0) {
+        return 0;
+    }
+    uint64_t key = thread_key();
     for (int k = r->n - 1; k >= 0; k--) {
-        if (r->open[k].thread == thread) {
+        if (r->open[k].key == key) {
             return r->open[k].name_ix;
         }
     }
@@ -124,10 +146,10 @@ static int reg_reserve(void *data, ml_book *lord, const ml_event *ev, int n)
     if (r->n == 0) {
         return 0;
     }
-    uint64_t thread = (uint64_t)PyThread_get_thread_ident();
+    uint64_t key = thread_key(); /* events are applied on the thread that emits them */
     for (int k = 0; k < r->n; k++) {
         ml_region *g = &r->open[k];
-        if (g->thread != thread) {
+        if (g->key != key) {
             continue;
         }
         for (int i = 0; i < n; i++) {
@@ -158,11 +180,19 @@ static int reg_reserve(void *data, ml_book *lord, const ml_event *ev, int n)
 static void reg_apply(void *data, ml_book *Py_UNUSED(lord), ml_event *ev, int n)
 {
     struct ml_regions *r = data;
+    if (r->n == 0) {
+        return;
+    }
+    /* every event of a call is emitted, and applied, by the calling thread */
+    uint64_t key = thread_key();
     for (int k = 0; k < r->n; k++) {
         ml_region *g = &r->open[k];
+        if (g->key != key) {
+            continue;
+        }
         for (int i = 0; i < n; i++) {
             const ml_event *e = &ev[i];
-            if (e->thread != g->thread || (e->kind != ML_EV_ALLOC && e->kind != ML_EV_FREE)) {
+            if (e->kind != ML_EV_ALLOC && e->kind != ML_EV_FREE) {
                 continue;
             }
             ml_rdev *d = find_dev(g, e->dev); /* reserved in phase 0 */
@@ -214,7 +244,7 @@ static PyObject *region_close(ml_book *lord, int64_t id)
     ml_region g = r->open[k];
     int depth = 0;
     for (int j = 0; j < k; j++) {
-        depth += r->open[j].thread == g.thread;
+        depth += r->open[j].key == g.key;
     }
     memmove(&r->open[k], &r->open[k + 1], (size_t)(r->n - k - 1) * sizeof(ml_region));
     r->n--;
@@ -337,6 +367,7 @@ static int region_open(ml_book *lord, int64_t *id_out)
     memset(g, 0, sizeof(*g));
     g->id = r->next_id++;
     g->thread = (uint64_t)PyThread_get_thread_ident();
+    g->key = thread_key();
     g->t0_ns = ml_now_ns();
     *id_out = g->id;
     return 0;

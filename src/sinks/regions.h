@@ -16,8 +16,10 @@ void ml_regions_free(struct ml_regions *r);
 /* While on (the event ring records: ring.c), a region opened gets the index
  * of its name in the lord's region names, which the ring stores. */
 void ml_regions_set_naming(struct ml_regions *r, int on);
-/* The ring name index of the innermost open region of thread (0: none). */
-uint32_t ml_regions_current(const struct ml_regions *r, uint64_t thread);
+/* The ring name index of the innermost region open on the calling thread
+ * (0: none).  Regions are matched by a per-thread key that no later thread
+ * gets, not by the thread ident, which the system reuses. */
+uint32_t ml_regions_current(const struct ml_regions *r);
 
 /* Methods of the Lord type (lord.c lists them). */
 struct ml_book;

@@ -61,7 +61,7 @@ static void ring_apply(void *data, ml_book *lord, ml_event *ev, int n)
         rec->lifetime_ns = e->lifetime_ns;
         rec->site = e->site;
         rec->device = e->dev;
-        rec->region = ml_regions_current(lord->regions, e->thread);
+        rec->region = ml_regions_current(lord->regions); /* e is this thread's */
         rec->kind = e->kind;
         rec->source = e->source;
         rec->pad[0] = rec->pad[1] = 0;
