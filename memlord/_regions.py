@@ -12,15 +12,20 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import threading
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from ._core import Region
+
+log = logging.getLogger("memlord")
+
+_ENGINE = torch.autograd.Variable._execution_engine
 
 _FOLD_AT = 4096
 
@@ -229,6 +234,122 @@ def _async_gen_wrapper(fn: Callable, make: Callable[[], Region]) -> Callable:
     return agen_wrapper
 
 
+def _grad_nodes(obj: Any, leaves: bool = True, depth: int = 0, out: list | None = None) -> list:
+    """The autograd nodes gradients of obj's tensors that require grad go to (their
+    ``grad_fn``, or with ``leaves`` a leaf's gradient accumulator), deduplicated: obj a
+    tensor, or tensors nested in tuples, lists and mappings (a ``ModelOutput`` is a
+    dict)."""
+    if out is None:
+        out = []
+    if isinstance(obj, torch.Tensor):
+        if obj.requires_grad and (leaves or obj.grad_fn is not None):
+            try:
+                node = torch.autograd.graph.get_gradient_edge(obj).node
+            except RuntimeError:
+                return out
+            if not any(n is node for n in out):
+                out.append(node)
+    elif depth < 6:
+        if isinstance(obj, (tuple, list)):
+            for x in obj:
+                _grad_nodes(x, leaves, depth + 1, out)
+        elif isinstance(obj, Mapping):
+            for x in obj.values():
+                _grad_nodes(x, leaves, depth + 1, out)
+    return out
+
+
+class _BackwardCall:
+    """One module call's backward: opened when the gradient of its first output is
+    ready, closed when the gradients of its inputs are (or when the backward ends, for
+    a module whose inputs need none: ids, masks).  Holds no tensor and no node that the
+    graph's hooks could keep alive in a cycle."""
+
+    __slots__ = ("begin", "end", "handles", "left", "token")
+
+    def __init__(self, begin: Callable[[], Any], end: Callable[[Any], None]) -> None:
+        self.begin, self.end = begin, end
+        self.token: Any = None
+        self.left = 0
+        self.handles: list = []
+
+    def input_done(self, *_: Any) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self.finish()
+
+    def finish(self) -> None:
+        handles, self.handles = self.handles, []
+        for h in handles:
+            h.remove()
+        token, self.token = self.token, None
+        if token is not None:
+            self.end(token)
+
+
+class _TaskCalls(list):
+    """The backward calls one graph task opened, in the order they opened."""
+
+    __slots__ = ("__weakref__",)
+
+
+#: graph task id -> its calls; the strong reference is the callback queued on the task
+#: (dropped with the task, also when its backward raises)
+_TASKS: weakref.WeakValueDictionary[int, _TaskCalls] = weakref.WeakValueDictionary()
+_TASKS_LOCK = threading.Lock()
+
+
+def _finish_calls(calls: _TaskCalls) -> None:
+    while calls:  # innermost (latest opened) first
+        try:
+            calls.pop().finish()
+        except Exception:  # noqa: BLE001 - accounting never raises into the caller
+            log.exception("memlord track_modules: closing a backward region failed")
+
+
+def _at_backward_end(call: _BackwardCall) -> None:
+    """Finish call when the current backward ends, if its inputs did not finish it."""
+    task = torch._C._current_graph_task_id()
+    with _TASKS_LOCK:
+        calls = _TASKS.get(task)
+        new = calls is None
+        if new:
+            calls = _TASKS[task] = _TaskCalls()
+        calls.append(call)
+    if new:
+        _ENGINE.queue_callback(functools.partial(_finish_calls, calls))
+
+
+def _watch_backward(
+    in_nodes: list, output: Any, begin: Callable[[], Any], end: Callable[[Any], None]
+) -> None:
+    """Call begin() when a backward reaches the outputs of a module call (``output``,
+    tensors nested as in :func:`_grad_nodes`) and end(begin's token) when it has computed
+    the gradients of its inputs (whose nodes are ``in_nodes``), or at the end of that
+    backward.  Hooks on the graph's nodes, not torch's full backward hooks: those wrap
+    only a tensor or a tuple of tensors, warn when no input requires grad, and forbid an
+    in-place change of the output afterwards.  Accounting never raises into autograd."""
+    out_nodes = _grad_nodes(output, leaves=False)  # a leaf's hooks would outlive the call
+    if not out_nodes:
+        return  # no graph (no_grad, inference), or outputs that are leaves
+    call = _BackwardCall(begin, end)
+
+    def start(*_: Any) -> None:
+        if call.token is not None:
+            return  # another output of the call, or a second pass of this backward
+        try:
+            call.token = call.begin()
+            needed = [n for n in in_nodes if torch._C._will_engine_execute_node(n)]
+            call.left = len(needed)
+            call.handles = [n.register_prehook(call.input_done) for n in needed]
+            _at_backward_end(call)
+        except Exception:  # noqa: BLE001 - accounting never raises into the caller
+            log.exception("memlord track_modules: watching a backward failed")
+
+    for node in out_nodes:
+        node.register_prehook(start)
+
+
 class _Stack(list):
     """One thread's open regions of a ModuleTracker: (name, Region), innermost last."""
 
@@ -264,18 +385,17 @@ class ModuleTracker:
         self._stacks: weakref.WeakSet[_Stack] = weakref.WeakSet()
         self._stacks_lock = threading.Lock()
         self._handles: list[Any] = []
+        self._backward = backward
         root = type(model).__name__
         try:
             for qname, mod in model.named_modules():
                 name = qname or root
-                bname = name + " (backward)"
-                self._handles.append(mod.register_forward_pre_hook(self._opener(name)))
+                self._handles.append(
+                    mod.register_forward_pre_hook(self._opener(name), with_kwargs=True)
+                )
                 self._handles.append(
                     mod.register_forward_hook(self._closer(name), always_call=True)
                 )
-                if backward:
-                    self._handles.append(mod.register_full_backward_pre_hook(self._opener(bname)))
-                    self._handles.append(mod.register_full_backward_hook(self._closer(bname)))
         except BaseException:
             self.disable()
             raise
@@ -289,28 +409,60 @@ class ModuleTracker:
         return stack
 
     def _opener(self, name: str) -> Callable:
-        def hook(*_: Any) -> None:
+        backward = self._backward
+
+        def hook(_module: Any, args: Any, kwargs: Any) -> None:
+            # the autograd nodes of the inputs, before the forward can change them in place
+            nodes = _grad_nodes((args, kwargs)) if backward else None
             region = self._lord._region_with_sink(name, self._done)
             region.__enter__()
-            self._stack().append((name, region))
+            self._stack().append((name, region, nodes))
 
         return hook
 
     def _closer(self, name: str) -> Callable:
-        def hook(*_: Any) -> None:
+        bname = name + " (backward)"
+
+        def hook(_module: Any, _args: Any, output: Any) -> None:
             stack = self._stack()
-            if not any(n == name for n, _ in stack):
+            if not any(entry[0] == name for entry in stack):
                 return
             # close what a failed or re-entered call left open above this one
             while stack:
-                n, region = stack.pop()
+                n, region, nodes = stack.pop()
                 region.__exit__(None, None, None)
                 if n == name:
                     break
+            if nodes is not None:
+                _watch_backward(nodes, output, lambda: self._open_backward(bname), self._close)
             if len(self._done) > _FOLD_AT:
                 self._aggregate.fold(self._done)
 
         return hook
+
+    def _open_backward(self, bname: str) -> tuple:
+        """Open a backward region on the thread autograd runs the module's backward on."""
+        region = self._lord._region_with_sink(bname, self._done)
+        region.__enter__()
+        stack = self._stack()
+        entry = (bname, region, None)
+        stack.append(entry)
+        return stack, entry
+
+    def _close(self, token: tuple) -> None:
+        """Close a backward region from any thread (the end of a backward may be seen on
+        another one)."""
+        stack, entry = token
+        for i in range(len(stack) - 1, -1, -1):
+            try:
+                if stack[i] is entry:
+                    del stack[i]
+                    break
+            except IndexError:  # the owning thread popped meanwhile
+                break
+        entry[1].__exit__(None, None, None)
+        if len(self._done) > _FOLD_AT:
+            self._aggregate.fold(self._done)
 
     @property
     def enabled(self) -> bool:
