@@ -31,7 +31,8 @@ _FOLD_AT = 4096
 
 #: How many closed regions a lord keeps one by one (the newest), with their start time,
 #: thread and nesting depth, for ``lord.export()``'s region slices; older ones are
-#: still counted in ``lord.regions()``.
+#: still counted in ``lord.regions()``.  The default of ``MemLord(region_history=...)``;
+#: ``regions(clear=True)`` empties the history with the aggregate.
 REGION_HISTORY = 100_000
 
 
@@ -135,6 +136,9 @@ class _Aggregate:
                     out[name] = {"count": count, "total_s": total_ns / 1e9, "devices": devices}
                 if clear:
                     self._by_name = {}
+                    if self._history is not None:
+                        self._history = deque(maxlen=self._history.maxlen)
+                    self._seen = 0
                 return out
             finally:
                 self._folding = False

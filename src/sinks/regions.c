@@ -29,11 +29,24 @@ typedef struct {
     int ndev, cap;
 } ml_region;
 
+#define ML_MAX_MARKERS 4
+/* Below this many interned names no sweep runs on its own. */
+#define ML_NAMES_SWEEP_MIN 4096
+
 struct ml_regions {
     ml_region *open;
     int n, cap;
     int64_t next_id;
     int naming; /* the event ring records: name the regions opened */
+    /* The interned names (lord->region_names) are swept of those nothing
+     * refers to any more (ml_regions_sweep_names): their slots hold "" and
+     * are listed here, to be given to the next new names, oldest index first. */
+    uint32_t *free_ix;
+    Py_ssize_t nfree, free_at;
+    Py_ssize_t sweep_at; /* sweep before a new name makes the table this long */
+    int sweeping;
+    ml_region_marker markers[ML_MAX_MARKERS];
+    int nmarkers;
 };
 
 /* A key per OS thread that is never given to another thread, unlike the
@@ -61,7 +74,15 @@ struct ml_regions *ml_regions_new(void)
         return NULL;
     }
     r->next_id = 1;
+    r->sweep_at = ML_NAMES_SWEEP_MIN;
     return r;
+}
+
+void ml_regions_add_marker(struct ml_regions *r, ml_region_marker fn)
+{
+    if (r != NULL && r->nmarkers < ML_MAX_MARKERS) {
+        r->markers[r->nmarkers++] = fn;
+    }
 }
 
 void ml_regions_free(struct ml_regions *r)
@@ -73,6 +94,7 @@ void ml_regions_free(struct ml_regions *r)
         PyMem_Free(r->open[i].devs);
     }
     PyMem_Free(r->open);
+    PyMem_Free(r->free_ix);
     PyMem_Free(r);
 }
 
@@ -93,35 +115,174 @@ void ml_regions_set_naming(struct ml_regions *r, int on)
     }
 }
 
-/* The index of name in the lord's region names (appended when new), which
- * the event ring stores with each record; 0 when it cannot be interned (no
- * exception left set). */
+/* Sweep the interned region names: every index that no open region, no
+ * record of the event ring and no tracked storage holds (the markers say
+ * which they hold) is freed: its name is dropped, its slot holds "" and is
+ * given to a later new name, and the table loses its free tail.  An index
+ * still held keeps its name, so a held code always decodes to its region.
+ * 0, or -1 with an exception set (out of memory: nothing changed). */
+int ml_regions_sweep_names(ml_book *lord)
+{
+    struct ml_regions *r = lord->regions;
+    if (r == NULL || r->sweeping) {
+        return 0;
+    }
+    r->sweeping = 1; /* a new name interned by a finalizer meanwhile is appended */
+    /* Every Python object first: allocating one may run the cyclic GC and,
+     * through finalizers, any Python (regions opened, names interned). */
+    PyObject *index = PyDict_New();
+    PyObject *empty = index != NULL ? PyUnicode_FromStringAndSize(NULL, 0) : NULL;
+    if (empty == NULL) {
+        Py_XDECREF(index);
+        r->sweeping = 0;
+        return -1;
+    }
+    /* From here on no Python runs, so the tables cannot change under us. */
+    PyObject *names = lord->region_names;
+    PyObject *old_index = lord->region_name_ix;
+    if (names == NULL || old_index == NULL) { /* cleared by the cyclic GC */
+        Py_DECREF(index);
+        Py_DECREF(empty);
+        r->sweeping = 0;
+        return 0;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(names);
+    uint8_t *marks = PyMem_Calloc((size_t)n + 1, 1);
+    uint32_t *free_ix = PyMem_Malloc(((size_t)n + 1) * sizeof(uint32_t));
+    if (marks == NULL || free_ix == NULL) {
+        PyMem_Free(marks);
+        PyMem_Free(free_ix);
+        Py_DECREF(index);
+        Py_DECREF(empty);
+        r->sweeping = 0;
+        PyErr_NoMemory();
+        return -1;
+    }
+    marks[0] = 1; /* "": no region */
+    for (int k = 0; k < r->n; k++) {
+        if (r->open[k].name_ix < (uint64_t)n) {
+            marks[r->open[k].name_ix] = 1;
+        }
+    }
+    for (int m = 0; m < r->nmarkers; m++) {
+        r->markers[m](lord, marks, n);
+    }
+    Py_ssize_t keep = 1, live = 0;
+    for (Py_ssize_t i = 1; i < n; i++) {
+        if (!marks[i]) {
+            continue;
+        }
+        /* the names are exact str (intern_name): hashing and comparing run no Python */
+        PyObject *v = PyLong_FromSsize_t(i);
+        if (v == NULL || PyDict_SetItem(index, PyList_GET_ITEM(names, i), v) < 0) {
+            Py_XDECREF(v);
+            PyMem_Free(marks);
+            PyMem_Free(free_ix);
+            Py_DECREF(index);
+            Py_DECREF(empty);
+            r->sweeping = 0;
+            return -1;
+        }
+        Py_DECREF(v);
+        keep = i + 1;
+        live++;
+    }
+    /* commit: nothing fails from here */
+    Py_ssize_t nfree = 0;
+    for (Py_ssize_t i = 1; i < n; i++) {
+        if (!marks[i]) {
+            PyList_SetItem(names, i, Py_NewRef(empty)); /* drops the name: a str, no Python */
+            free_ix[nfree++] = (uint32_t)i;
+        }
+    }
+    PyMem_Free(marks);
+    lord->region_name_ix = index;
+    Py_DECREF(old_index); /* the dropped names' keys: str and int, no Python */
+    Py_DECREF(empty);
+    if (keep < n && PyList_SetSlice(names, keep, n, NULL) == 0) {
+        while (nfree > 0 && free_ix[nfree - 1] >= (uint32_t)keep) {
+            nfree--;
+        }
+    }
+    PyErr_Clear(); /* a failed truncation leaves free slots, which are reused */
+    PyMem_Free(r->free_ix);
+    r->free_ix = free_ix;
+    r->nfree = nfree;
+    r->free_at = 0;
+    r->sweep_at = 2 * live > ML_NAMES_SWEEP_MIN ? 2 * live : ML_NAMES_SWEEP_MIN;
+    r->sweeping = 0;
+    return 0;
+}
+
+/* The index of name in the lord's region names (added when new), which the
+ * event ring stores with each record; 0 when it cannot be interned (no
+ * exception left set).  A new name takes a slot a sweep freed, else is
+ * appended; once the table reaches sweep_at names, a sweep runs first, so
+ * the table stays within twice what is still referred to (at least
+ * ML_NAMES_SWEEP_MIN). */
 static uint32_t intern_name(ml_book *lord, PyObject *name)
 {
-    if (lord->region_name_ix == NULL || lord->region_names == NULL) {
-        return 0; /* cleared by the cyclic GC */
-    }
-    PyObject *ix = PyDict_GetItemWithError(lord->region_name_ix, name); /* borrowed */
-    if (ix != NULL) {
-        return (uint32_t)PyLong_AsUnsignedLong(ix);
-    }
-    if (PyErr_Occurred()) {
+    struct ml_regions *r = lord->regions;
+    PyObject *exact = PyUnicode_CheckExact(name) ? Py_NewRef(name) : PyUnicode_FromObject(name);
+    if (exact == NULL) {
         PyErr_Clear();
         return 0;
     }
-    Py_ssize_t next = PyList_GET_SIZE(lord->region_names);
-    if (next >= (Py_ssize_t)UINT32_MAX) {
-        return 0;
+    uint32_t out = 0;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (lord->region_name_ix == NULL || lord->region_names == NULL) {
+            break; /* cleared by the cyclic GC */
+        }
+        PyObject *ix = PyDict_GetItemWithError(lord->region_name_ix, exact); /* borrowed */
+        if (ix != NULL) {
+            out = (uint32_t)PyLong_AsUnsignedLong(ix);
+            break;
+        }
+        if (PyErr_Occurred()) {
+            break;
+        }
+        Py_ssize_t size = PyList_GET_SIZE(lord->region_names);
+        while (r->free_at < r->nfree && r->free_ix[r->free_at] >= (uint32_t)size) {
+            r->free_at++; /* beyond a table a failed sweep could not shorten */
+        }
+        if (r->free_at < r->nfree) {
+            Py_ssize_t slot = r->free_ix[r->free_at];
+            PyObject *v = PyLong_FromSsize_t(slot); /* not a GC object: no Python */
+            if (v == NULL || PyDict_SetItem(lord->region_name_ix, exact, v) < 0) {
+                Py_XDECREF(v);
+                break;
+            }
+            Py_DECREF(v);
+            r->free_at++;
+            PyList_SetItem(lord->region_names, slot, Py_NewRef(exact)); /* drops a "" */
+            out = (uint32_t)slot;
+            break;
+        }
+        if (attempt == 0 && size >= r->sweep_at && !r->sweeping) {
+            if (ml_regions_sweep_names(lord) < 0) {
+                break;
+            }
+            continue; /* look again: a finalizer may have interned it meanwhile */
+        }
+        if (size >= (Py_ssize_t)UINT32_MAX) {
+            break;
+        }
+        PyObject *v = PyLong_FromSsize_t(size);
+        if (v == NULL || PyDict_SetItem(lord->region_name_ix, exact, v) < 0) {
+            Py_XDECREF(v);
+            break;
+        }
+        Py_DECREF(v);
+        if (PyList_Append(lord->region_names, exact) < 0) {
+            PyDict_DelItem(lord->region_name_ix, exact);
+            break;
+        }
+        out = (uint32_t)size;
+        break;
     }
-    PyObject *v = PyLong_FromSsize_t(next);
-    if (v == NULL || PyDict_SetItem(lord->region_name_ix, name, v) < 0 ||
-        PyList_Append(lord->region_names, name) < 0) {
-        Py_XDECREF(v);
-        PyErr_Clear();
-        return 0;
-    }
-    Py_DECREF(v);
-    return (uint32_t)next;
+    PyErr_Clear();
+    Py_DECREF(exact);
+    return out;
 }
 
 uint32_t ml_regions_current(const struct ml_regions *r)
