@@ -24,7 +24,9 @@ class _MakeOnReset(logging.Handler):
             self.made.append(torch.ones(250))  # 1000 bytes, counted after the reset
 
 
-def test_storage_counted_while_reset_logs_is_credited_when_it_dies() -> None:
+def test_storage_counted_while_reset_logs_is_credited_when_it_dies(monkeypatch) -> None:
+    # DEBUG=1 as well as the level: memlord reconciles the logger with the variable
+    monkeypatch.setenv("DEBUG", "1")
     lord = MemLord()
     logger = logging.getLogger("memlord")
     handler = _MakeOnReset()
