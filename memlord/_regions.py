@@ -266,35 +266,73 @@ def _grad_nodes(obj: Any, leaves: bool = True, depth: int = 0, out: list | None 
 class _BackwardCall:
     """One module call's backward: opened when the gradient of its first output is
     ready, closed when the gradients of its inputs are (or when the backward ends, for
-    a module whose inputs need none: ids, masks).  Holds no tensor and no node that the
+    a module whose inputs need none: ids, masks).  Holds no tensor, and no node that the
     graph's hooks could keep alive in a cycle."""
 
-    __slots__ = ("begin", "end", "handles", "left", "token")
+    __slots__ = ("begin", "end", "in_nodes", "left", "token")
 
-    def __init__(self, begin: Callable[[], Any], end: Callable[[Any], None]) -> None:
+    def __init__(self, begin: Callable[[], Any], end: Callable[[Any], None], in_nodes: list):
         self.begin, self.end = begin, end
+        self.in_nodes = in_nodes  # upstream of the outputs, whose hooks hold this call
         self.token: Any = None
         self.left = 0
-        self.handles: list = []
 
-    def input_done(self, *_: Any) -> None:
+    def start(self) -> None:
+        if self.token is not None:
+            return  # another output of the call, or a second pass of this backward
+        try:
+            self.token = self.begin()
+            needed = [n for n in self.in_nodes if torch._C._will_engine_execute_node(n)]
+            self.left = len(needed)
+            _at_backward_end(self, needed)
+        except Exception:  # noqa: BLE001 - accounting never raises into the caller
+            log.exception("memlord track_modules: watching a backward failed")
+
+    def input_done(self) -> None:
         self.left -= 1
         if self.left == 0:
             self.finish()
 
     def finish(self) -> None:
-        handles, self.handles = self.handles, []
-        for h in handles:
-            h.remove()
         token, self.token = self.token, None
         if token is not None:
             self.end(token)
 
 
-class _TaskCalls(list):
-    """The backward calls one graph task opened, in the order they opened."""
+class _Hooked(list):
+    """Calls hooked on one node, in the order their hooks run (weakly referable)."""
 
     __slots__ = ("__weakref__",)
+
+
+def _run_starts(calls: _Hooked, key: int, *_: Any) -> None:
+    # the node is also the input of the calls that end here (a module's input is the
+    # output of the module before it): they end before these start
+    task = _TASKS.get(torch._C._current_graph_task_id())
+    ends = task.ends.get(key) if task is not None else None
+    if ends:
+        _run_ends(ends)
+    for call in list(calls):  # outermost first: the regions nest
+        call.start()
+
+
+def _run_ends(calls: _Hooked, *_: Any) -> None:
+    done = list(calls)
+    calls.clear()  # once per task: the start hooks of the node may have run them
+    for call in reversed(done):  # innermost (latest opened) first
+        call.input_done()
+
+
+class _TaskCalls(list):
+    """The backward calls one graph task opened, in the order they opened, and the
+    hooks it put on the nodes of their inputs."""
+
+    __slots__ = ("__weakref__", "ends", "handles")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ends: dict[int, _Hooked] = {}  # id(node) -> calls; the nodes live meanwhile
+        self.handles: list = []
 
 
 #: graph task id -> its calls; the strong reference is the callback queued on the task
@@ -304,6 +342,10 @@ _TASKS_LOCK = threading.Lock()
 
 
 def _finish_calls(calls: _TaskCalls) -> None:
+    handles, calls.handles = calls.handles, []
+    for h in handles:
+        h.remove()
+    calls.ends.clear()
     while calls:  # innermost (latest opened) first
         try:
             calls.pop().finish()
@@ -311,8 +353,9 @@ def _finish_calls(calls: _TaskCalls) -> None:
             log.exception("memlord track_modules: closing a backward region failed")
 
 
-def _at_backward_end(call: _BackwardCall) -> None:
-    """Finish call when the current backward ends, if its inputs did not finish it."""
+def _at_backward_end(call: _BackwardCall, needed: list) -> None:
+    """Finish call once the gradients of the needed input nodes are computed, or when
+    the current backward ends."""
     task = torch._C._current_graph_task_id()
     with _TASKS_LOCK:
         calls = _TASKS.get(task)
@@ -322,6 +365,36 @@ def _at_backward_end(call: _BackwardCall) -> None:
         calls.append(call)
     if new:
         _ENGINE.queue_callback(functools.partial(_finish_calls, calls))
+    for node in needed:
+        hooked = calls.ends.get(id(node))
+        if hooked is None:
+            hooked = calls.ends[id(node)] = _Hooked()
+            calls.handles.append(node.register_prehook(functools.partial(_run_ends, hooked)))
+        hooked.append(call)
+
+
+#: per thread, id(output node) -> (weak output tensor, weak _Hooked): the calls whose
+#: backward starts at that node, so that an enclosing module returning the same output
+#: (its forward hook runs after the inner one's) opens its backward region first
+_CLAIMS = threading.local()
+
+
+def _grad_outputs(obj: Any, depth: int = 0, out: dict | None = None) -> dict:
+    """id(node) -> (node, tensor) for the non-leaf tensors needing a gradient in obj."""
+    if out is None:
+        out = {}
+    if isinstance(obj, torch.Tensor):
+        node = obj.grad_fn if obj.requires_grad else None
+        if node is not None and id(node) not in out:
+            out[id(node)] = (node, obj)
+    elif depth < 6:
+        if isinstance(obj, (tuple, list)):
+            for x in obj:
+                _grad_outputs(x, depth + 1, out)
+        elif isinstance(obj, Mapping):
+            for x in obj.values():
+                _grad_outputs(x, depth + 1, out)
+    return out
 
 
 def _watch_backward(
@@ -333,25 +406,26 @@ def _watch_backward(
     backward.  Hooks on the graph's nodes, not torch's full backward hooks: those wrap
     only a tensor or a tuple of tensors, warn when no input requires grad, and forbid an
     in-place change of the output afterwards.  Accounting never raises into autograd."""
-    out_nodes = _grad_nodes(output, leaves=False)  # a leaf's hooks would outlive the call
-    if not out_nodes:
-        return  # no graph (no_grad, inference), or outputs that are leaves
-    call = _BackwardCall(begin, end)
-
-    def start(*_: Any) -> None:
-        if call.token is not None:
-            return  # another output of the call, or a second pass of this backward
-        try:
-            call.token = call.begin()
-            needed = [n for n in in_nodes if torch._C._will_engine_execute_node(n)]
-            call.left = len(needed)
-            call.handles = [n.register_prehook(call.input_done) for n in needed]
-            _at_backward_end(call)
-        except Exception:  # noqa: BLE001 - accounting never raises into the caller
-            log.exception("memlord track_modules: watching a backward failed")
-
-    for node in out_nodes:
-        node.register_prehook(start)
+    outs = _grad_outputs(output)  # a leaf's hooks would outlive the call: non-leaves only
+    if not outs:
+        return  # no graph (no_grad, inference)
+    call = _BackwardCall(begin, end, in_nodes)
+    claims = getattr(_CLAIMS, "map", None)
+    if claims is None:
+        claims = _CLAIMS.map = {}
+    for key, (node, tensor) in outs.items():
+        claim = claims.get(key)
+        if claim is not None:
+            t, hooked = claim[0](), claim[1]()
+            if t is not None and hooked is not None and t.grad_fn is node:
+                hooked.insert(0, call)  # encloses the calls already hooked there
+                continue
+        hooked = _Hooked([call])
+        node.register_prehook(functools.partial(_run_starts, hooked, key))
+        claims[key] = (weakref.ref(tensor), weakref.ref(hooked))
+    if len(claims) > 64:
+        for key in [k for k, (t, h) in claims.items() if t() is None or h() is None]:
+            del claims[key]
 
 
 class _Stack(list):

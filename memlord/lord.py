@@ -58,8 +58,10 @@ class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, SnapshotMixin, _core.Lo
         *,
         auto_gc_strategy: dict | None = _NOT_GIVEN,
         track_callsite: bool = True,
-        region_history: int = REGION_HISTORY,
+        region_history: int = _NOT_GIVEN,
     ) -> None:
+        if region_history is _NOT_GIVEN:
+            region_history = REGION_HISTORY
         if isinstance(region_history, bool) or not isinstance(region_history, int):
             raise TypeError(
                 "MemLord(): argument 'region_history' must be an int, not "

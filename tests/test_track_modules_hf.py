@@ -250,3 +250,28 @@ def test_run_modules_records_backward_of_a_dict_output_model(tmp_path) -> None:
             counts[s.name] = counts.get(s.name, 0) + 1
     assert counts == {n: 2 for n in MODULES} | {n + " (backward)": 2 for n in MODULES}
     assert all(s.finished for s in doc.operations)
+
+
+def _assert_nested(history: list) -> None:
+    spans = sorted(
+        ((raw[2], raw[2] + raw[0], name) for name, raw in history), key=lambda s: (s[0], -s[1])
+    )
+    stack: list[tuple[int, str]] = []
+    for start, end, name in spans:
+        while stack and start >= stack[-1][0]:
+            stack.pop()
+        assert not stack or end <= stack[-1][0], f"{name} overlaps {stack[-1][1]}"
+        stack.append((end, name))
+
+
+def test_backward_regions_nest_like_the_modules() -> None:
+    # a module's output is its parent's (Sequential) and its successor's input (ReLU)
+    seq = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Sequential(nn.Linear(16, 4), nn.Tanh()))
+    model = Model()
+    lord = MemLord()
+    with lord.track_modules(seq), lord.track_modules(model):
+        seq(torch.randn(4, 8, requires_grad=True)).sum().backward()
+        _step(model)
+    history, _ = lord._region_history()
+    assert len(history) == 2 * 6 + 2 * len(MODULES)
+    _assert_nested(history)
