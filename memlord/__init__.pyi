@@ -98,6 +98,7 @@ class MemLord:
         auto_gc_bytes: int | Literal["auto"] | None = "auto",
         *,
         track_callsite: bool = True,
+        region_history: int = 100_000,
     ) -> None: ...
     @overload
     def __init__(
@@ -105,6 +106,7 @@ class MemLord:
         *,
         auto_gc_strategy: _AutoGCStrategy | None,
         track_callsite: bool = True,
+        region_history: int = 100_000,
     ) -> None: ...
     @overload
     def __init__(
@@ -113,6 +115,7 @@ class MemLord:
         /,
         *,
         track_callsite: bool = True,
+        region_history: int = 100_000,
     ) -> None: ...
 
     # explicit accounting

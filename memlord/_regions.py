@@ -11,20 +11,28 @@ name, decorates functions and hooks modules.
 from __future__ import annotations
 
 import functools
+import inspect
+import logging
 import threading
+import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 from ._core import Region
 
+log = logging.getLogger("memlord")
+
+_ENGINE = torch.autograd.Variable._execution_engine
+
 _FOLD_AT = 4096
 
 #: How many closed regions a lord keeps one by one (the newest), with their start time,
 #: thread and nesting depth, for ``lord.export()``'s region slices; older ones are
-#: still counted in ``lord.regions()``.
+#: still counted in ``lord.regions()``.  The default of ``MemLord(region_history=...)``;
+#: ``regions(clear=True)`` empties the history with the aggregate.
 REGION_HISTORY = 100_000
 
 
@@ -128,16 +136,59 @@ class _Aggregate:
                     out[name] = {"count": count, "total_s": total_ns / 1e9, "devices": devices}
                 if clear:
                     self._by_name = {}
+                    if self._history is not None:
+                        self._history = deque(maxlen=self._history.maxlen)
+                    self._seen = 0
                 return out
             finally:
                 self._folding = False
 
 
 def _decorate(region: Region, fn: Callable) -> Callable:
-    """``@lord.region(name)``: a fresh region of that name around every call."""
+    """``@lord.region(name)``: a fresh region of that name around every call.
+
+    On a generator function the region is open from the first ``next()`` to the end of
+    the iteration, on an ``async def`` while the coroutine is awaited, and on an async
+    generator from the first ``anext()`` to its end: as a ``with lord.region(name):``
+    around the body would be.  The wrapper is of the same kind as ``fn``, so
+    ``inspect.isgeneratorfunction``, ``iscoroutinefunction`` and
+    ``isasyncgenfunction`` answer as they do for ``fn``."""
     if not callable(fn):
         raise TypeError(f"region(): a decorator takes a function, not {type(fn).__name__}")
     lord, name, sink = region._lord, region.name, region._sink
+
+    if sink is None:
+
+        def make() -> Region:
+            return lord.region(name)
+
+    else:
+
+        def make() -> Region:
+            return lord._region_with_sink(name, sink)
+
+    if inspect.isasyncgenfunction(fn):
+        return functools.wraps(fn)(_async_gen_wrapper(fn, make))
+
+    if inspect.isgeneratorfunction(fn):
+
+        @functools.wraps(fn)
+        def gen_wrapper(*args: Any, **kwargs: Any) -> Any:
+            gen = fn(*args, **kwargs)
+            with make():
+                return (yield from gen)
+
+        return gen_wrapper
+
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def coro_wrapper(*args: Any, **kwargs: Any) -> Any:
+            coro = fn(*args, **kwargs)
+            with make():
+                return await coro
+
+        return coro_wrapper
 
     if sink is None:
 
@@ -154,6 +205,235 @@ def _decorate(region: Region, fn: Callable) -> Callable:
                 return fn(*args, **kwargs)
 
     return wrapper
+
+
+def _async_gen_wrapper(fn: Callable, make: Callable[[], Region]) -> Callable:
+    """An async generator function delegating to ``fn``'s (``yield from`` has no async
+    form): values sent, exceptions thrown and ``aclose()`` reach the inner generator."""
+
+    async def agen_wrapper(*args: Any, **kwargs: Any) -> Any:
+        agen = fn(*args, **kwargs)
+        with make():
+            try:
+                value = await agen.__anext__()
+            except StopAsyncIteration:
+                return
+            while True:
+                try:
+                    sent = yield value
+                except GeneratorExit:
+                    await agen.aclose()
+                    raise
+                except BaseException as exc:
+                    try:
+                        value = await agen.athrow(exc)
+                    except StopAsyncIteration:
+                        return
+                else:
+                    try:
+                        value = await agen.asend(sent)
+                    except StopAsyncIteration:
+                        return
+
+    return agen_wrapper
+
+
+def _grad_nodes(obj: Any, leaves: bool = True, depth: int = 0, out: list | None = None) -> list:
+    """The autograd nodes gradients of obj's tensors that require grad go to (their
+    ``grad_fn``, or with ``leaves`` a leaf's gradient accumulator), deduplicated: obj a
+    tensor, or tensors nested in tuples, lists and mappings (a ``ModelOutput`` is a
+    dict)."""
+    if out is None:
+        out = []
+    if isinstance(obj, torch.Tensor):
+        if obj.requires_grad and (leaves or obj.grad_fn is not None):
+            try:
+                node = torch.autograd.graph.get_gradient_edge(obj).node
+            except RuntimeError:
+                return out
+            if not any(n is node for n in out):
+                out.append(node)
+    elif depth < 6:
+        if isinstance(obj, (tuple, list)):
+            for x in obj:
+                _grad_nodes(x, leaves, depth + 1, out)
+        elif isinstance(obj, Mapping):
+            for x in obj.values():
+                _grad_nodes(x, leaves, depth + 1, out)
+    return out
+
+
+class _BackwardCall:
+    """One module call's backward: opened when the gradient of its first output is
+    ready, closed when the gradients of its inputs are (or when the backward ends, for
+    a module whose inputs need none: ids, masks).  Holds no tensor, and no node that the
+    graph's hooks could keep alive in a cycle."""
+
+    __slots__ = ("begin", "end", "in_nodes", "left", "token")
+
+    def __init__(self, begin: Callable[[], Any], end: Callable[[Any], None], in_nodes: list):
+        self.begin, self.end = begin, end
+        self.in_nodes = in_nodes  # upstream of the outputs, whose hooks hold this call
+        self.token: Any = None
+        self.left = 0
+
+    def start(self) -> None:
+        if self.token is not None:
+            return  # another output of the call, or a second pass of this backward
+        try:
+            self.token = self.begin()
+            needed = [n for n in self.in_nodes if torch._C._will_engine_execute_node(n)]
+            self.left = len(needed)
+            _at_backward_end(self, needed)
+        except Exception:  # noqa: BLE001 - accounting never raises into the caller
+            log.exception("memlord track_modules: watching a backward failed")
+
+    def input_done(self) -> None:
+        self.left -= 1
+        if self.left == 0:
+            self.finish()
+
+    def finish(self) -> None:
+        token, self.token = self.token, None
+        if token is not None:
+            self.end(token)
+
+
+class _Hooked(list):
+    """Calls hooked on one node, in the order their hooks run (weakly referable)."""
+
+    __slots__ = ("__weakref__",)
+
+
+def _run_starts(calls: _Hooked, key: int, *_: Any) -> None:
+    # the node is also the input of the calls that end here (a module's input is the
+    # output of the module before it): they end before these start
+    task = _TASKS.get(torch._C._current_graph_task_id())
+    ends = task.ends.get(key) if task is not None else None
+    if ends:
+        _run_ends(ends)
+    for call in list(calls):  # outermost first: the regions nest
+        call.start()
+
+
+def _run_ends(calls: _Hooked, *_: Any) -> None:
+    done = list(calls)
+    calls.clear()  # once per task: the start hooks of the node may have run them
+    for call in reversed(done):  # innermost (latest opened) first
+        call.input_done()
+
+
+class _TaskCalls(list):
+    """The backward calls one graph task opened, in the order they opened, and the
+    hooks it put on the nodes of their inputs."""
+
+    __slots__ = ("__weakref__", "ends", "handles")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ends: dict[int, _Hooked] = {}  # id(node) -> calls; the nodes live meanwhile
+        self.handles: list = []
+
+
+#: graph task id -> its calls; the strong reference is the callback queued on the task
+#: (dropped with the task, also when its backward raises)
+_TASKS: weakref.WeakValueDictionary[int, _TaskCalls] = weakref.WeakValueDictionary()
+_TASKS_LOCK = threading.Lock()
+
+
+def _finish_calls(calls: _TaskCalls) -> None:
+    handles, calls.handles = calls.handles, []
+    for h in handles:
+        h.remove()
+    calls.ends.clear()
+    while calls:  # innermost (latest opened) first
+        try:
+            calls.pop().finish()
+        except Exception:  # noqa: BLE001 - accounting never raises into the caller
+            log.exception("memlord track_modules: closing a backward region failed")
+
+
+def _at_backward_end(call: _BackwardCall, needed: list) -> None:
+    """Finish call once the gradients of the needed input nodes are computed, or when
+    the current backward ends."""
+    task = torch._C._current_graph_task_id()
+    with _TASKS_LOCK:
+        calls = _TASKS.get(task)
+        new = calls is None
+        if new:
+            calls = _TASKS[task] = _TaskCalls()
+        calls.append(call)
+    if new:
+        _ENGINE.queue_callback(functools.partial(_finish_calls, calls))
+    for node in needed:
+        hooked = calls.ends.get(id(node))
+        if hooked is None:
+            hooked = calls.ends[id(node)] = _Hooked()
+            calls.handles.append(node.register_prehook(functools.partial(_run_ends, hooked)))
+        hooked.append(call)
+
+
+#: per thread, id(output node) -> (weak output tensor, weak _Hooked): the calls whose
+#: backward starts at that node, so that an enclosing module returning the same output
+#: (its forward hook runs after the inner one's) opens its backward region first
+_CLAIMS = threading.local()
+
+
+def _grad_outputs(obj: Any, depth: int = 0, out: dict | None = None) -> dict:
+    """id(node) -> (node, tensor) for the non-leaf tensors needing a gradient in obj."""
+    if out is None:
+        out = {}
+    if isinstance(obj, torch.Tensor):
+        node = obj.grad_fn if obj.requires_grad else None
+        if node is not None and id(node) not in out:
+            out[id(node)] = (node, obj)
+    elif depth < 6:
+        if isinstance(obj, (tuple, list)):
+            for x in obj:
+                _grad_outputs(x, depth + 1, out)
+        elif isinstance(obj, Mapping):
+            for x in obj.values():
+                _grad_outputs(x, depth + 1, out)
+    return out
+
+
+def _watch_backward(
+    in_nodes: list, output: Any, begin: Callable[[], Any], end: Callable[[Any], None]
+) -> None:
+    """Call begin() when a backward reaches the outputs of a module call (``output``,
+    tensors nested as in :func:`_grad_nodes`) and end(begin's token) when it has computed
+    the gradients of its inputs (whose nodes are ``in_nodes``), or at the end of that
+    backward.  Hooks on the graph's nodes, not torch's full backward hooks: those wrap
+    only a tensor or a tuple of tensors, warn when no input requires grad, and forbid an
+    in-place change of the output afterwards.  Accounting never raises into autograd."""
+    outs = _grad_outputs(output)  # a leaf's hooks would outlive the call: non-leaves only
+    if not outs:
+        return  # no graph (no_grad, inference)
+    call = _BackwardCall(begin, end, in_nodes)
+    claims = getattr(_CLAIMS, "map", None)
+    if claims is None:
+        claims = _CLAIMS.map = {}
+    for key, (node, tensor) in outs.items():
+        claim = claims.get(key)
+        if claim is not None:
+            t, hooked = claim[0](), claim[1]()
+            if t is not None and hooked is not None and t.grad_fn is node:
+                hooked.insert(0, call)  # encloses the calls already hooked there
+                continue
+        hooked = _Hooked([call])
+        node.register_prehook(functools.partial(_run_starts, hooked, key))
+        claims[key] = (weakref.ref(tensor), weakref.ref(hooked))
+    if len(claims) > 64:
+        for key in [k for k, (t, h) in claims.items() if t() is None or h() is None]:
+            del claims[key]
+
+
+class _Stack(list):
+    """One thread's open regions of a ModuleTracker: (name, Region), innermost last."""
+
+    __slots__ = ("__weakref__",)
+    __hash__ = object.__hash__  # by identity, in a WeakSet
+    __eq__ = object.__eq__  # type: ignore[assignment]
 
 
 class ModuleTracker:
@@ -178,65 +458,110 @@ class ModuleTracker:
         self._aggregate = _Aggregate()
         self._done: list = []
         self._local = threading.local()
+        # every thread's stack (a thread's is dropped with the thread, and the regions
+        # in it with it): disable() closes the regions of all of them
+        self._stacks: weakref.WeakSet[_Stack] = weakref.WeakSet()
+        self._stacks_lock = threading.Lock()
         self._handles: list[Any] = []
+        self._backward = backward
         root = type(model).__name__
         try:
             for qname, mod in model.named_modules():
                 name = qname or root
-                bname = name + " (backward)"
-                self._handles.append(mod.register_forward_pre_hook(self._opener(name)))
+                self._handles.append(
+                    mod.register_forward_pre_hook(self._opener(name), with_kwargs=True)
+                )
                 self._handles.append(
                     mod.register_forward_hook(self._closer(name), always_call=True)
                 )
-                if backward:
-                    self._handles.append(mod.register_full_backward_pre_hook(self._opener(bname)))
-                    self._handles.append(mod.register_full_backward_hook(self._closer(bname)))
         except BaseException:
             self.disable()
             raise
 
-    def _stack(self) -> list[tuple[str, Region]]:
+    def _stack(self) -> _Stack:
         stack = getattr(self._local, "stack", None)
         if stack is None:
-            stack = self._local.stack = []
+            stack = self._local.stack = _Stack()
+            with self._stacks_lock:
+                self._stacks.add(stack)
         return stack
 
     def _opener(self, name: str) -> Callable:
-        def hook(*_: Any) -> None:
+        backward = self._backward
+
+        def hook(_module: Any, args: Any, kwargs: Any) -> None:
+            # the autograd nodes of the inputs, before the forward can change them in place
+            nodes = _grad_nodes((args, kwargs)) if backward else None
             region = self._lord._region_with_sink(name, self._done)
             region.__enter__()
-            self._stack().append((name, region))
+            self._stack().append((name, region, nodes))
 
         return hook
 
     def _closer(self, name: str) -> Callable:
-        def hook(*_: Any) -> None:
+        bname = name + " (backward)"
+
+        def hook(_module: Any, _args: Any, output: Any) -> None:
             stack = self._stack()
-            if not any(n == name for n, _ in stack):
+            if not any(entry[0] == name for entry in stack):
                 return
             # close what a failed or re-entered call left open above this one
             while stack:
-                n, region = stack.pop()
+                n, region, nodes = stack.pop()
                 region.__exit__(None, None, None)
                 if n == name:
                     break
+            if nodes is not None:
+                _watch_backward(nodes, output, lambda: self._open_backward(bname), self._close)
             if len(self._done) > _FOLD_AT:
                 self._aggregate.fold(self._done)
 
         return hook
+
+    def _open_backward(self, bname: str) -> tuple:
+        """Open a backward region on the thread autograd runs the module's backward on."""
+        region = self._lord._region_with_sink(bname, self._done)
+        region.__enter__()
+        stack = self._stack()
+        entry = (bname, region, None)
+        stack.append(entry)
+        return stack, entry
+
+    def _close(self, token: tuple) -> None:
+        """Close a backward region from any thread (the end of a backward may be seen on
+        another one)."""
+        stack, entry = token
+        for i in range(len(stack) - 1, -1, -1):
+            try:
+                if stack[i] is entry:
+                    del stack[i]
+                    break
+            except IndexError:  # the owning thread popped meanwhile
+                break
+        entry[1].__exit__(None, None, None)
+        if len(self._done) > _FOLD_AT:
+            self._aggregate.fold(self._done)
 
     @property
     def enabled(self) -> bool:
         return bool(self._handles)
 
     def disable(self) -> None:
-        """Remove every hook and close the regions this thread still has open."""
+        """Remove every hook and close the regions the tracker still has open, on every
+        thread (a backward that raised leaves its regions open on the thread autograd ran
+        it on)."""
         handles, self._handles = self._handles, []
         for h in handles:
             h.remove()
-        stack = self._stack()
-        while stack:
-            stack.pop()[1].__exit__(None, None, None)
+        with self._stacks_lock:
+            stacks = list(self._stacks)
+        for stack in stacks:
+            while True:
+                try:  # the owning thread may pop at the same time
+                    region = stack.pop()[1]
+                except IndexError:
+                    break
+                region.__exit__(None, None, None)
 
     def regions(self, clear: bool = False) -> dict[str, dict[str, Any]]:
         """The regions this tracker opened, aggregated per name (as lord.regions())."""

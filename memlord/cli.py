@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import functools
 import os
 import runpy
 import sys
@@ -103,11 +104,15 @@ def _say(message: str) -> None:
 class ModuleSpans:
     """Global nn.Module forward hooks that record an operation per module call, named by
     the module's qualified name under the first module called that contains it (the
-    root itself by its class name)."""
+    root itself by its class name), and one named ``"<name> (backward)"`` for the
+    call's backward (memlord._regions._watch_backward)."""
 
     def __init__(self, tracker: Any) -> None:
         from torch.nn.modules import module as torch_module
 
+        from ._regions import _grad_nodes, _watch_backward
+
+        self._grad_nodes, self._watch_backward = _grad_nodes, _watch_backward
         self.tracker = tracker
         self._names: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._local = threading.local()
@@ -126,7 +131,7 @@ class ModuleSpans:
                     self._names[sub] = qual
         return name
 
-    def _stack(self) -> list[tuple[int, int]]:
+    def _stack(self) -> list[tuple[int, int, list]]:
         stack = getattr(self._local, "stack", None)
         if stack is None:
             stack = self._local.stack = []
@@ -134,8 +139,9 @@ class ModuleSpans:
 
     def _pre(self, module: Any, args: Any) -> None:
         try:
+            nodes = self._grad_nodes(args)  # the inputs' autograd nodes, before the call
             token = self.tracker.begin(self._name(module), "module")
-            self._stack().append((id(module), token))
+            self._stack().append((id(module), token, nodes))
         except Exception:  # noqa: BLE001 - never break the model
             pass
 
@@ -145,9 +151,12 @@ class ModuleSpans:
             key = id(module)
             for i in range(len(stack) - 1, -1, -1):
                 if stack[i][0] == key:
-                    token = stack[i][1]
+                    token, nodes = stack[i][1], stack[i][2]
                     del stack[i:]
                     self.tracker.end(token)
+                    bname = self._name(module) + " (backward)"
+                    begin = functools.partial(self.tracker.begin, bname, "module")
+                    self._watch_backward(nodes, output, begin, self.tracker.end)
                     break
         except Exception:  # noqa: BLE001 - never break the model
             pass

@@ -45,6 +45,8 @@ class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, SnapshotMixin, _core.Lo
       default bands, ``{}`` turns auto-GC off.  Leaving it out (``...``) keeps bytes mode.
       Give one of the two, not both.
     - ``track_callsite``: record the user's ``file:line`` of each event (hotspots, logs).
+    - ``region_history``: how many closed regions are kept one by one (the newest) for
+      ``export()``'s region slices (default ``REGION_HISTORY``, 100,000; 0 keeps none).
 
     Errors: TypeError/ValueError naming the argument and field; nothing is configured
     when one is raised.
@@ -56,8 +58,20 @@ class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, SnapshotMixin, _core.Lo
         *,
         auto_gc_strategy: dict | None = _NOT_GIVEN,
         track_callsite: bool = True,
+        region_history: int = _NOT_GIVEN,
     ) -> None:
-        self._region_aggregate = _Aggregate(REGION_HISTORY)
+        if region_history is _NOT_GIVEN:
+            region_history = REGION_HISTORY
+        if isinstance(region_history, bool) or not isinstance(region_history, int):
+            raise TypeError(
+                "MemLord(): argument 'region_history' must be an int, not "
+                + type(region_history).__name__
+            )
+        if region_history < 0:
+            raise ValueError(
+                f"MemLord(): argument 'region_history' must be >= 0, not {region_history}"
+            )
+        self._region_aggregate = _Aggregate(region_history)
         bytes_given = auto_gc_bytes is not _AUTO
         if isinstance(auto_gc_bytes, dict):
             if auto_gc_strategy is not _NOT_GIVEN:
@@ -139,7 +153,7 @@ class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, SnapshotMixin, _core.Lo
         ``.json`` (read back with ``memlord.report.load``), ``.trace.json`` (Perfetto),
         ``.pickle``/``.pkl`` (torch's memory_viz) or ``.html``/``.htm`` (needs
         ``memlord[report]``).  The document holds the event ring's records (when
-        recording), the closed regions (the newest ``REGION_HISTORY``, as slices), the
+        recording), the closed regions (the newest ``region_history``, as slices), the
         hotspots, per-device counters and a snapshot with the ``top`` largest live
         tensors per device.  Returns the format; an unknown name is a ValueError naming
         the accepted ones, and nothing is written then."""

@@ -103,6 +103,20 @@ def _check_name(name: object, what: str = "name") -> str:
     return name
 
 
+class _NamedAsFrozen:
+    """A lord whose region names are those read when its ring was frozen (the frozen
+    records' codes name them; the lord may have freed them since)."""
+
+    def __init__(self, lord: Any, names: list[str]) -> None:
+        self._lord, self._names = lord, names
+
+    def _region_names(self) -> list[str]:
+        return list(self._names)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._lord, name)
+
+
 class MemoryTracker:
     """Collects snapshots, operations and operator statistics into a profile.
 
@@ -161,6 +175,7 @@ class MemoryTracker:
         self._own_ring = False
         self._frozen: tuple[Any, dict[str, Any]] | None = None  # the ring at stop
         self._frozen_dropped = 0
+        self._frozen_names: list[str] = []  # the region names the frozen records name
         self._ring_capacity = 0
         self._op_items: dict[int, tuple] = {}  # id -> closed region item of an operation
         self._top_from = FROM_GC_SCAN
@@ -254,6 +269,8 @@ class MemoryTracker:
             # keep what the ring holds for profile(), and give its memory back
             self._frozen = read_consistent(self._source.lord)
             self._frozen_dropped = self._source.lord.events_dropped
+            # record_events(0) frees the names only the ring's records referred to
+            self._frozen_names = self._source.lord._region_names()
             self._source.lord.record_events(0)
             self._own_ring = False
         self._running = False
@@ -541,7 +558,11 @@ class MemoryTracker:
             # each part on its own: a profile is written even without one of them
             try:
                 recs, stats = self._frozen or read_consistent(lord)
-                events, baseline, skipped = ring_events(lord, recs, stats)
+                events, baseline, skipped = ring_events(
+                    lord if self._frozen is None else _NamedAsFrozen(lord, self._frozen_names),
+                    recs,
+                    stats,
+                )
                 ring_meta = {
                     "events_capacity": self._ring_capacity,
                     "events_dropped": (

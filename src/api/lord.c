@@ -376,20 +376,47 @@ static void clear_qcache(MemLordObject *self)
     }
 }
 
+typedef struct {
+    uint8_t *marks;
+    Py_ssize_t n;
+} region_marks;
+
+static void mark_one_tracked(void *ctx, const ml_live *e)
+{
+    region_marks *m = ctx;
+    if ((Py_ssize_t)e->region < m->n) {
+        m->marks[e->region] = 1;
+    }
+}
+
+/* The region name indices the tracked storages hold (their birth region). */
+static void mark_tracked_regions(const ml_book *lord, uint8_t *marks, Py_ssize_t n)
+{
+    region_marks m = {marks, n};
+    ml_life_each(lord, INT64_MIN, mark_one_tracked, &m);
+}
+
 static PyObject *lord_reset(MemLordObject *self, PyObject *Py_UNUSED(ignored))
 {
-    /* The ledger and hotspots are cleared in the event's apply phase. */
+    /* The ledger and hotspots are cleared in the event's apply phase, and
+     * the tracked storages forgotten just before (they were counted before
+     * the reset: their deaths no longer credit anything), with no Python in
+     * between: a storage counted once the event's sinks run (a log handler)
+     * is counted after the reset, and tracked, and credited when it dies. */
     ml_event ev = {0};
     ev.kind = ML_EV_RESET;
     ev.source = ML_SRC_POLICY;
-    if (ml_emit(&self->book, &ev, 1, &(ml_emit_ctx){NULL, NULL}) < 0) {
+    if (ml_emit_with(&self->book, &ev, 1, &(ml_emit_ctx){NULL, NULL}, ml_life_detach) < 0) {
         return NULL;
     }
-    /* Objects registered before the reset were counted before it: their
-     * deaths no longer credit anything. */
-    ml_life_detach(&self->book);
     clear_qcache(self);
+    /* the forgotten storages' region names are free now, unless something
+     * else holds them */
+    int rc = ml_regions_sweep_names(&self->book);
     ml_safe_point();
+    if (rc < 0) {
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 
@@ -654,6 +681,8 @@ static PyObject *lord_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObjec
         Py_DECREF(self);
         return NULL;
     }
+    ml_regions_add_marker(self->book.regions, ml_ring_mark_regions);
+    ml_regions_add_marker(self->book.regions, mark_tracked_regions);
     ml_sink regions = ml_region_sink_proto;
     regions.data = self->book.regions;
     regions.busy = ml_regions_busy(self->book.regions);

@@ -217,7 +217,13 @@ static void notify(ml_book *lord, const ml_sink_plan *p, const ml_event *ev, int
 
 int ml_emit(ml_book *lord, ml_event *ev, int n, const ml_emit_ctx *ctx)
 {
-    if (n == 1 && (ev[0].kind == ML_EV_ALLOC || ev[0].kind == ML_EV_FREE)) {
+    return ml_emit_with(lord, ev, n, ctx, NULL);
+}
+
+int ml_emit_with(ml_book *lord, ml_event *ev, int n, const ml_emit_ctx *ctx,
+                 void (*before_apply)(ml_book *lord))
+{
+    if (before_apply == NULL && n == 1 && (ev[0].kind == ML_EV_ALLOC || ev[0].kind == ML_EV_FREE)) {
         return ml_emit_one(lord, ev, ctx);
     }
     if (n <= 0) {
@@ -234,6 +240,9 @@ int ml_emit(ml_book *lord, ml_event *ev, int n, const ml_emit_ctx *ctx)
     }
     if (reserve(lord, plan, ev, n) < 0) {
         return -1;
+    }
+    if (before_apply != NULL) {
+        before_apply(lord);
     }
     apply(lord, plan, ev, n);
     /* phase 0 may have woken a sink (see emit_one) */

@@ -133,6 +133,12 @@ static inline void ml_busy_changed(void)
  * re-enter the source, so it must not be a buffer the source reuses.  Returns 0, or -1 with an
  * exception set when phase 0 failed (then nothing changed). */
 int ml_emit(struct ml_book *lord, ml_event *ev, int n, const ml_emit_ctx *ctx);
+/* ml_emit with before_apply(lord) called in phase 1, once phase 0 succeeded
+ * and before the events are applied: it must run no Python and cannot fail
+ * (reset forgets the tracked storages there, so that no storage can be
+ * counted between the forgetting and the clearing). */
+int ml_emit_with(struct ml_book *lord, ml_event *ev, int n, const ml_emit_ctx *ctx,
+                 void (*before_apply)(struct ml_book *lord));
 
 /* Add a sink to lord (at most ML_MAX_SINKS); -1 with an exception set. */
 int ml_sink_add(struct ml_book *lord, const ml_sink *sink);

@@ -532,7 +532,7 @@ int ml_life_count(ml_book *lord, const ml_life_item *items, Py_ssize_t n, int fl
     if (lord->track_callsite && site != NULL && site->id != 0) {
         sid = site->id;
     }
-    uint32_t region = ml_regions_current(lord->regions, (uint64_t)PyThread_get_thread_ident());
+    uint32_t region = ml_regions_current(lord->regions);
     uint64_t birth_meta = pack_meta(sid, region, &(ml_tmeta){0, 0, 0, 0, NULL});
     for (Py_ssize_t i = 0; i < n; i++) {
         if (state[i] != IT_NEW) {

@@ -22,18 +22,49 @@ typedef struct {
 typedef struct {
     int64_t id;
     uint32_t name_ix; /* the event ring's index of the region's name, 0 when not interned */
-    uint64_t thread;
+    uint64_t thread;  /* the opening thread's ident (what export() shows) */
+    uint64_t key;     /* the opening thread's key (thread_key()): what events are matched by */
     int64_t t0_ns;
     ml_rdev *devs;
     int ndev, cap;
 } ml_region;
+
+#define ML_MAX_MARKERS 4
+/* Below this many interned names no sweep runs on its own. */
+#define ML_NAMES_SWEEP_MIN 4096
 
 struct ml_regions {
     ml_region *open;
     int n, cap;
     int64_t next_id;
     int naming; /* the event ring records: name the regions opened */
+    /* The interned names (lord->region_names) are swept of those nothing
+     * refers to any more (ml_regions_sweep_names): their slots hold "" and
+     * are listed here, to be given to the next new names, oldest index first. */
+    uint32_t *free_ix;
+    Py_ssize_t nfree, free_at;
+    Py_ssize_t sweep_at; /* sweep before a new name makes the table this long */
+    int sweeping;
+    ml_region_marker markers[ML_MAX_MARKERS];
+    int nmarkers;
 };
+
+/* A key per OS thread that is never given to another thread, unlike the
+ * thread ident (glibc hands a dead thread's ident to the next thread at
+ * once): a region left open by a thread that ended must not count, or name
+ * the events of, the next thread that gets the same ident.  Thread-local,
+ * zero in a new thread, set from a counter on first use (under the GIL). */
+static _Thread_local uint64_t tls_thread_key;
+static uint64_t next_thread_key = 1;
+
+static inline uint64_t thread_key(void)
+{
+    uint64_t k = tls_thread_key;
+    if (k == 0) {
+        k = tls_thread_key = next_thread_key++;
+    }
+    return k;
+}
 
 struct ml_regions *ml_regions_new(void)
 {
@@ -43,7 +74,15 @@ struct ml_regions *ml_regions_new(void)
         return NULL;
     }
     r->next_id = 1;
+    r->sweep_at = ML_NAMES_SWEEP_MIN;
     return r;
+}
+
+void ml_regions_add_marker(struct ml_regions *r, ml_region_marker fn)
+{
+    if (r != NULL && r->nmarkers < ML_MAX_MARKERS) {
+        r->markers[r->nmarkers++] = fn;
+    }
 }
 
 void ml_regions_free(struct ml_regions *r)
@@ -55,6 +94,7 @@ void ml_regions_free(struct ml_regions *r)
         PyMem_Free(r->open[i].devs);
     }
     PyMem_Free(r->open);
+    PyMem_Free(r->free_ix);
     PyMem_Free(r);
 }
 
@@ -75,41 +115,184 @@ void ml_regions_set_naming(struct ml_regions *r, int on)
     }
 }
 
-/* The index of name in the lord's region names (appended when new), which
- * the event ring stores with each record; 0 when it cannot be interned (no
- * exception left set). */
-static uint32_t intern_name(ml_book *lord, PyObject *name)
+/* Sweep the interned region names: every index that no open region, no
+ * record of the event ring and no tracked storage holds (the markers say
+ * which they hold) is freed: its name is dropped, its slot holds "" and is
+ * given to a later new name, and the table loses its free tail.  An index
+ * still held keeps its name, so a held code always decodes to its region.
+ * 0, or -1 with an exception set (out of memory: nothing changed). */
+int ml_regions_sweep_names(ml_book *lord)
 {
-    if (lord->region_name_ix == NULL || lord->region_names == NULL) {
-        return 0; /* cleared by the cyclic GC */
-    }
-    PyObject *ix = PyDict_GetItemWithError(lord->region_name_ix, name); /* borrowed */
-    if (ix != NULL) {
-        return (uint32_t)PyLong_AsUnsignedLong(ix);
-    }
-    if (PyErr_Occurred()) {
-        PyErr_Clear();
+    struct ml_regions *r = lord->regions;
+    if (r == NULL || r->sweeping) {
         return 0;
     }
-    Py_ssize_t next = PyList_GET_SIZE(lord->region_names);
-    if (next >= (Py_ssize_t)UINT32_MAX) {
+    r->sweeping = 1; /* a new name interned by a finalizer meanwhile is appended */
+    /* Every Python object first: allocating one may run the cyclic GC and,
+     * through finalizers, any Python (regions opened, names interned). */
+    PyObject *index = PyDict_New();
+    PyObject *empty = index != NULL ? PyUnicode_FromStringAndSize(NULL, 0) : NULL;
+    if (empty == NULL) {
+        Py_XDECREF(index);
+        r->sweeping = 0;
+        return -1;
+    }
+    /* From here on no Python runs, so the tables cannot change under us. */
+    PyObject *names = lord->region_names;
+    PyObject *old_index = lord->region_name_ix;
+    if (names == NULL || old_index == NULL) { /* cleared by the cyclic GC */
+        Py_DECREF(index);
+        Py_DECREF(empty);
+        r->sweeping = 0;
         return 0;
     }
-    PyObject *v = PyLong_FromSsize_t(next);
-    if (v == NULL || PyDict_SetItem(lord->region_name_ix, name, v) < 0 ||
-        PyList_Append(lord->region_names, name) < 0) {
-        Py_XDECREF(v);
-        PyErr_Clear();
-        return 0;
+    Py_ssize_t n = PyList_GET_SIZE(names);
+    uint8_t *marks = PyMem_Calloc((size_t)n + 1, 1);
+    uint32_t *free_ix = PyMem_Malloc(((size_t)n + 1) * sizeof(uint32_t));
+    if (marks == NULL || free_ix == NULL) {
+        PyMem_Free(marks);
+        PyMem_Free(free_ix);
+        Py_DECREF(index);
+        Py_DECREF(empty);
+        r->sweeping = 0;
+        PyErr_NoMemory();
+        return -1;
     }
-    Py_DECREF(v);
-    return (uint32_t)next;
+    marks[0] = 1; /* "": no region */
+    for (int k = 0; k < r->n; k++) {
+        if (r->open[k].name_ix < (uint64_t)n) {
+            marks[r->open[k].name_ix] = 1;
+        }
+    }
+    for (int m = 0; m < r->nmarkers; m++) {
+        r->markers[m](lord, marks, n);
+    }
+    Py_ssize_t keep = 1, live = 0;
+    for (Py_ssize_t i = 1; i < n; i++) {
+        if (!marks[i]) {
+            continue;
+        }
+        /* the names are exact str (intern_name): hashing and comparing run no Python */
+        PyObject *v = PyLong_FromSsize_t(i);
+        if (v == NULL || PyDict_SetItem(index, PyList_GET_ITEM(names, i), v) < 0) {
+            Py_XDECREF(v);
+            PyMem_Free(marks);
+            PyMem_Free(free_ix);
+            Py_DECREF(index);
+            Py_DECREF(empty);
+            r->sweeping = 0;
+            return -1;
+        }
+        Py_DECREF(v);
+        keep = i + 1;
+        live++;
+    }
+    /* commit: nothing fails from here */
+    Py_ssize_t nfree = 0;
+    for (Py_ssize_t i = 1; i < n; i++) {
+        if (!marks[i]) {
+            PyList_SetItem(names, i, Py_NewRef(empty)); /* drops the name: a str, no Python */
+            free_ix[nfree++] = (uint32_t)i;
+        }
+    }
+    PyMem_Free(marks);
+    lord->region_name_ix = index;
+    Py_DECREF(old_index); /* the dropped names' keys: str and int, no Python */
+    Py_DECREF(empty);
+    if (keep < n && PyList_SetSlice(names, keep, n, NULL) == 0) {
+        while (nfree > 0 && free_ix[nfree - 1] >= (uint32_t)keep) {
+            nfree--;
+        }
+    }
+    PyErr_Clear(); /* a failed truncation leaves free slots, which are reused */
+    PyMem_Free(r->free_ix);
+    r->free_ix = free_ix;
+    r->nfree = nfree;
+    r->free_at = 0;
+    r->sweep_at = 2 * live > ML_NAMES_SWEEP_MIN ? 2 * live : ML_NAMES_SWEEP_MIN;
+    r->sweeping = 0;
+    return 0;
 }
 
-uint32_t ml_regions_current(const struct ml_regions *r, uint64_t thread)
+/* The index of name in the lord's region names (added when new), which the
+ * event ring stores with each record; 0 when it cannot be interned (no
+ * exception left set).  A new name takes a slot a sweep freed, else is
+ * appended; once the table reaches sweep_at names, a sweep runs first, so
+ * the table stays within twice what is still referred to (at least
+ * ML_NAMES_SWEEP_MIN). */
+static uint32_t intern_name(ml_book *lord, PyObject *name)
 {
+    struct ml_regions *r = lord->regions;
+    PyObject *exact = PyUnicode_CheckExact(name) ? Py_NewRef(name) : PyUnicode_FromObject(name);
+    if (exact == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    uint32_t out = 0;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (lord->region_name_ix == NULL || lord->region_names == NULL) {
+            break; /* cleared by the cyclic GC */
+        }
+        PyObject *ix = PyDict_GetItemWithError(lord->region_name_ix, exact); /* borrowed */
+        if (ix != NULL) {
+            out = (uint32_t)PyLong_AsUnsignedLong(ix);
+            break;
+        }
+        if (PyErr_Occurred()) {
+            break;
+        }
+        Py_ssize_t size = PyList_GET_SIZE(lord->region_names);
+        while (r->free_at < r->nfree && r->free_ix[r->free_at] >= (uint32_t)size) {
+            r->free_at++; /* beyond a table a failed sweep could not shorten */
+        }
+        if (r->free_at < r->nfree) {
+            Py_ssize_t slot = r->free_ix[r->free_at];
+            PyObject *v = PyLong_FromSsize_t(slot); /* not a GC object: no Python */
+            if (v == NULL || PyDict_SetItem(lord->region_name_ix, exact, v) < 0) {
+                Py_XDECREF(v);
+                break;
+            }
+            Py_DECREF(v);
+            r->free_at++;
+            PyList_SetItem(lord->region_names, slot, Py_NewRef(exact)); /* drops a "" */
+            out = (uint32_t)slot;
+            break;
+        }
+        if (attempt == 0 && size >= r->sweep_at && !r->sweeping) {
+            if (ml_regions_sweep_names(lord) < 0) {
+                break;
+            }
+            continue; /* look again: a finalizer may have interned it meanwhile */
+        }
+        if (size >= (Py_ssize_t)UINT32_MAX) {
+            break;
+        }
+        PyObject *v = PyLong_FromSsize_t(size);
+        if (v == NULL || PyDict_SetItem(lord->region_name_ix, exact, v) < 0) {
+            Py_XDECREF(v);
+            break;
+        }
+        Py_DECREF(v);
+        if (PyList_Append(lord->region_names, exact) < 0) {
+            PyDict_DelItem(lord->region_name_ix, exact);
+            break;
+        }
+        out = (uint32_t)size;
+        break;
+    }
+    PyErr_Clear();
+    Py_DECREF(exact);
+    return out;
+}
+
+uint32_t ml_regions_current(const struct ml_regions *r)
+{
+    if (r->n == 0) {
+        return 0;
+    }
+    uint64_t key = thread_key();
     for (int k = r->n - 1; k >= 0; k--) {
-        if (r->open[k].thread == thread) {
+        if (r->open[k].key == key) {
             return r->open[k].name_ix;
         }
     }
@@ -124,10 +307,10 @@ static int reg_reserve(void *data, ml_book *lord, const ml_event *ev, int n)
     if (r->n == 0) {
         return 0;
     }
-    uint64_t thread = (uint64_t)PyThread_get_thread_ident();
+    uint64_t key = thread_key(); /* events are applied on the thread that emits them */
     for (int k = 0; k < r->n; k++) {
         ml_region *g = &r->open[k];
-        if (g->thread != thread) {
+        if (g->key != key) {
             continue;
         }
         for (int i = 0; i < n; i++) {
@@ -158,11 +341,19 @@ static int reg_reserve(void *data, ml_book *lord, const ml_event *ev, int n)
 static void reg_apply(void *data, ml_book *Py_UNUSED(lord), ml_event *ev, int n)
 {
     struct ml_regions *r = data;
+    if (r->n == 0) {
+        return;
+    }
+    /* every event of a call is emitted, and applied, by the calling thread */
+    uint64_t key = thread_key();
     for (int k = 0; k < r->n; k++) {
         ml_region *g = &r->open[k];
+        if (g->key != key) {
+            continue;
+        }
         for (int i = 0; i < n; i++) {
             const ml_event *e = &ev[i];
-            if (e->thread != g->thread || (e->kind != ML_EV_ALLOC && e->kind != ML_EV_FREE)) {
+            if (e->kind != ML_EV_ALLOC && e->kind != ML_EV_FREE) {
                 continue;
             }
             ml_rdev *d = find_dev(g, e->dev); /* reserved in phase 0 */
@@ -214,7 +405,7 @@ static PyObject *region_close(ml_book *lord, int64_t id)
     ml_region g = r->open[k];
     int depth = 0;
     for (int j = 0; j < k; j++) {
-        depth += r->open[j].thread == g.thread;
+        depth += r->open[j].key == g.key;
     }
     memmove(&r->open[k], &r->open[k + 1], (size_t)(r->n - k - 1) * sizeof(ml_region));
     r->n--;
@@ -337,6 +528,7 @@ static int region_open(ml_book *lord, int64_t *id_out)
     memset(g, 0, sizeof(*g));
     g->id = r->next_id++;
     g->thread = (uint64_t)PyThread_get_thread_ident();
+    g->key = thread_key();
     g->t0_ns = ml_now_ns();
     *id_out = g->id;
     return 0;

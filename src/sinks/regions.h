@@ -16,8 +16,19 @@ void ml_regions_free(struct ml_regions *r);
 /* While on (the event ring records: ring.c), a region opened gets the index
  * of its name in the lord's region names, which the ring stores. */
 void ml_regions_set_naming(struct ml_regions *r, int on);
-/* The ring name index of the innermost open region of thread (0: none). */
-uint32_t ml_regions_current(const struct ml_regions *r, uint64_t thread);
+/* What holds indices of the lord's region names besides the open regions
+ * (the event ring's records, the tracked storages): sets marks[ix] = 1 for
+ * each index ix < n it holds.  Must run no Python and allocate no Python
+ * object. */
+typedef void (*ml_region_marker)(const struct ml_book *lord, uint8_t *marks, Py_ssize_t n);
+void ml_regions_add_marker(struct ml_regions *r, ml_region_marker fn);
+/* Free the region names nothing refers to (see regions.c); 0, or -1 with
+ * an exception set. */
+int ml_regions_sweep_names(struct ml_book *lord);
+/* The ring name index of the innermost region open on the calling thread
+ * (0: none).  Regions are matched by a per-thread key that no later thread
+ * gets, not by the thread ident, which the system reuses. */
+uint32_t ml_regions_current(const struct ml_regions *r);
 
 /* Methods of the Lord type (lord.c lists them). */
 struct ml_book;

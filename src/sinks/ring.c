@@ -34,6 +34,19 @@ void ml_ring_free(struct ml_ring *r)
     }
 }
 
+void ml_ring_mark_regions(const ml_book *lord, uint8_t *marks, Py_ssize_t n)
+{
+    const struct ml_ring *r = lord->ring;
+    if (r == NULL) {
+        return;
+    }
+    for (int64_t i = 0, at = r->start; i < r->n; i++, at = at + 1 == r->cap ? 0 : at + 1) {
+        if ((Py_ssize_t)r->buf[at].region < n) {
+            marks[r->buf[at].region] = 1;
+        }
+    }
+}
+
 static void ring_apply(void *data, ml_book *lord, ml_event *ev, int n)
 {
     struct ml_ring *r = data;
@@ -61,7 +74,7 @@ static void ring_apply(void *data, ml_book *lord, ml_event *ev, int n)
         rec->lifetime_ns = e->lifetime_ns;
         rec->site = e->site;
         rec->device = e->dev;
-        rec->region = ml_regions_current(lord->regions, e->thread);
+        rec->region = ml_regions_current(lord->regions); /* e is this thread's */
         rec->kind = e->kind;
         rec->source = e->source;
         rec->pad[0] = rec->pad[1] = 0;
@@ -107,6 +120,10 @@ PyObject *ml_lord_record_events(PyObject *self, PyObject *capacity)
     r->start = r->n = r->dropped = 0;
     ml_regions_set_naming(lord->regions, cap > 0);
     PyMem_Free(old);
+    /* the old records' region names are free now, unless something else holds them */
+    if (ml_regions_sweep_names(lord) < 0) {
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 

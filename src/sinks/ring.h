@@ -28,6 +28,8 @@ extern const ml_sink ml_ring_sink_proto; /* data: the lord's ml_ring */
 struct ml_ring *ml_ring_new(void);                /* NULL with an exception set */
 const int *ml_ring_busy(const struct ml_ring *r); /* the sink's busy word (event.h) */
 void ml_ring_free(struct ml_ring *r);
+/* The region name indices the ring's records hold (an ml_region_marker). */
+void ml_ring_mark_regions(const struct ml_book *lord, uint8_t *marks, Py_ssize_t n);
 
 PyObject *ml_lord_record_events(PyObject *self, PyObject *capacity);
 PyObject *ml_lord_events_bytes(PyObject *self, PyObject *clear);

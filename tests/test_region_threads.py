@@ -1,0 +1,176 @@
+"""Regions and threads: a region left open by a thread that ended does not count the next
+thread that gets the same thread ident (r28), and ``ModuleTracker.disable()`` closes
+the regions the tracker left open on every thread, not only its own (r29)."""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+
+import pytest
+import torch
+from torch import nn
+
+from memlord import MemLord
+
+
+def _thread_reusing(ident: int, target) -> threading.Thread:
+    """Start (and join) threads running target until one gets ident (glibc hands a
+    dead thread's ident to the next thread at once); the last one started."""
+    for _ in range(200):
+        th = threading.Thread(target=target)
+        th.start()
+        th.join()
+        if th.ident == ident:
+            break
+    return th
+
+
+def test_region_of_dead_thread_does_not_count_a_thread_with_the_same_ident() -> None:
+    lord = MemLord()
+    lord.record_events(1000)
+    left_open = []
+
+    def a() -> None:  # leaves a region open, as a suspended generator would
+        r = lord.region("thread-A")
+        r.__enter__()
+        left_open.append(r)
+
+    ta = threading.Thread(target=a)
+    ta.start()
+    ta.join()
+    made = []
+
+    def b() -> None:
+        t = torch.empty(1000, dtype=torch.uint8)
+        lord.allocate(t)
+        made.append(t)
+
+    tb = _thread_reusing(ta.ident, b)
+    if sys.platform.startswith("linux"):
+        assert tb.ident == ta.ident  # the condition this test is about
+    events = [e for e in lord.decode_events(lord.events()) if e["thread"] == tb.ident]
+    assert events and events[-1]["kind"] == "alloc"
+    assert events[-1]["bytes"] == made[-1].untyped_storage().nbytes()
+    assert events[-1]["region"] == ""  # thread B opened no region
+    r = left_open[0]
+    assert r.open
+    r.__exit__(None, None, None)
+    assert r.stats == {}  # thread A allocated nothing
+
+
+def test_lifetime_birth_region_of_a_thread_with_a_reused_ident() -> None:
+    lord = MemLord()
+    left_open = []
+
+    def a() -> None:
+        r = lord.region("thread-A")
+        r.__enter__()
+        left_open.append(r)
+
+    ta = threading.Thread(target=a)
+    ta.start()
+    ta.join()
+    made = []
+
+    def b() -> None:
+        made.append(torch.ones(100))
+
+    with lord.hook_into_python():
+        tb = _thread_reusing(ta.ident, b)
+        if sys.platform.startswith("linux"):
+            assert tb.ident == ta.ident
+        snap = lord.snapshot(top=len(made))
+    entries = snap["cpu"]["top"]
+    assert [e["nbytes"] for e in entries] == [t.untyped_storage().nbytes() for t in made]
+    # born in threads that opened no region (the last one has thread A's ident)
+    assert [e["region"] for e in entries] == [None] * len(made)
+    left_open[0].__exit__(None, None, None)
+    assert left_open[0].stats == {}
+
+
+def test_region_still_counts_its_own_thread() -> None:
+    lord = MemLord()
+    out = {}
+
+    def work() -> None:
+        with lord.region("w") as r:
+            t = torch.empty(4096, dtype=torch.uint8)
+            lord.allocate(t)
+        out["stats"] = r.stats
+        out["nbytes"] = t.untyped_storage().nbytes()
+
+    th = threading.Thread(target=work)
+    th.start()
+    th.join()
+    assert out["stats"]["cpu"]["delta"] == out["nbytes"] == 4096
+
+
+def test_disable_closes_backward_regions_left_open_on_another_thread() -> None:
+    lord = MemLord()
+    lord.record_events(1000)
+    m = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+    fail = [True]
+
+    def bad(*_):
+        if fail[0]:
+            raise RuntimeError("backward failed")
+
+    m[0].register_full_backward_hook(bad)
+    jobs: queue.Queue = queue.Queue()
+    done: queue.Queue = queue.Queue()
+
+    def worker() -> None:  # a long-lived thread that runs the steps
+        while True:
+            f = jobs.get()
+            if f is None:
+                return
+            try:
+                done.put(f())
+            except Exception as exc:  # noqa: BLE001 - handed back to the test
+                done.put(exc)
+
+    th = threading.Thread(target=worker)
+    th.start()
+    try:
+        tracker = lord.track_modules(m)
+        x = torch.randn(2, 4, requires_grad=True)
+        jobs.put(lambda: m(x).sum().backward())
+        assert isinstance(done.get(), RuntimeError)
+        tracker.disable()  # from this thread
+        fail[0] = False
+        lord.events(clear=True)
+        made = [torch.empty(1000, dtype=torch.uint8)]
+        jobs.put(lambda: lord.allocate(made[0]))
+        assert done.get() is None
+        ev = lord.decode_events(lord.events())
+        assert ev[-1]["bytes"] == made[0].untyped_storage().nbytes()
+        assert ev[-1]["region"] == ""
+        # the regions the failed backward left open were closed, and are counted
+        names = tracker.regions()
+        assert "0 (backward)" in names
+        assert not tracker.enabled
+    finally:
+        jobs.put(None)
+        th.join()
+
+
+@pytest.mark.parametrize("backward", [True, False])
+def test_disable_from_the_same_thread_still_closes_its_regions(backward: bool) -> None:
+    lord = MemLord()
+    m = nn.Sequential(nn.Linear(4, 4))
+    tracker = lord.track_modules(m, backward=backward)
+    hook_error = RuntimeError("stop in forward")
+
+    def stop(*_):
+        raise hook_error
+
+    h = m[0].register_forward_pre_hook(stop)
+    with pytest.raises(RuntimeError):
+        m(torch.randn(1, 4))
+    h.remove()
+    tracker.disable()
+    lord.record_events(10)
+    lord.allocate(torch.empty(8, dtype=torch.uint8))
+    assert lord.decode_events(lord.events())[-1]["region"] == ""
