@@ -1299,10 +1299,18 @@ static vectorcallfunc hook_entry(int kind)
 /* Bound like a function: obj.to(...) passes obj first.  (A bound hook is a
  * method object where torch's bound C method is a builtin; its __self__,
  * __name__, equality and calls are the same.) */
-static PyObject *hook_descr_get(PyObject *self, PyObject *obj, PyObject *Py_UNUSED(type))
+static PyObject *hook_descr_get(PyObject *self, PyObject *obj, PyObject *type)
 {
     if (obj == NULL || obj == Py_None) {
         return Py_NewRef(self);
+    }
+    /* A C method binds only to instances of its class: for anything else
+     * the original's own __get__ raises its TypeError (torch.Tensor.to.
+     * __get__(3, int)).  Attribute lookups pass an instance: one type check. */
+    PyObject *original = ((const HookObject *)self)->original;
+    if (Py_IS_TYPE(original, &PyMethodDescr_Type) &&
+        !PyObject_TypeCheck(obj, PyDescr_TYPE(original))) {
+        return Py_TYPE(original)->tp_descr_get(original, obj, type);
     }
     return PyMethod_New(self, obj);
 }
