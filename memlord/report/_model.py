@@ -117,8 +117,11 @@ class Events:
         for col, table in EVENT_TABLES.items():
             arr = self.columns[col]
             size = len(getattr(self, table))
-            if arr.size and (int(arr.max()) >= size or int(arr.min()) < -1):
-                raise ValueError(f"column {col!r} indexes past its table {table!r} ({size})")
+            low = -1 if col in _OPTIONAL else 0  # kind and device are never "none"
+            if arr.size and (int(arr.max()) >= size or int(arr.min()) < low):
+                raise ValueError(
+                    f"column {col!r} indexes past its table {table!r} ({size} entries)"
+                )
 
     def __len__(self) -> int:
         return int(self.columns["t_ns"].shape[0])
