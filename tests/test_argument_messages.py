@@ -128,11 +128,12 @@ def test_record_events_beyond_memory_says_so_and_keeps_the_ring(lord):
 
 
 def test_record_events_allocation_failure_has_a_message(lord):
-    """Below the physical-memory check, a failed allocation in C (2**40 records, 64 TiB:
-    no machine this runs on has that) still names the argument and keeps the ring."""
+    """Below the physical-memory check, a failed allocation in C (2**56 records, 2**62
+    bytes: more than any 64-bit address space maps, overcommit or not) still names the
+    argument and keeps the ring."""
     before = _state(lord)
     with pytest.raises(MemoryError, match=r"record_events\(\): argument 'capacity'"):
-        lord._record_events(2**40)
+        lord._record_events(2**56)
     assert _state(lord) == before
 
 
