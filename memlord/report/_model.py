@@ -296,7 +296,7 @@ class Profile:
         seen.update(self.events.devices)
         seen.update(self.samples.devices)
         for snap in self.snapshots:
-            seen.update(snap.get("device_breakdown", {}))
+            seen.update(snap.get("device_breakdown") or {})
         return sorted(seen, key=lambda d: (d != "cpu", d))
 
     def t0_ns(self) -> int:
