@@ -52,13 +52,31 @@ def demo(layers: int) -> int:
     return run_demo(layers)
 
 
+COMMANDS_HELP = """commands (each has its own --help):
+  run [options] script.py [args...]
+                  profile a Python script and write reports at its end
+  report IN.json [-o OUT.html] [--trace F] [--pickle F]
+                  convert a saved JSON profile (HTML, Perfetto trace, torch pickle)
+  gantt IN.json OUT.html
+                  the interactive Gantt chart of a saved profile
+
+With no command it runs the demo (options above)."""
+
+
 def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
     if args_in and args_in[0] in ("run", "report", "gantt"):
         from .cli import main as cli_main
 
         return cli_main(args_in)
-    parser = argparse.ArgumentParser(prog="python -m memlord", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m memlord",
+        usage="python -m memlord {run,report,gantt} ...\n"
+        "       python -m memlord [-h] [--layers LAYERS] [--info] [--version]",
+        description=__doc__.splitlines()[0],
+        epilog=COMMANDS_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--layers", type=int, default=4, help="blocks in the demo model (>= 2)")
     parser.add_argument("--info", action="store_true", help="print environment info and exit")
     parser.add_argument("--version", action="version", version=f"memlord {__version__}")

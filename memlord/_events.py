@@ -9,10 +9,12 @@ ring in C and views the copy as a NumPy structured array of ``EVENT_DTYPE``.
 from __future__ import annotations
 
 import operator
+import os
 from typing import Any
 
 import numpy as np
 
+from ._errors import type_name
 from ._sites import site_text
 
 #: The layout of one record (``ml_rec`` in src/sinks/ring.h).
@@ -43,6 +45,30 @@ EVENT_KINDS = ("alloc", "free", "gc", "reset")
 EVENT_SOURCES = ("explicit", "convert", "factory", "death", "deferred", "policy", "param")
 
 
+_U32 = 2**32
+
+
+def _code(fname: str, code: Any, end: int) -> int:
+    """``code`` as an int in ``range(end)``, else a TypeError or ValueError that names it."""
+    try:
+        value = operator.index(code)
+    except TypeError:
+        raise TypeError(
+            f"{fname}(): argument 'code' must be an int, not {type_name(code)}"
+        ) from None
+    if not 0 <= value < end:
+        raise ValueError(f"{fname}(): argument 'code' must be between 0 and {end - 1}, not {value}")
+    return value
+
+
+def _physical_memory() -> int | None:
+    """The machine's memory in bytes, None where the platform does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
 class EventsMixin:
     """The event ring methods of MemLord."""
 
@@ -52,20 +78,26 @@ class EventsMixin:
         a previous ring are discarded."""
         if isinstance(capacity, bool) or not isinstance(capacity, int):
             raise TypeError(
-                "record_events(): argument 'capacity' must be an int, not "
-                + type(capacity).__name__
+                "record_events(): argument 'capacity' must be an int, not " + type_name(capacity)
             )
         if capacity < 0:
             raise ValueError(f"record_events(): argument 'capacity' must be >= 0, not {capacity}")
+        ram = _physical_memory()
+        if ram is not None and capacity * EVENT_DTYPE.itemsize > ram:
+            # the ring is touched page by page when made: more than the machine has
+            # would end in the kernel's OOM killer rather than in an error here
+            raise MemoryError(
+                f"record_events(): argument 'capacity' asks for {capacity} records of "
+                f"{EVENT_DTYPE.itemsize} bytes, more than this machine's memory "
+                f"({ram} bytes); the current ring is kept"
+            )
         self._record_events(capacity)  # type: ignore[attr-defined]
 
     def events(self, clear: bool = False) -> np.ndarray:
         """The recorded events, oldest first, as a NumPy structured array of
         ``memlord.EVENT_DTYPE`` (a copy; ``clear=True`` empties the ring)."""
         if not isinstance(clear, bool):
-            raise TypeError(
-                "events(): argument 'clear' must be a bool, not " + type(clear).__name__
-            )
+            raise TypeError("events(): argument 'clear' must be a bool, not " + type_name(clear))
         return np.frombuffer(self._events_bytes(clear), dtype=EVENT_DTYPE)  # type: ignore[attr-defined]
 
     @property
@@ -83,38 +115,63 @@ class EventsMixin:
     @staticmethod
     def event_kind(code: int) -> str:
         """``"alloc"``, ``"free"``, ``"gc"`` or ``"reset"``."""
-        return EVENT_KINDS[operator.index(code)]
+        return EVENT_KINDS[_code("event_kind", code, len(EVENT_KINDS))]
 
     @staticmethod
     def event_source(code: int) -> str:
         """``"explicit"``, ``"convert"``, ``"factory"``, ``"death"``, ``"deferred"``,
         ``"policy"`` or ``"param"``."""
-        return EVENT_SOURCES[operator.index(code)]
+        return EVENT_SOURCES[_code("event_source", code, len(EVENT_SOURCES))]
 
     def event_device(self, code: int) -> str:
         """The device string (``"cpu"``, ``"cuda:0"``) of a record's ``device``."""
-        return self._device_name(operator.index(code))  # type: ignore[attr-defined]
+        code = _code("event_device", code, _U32)
+        try:
+            return self._device_name(code)  # type: ignore[attr-defined]
+        except ValueError:
+            raise ValueError(
+                f"event_device(): argument 'code' is not a device code: {code}"
+            ) from None
 
     @staticmethod
     def event_site(code: int) -> str:
         """``"file:line"`` of a record's ``site`` (``"<unknown>:0"`` for 0)."""
-        return site_text(operator.index(code))
+        return site_text(_code("event_site", code, _U32))
 
     def event_region(self, code: int) -> str:
         """The name of the innermost region open on the event's thread, ``""`` for none
         (or a region entered before recording started)."""
-        return self._region_names()[operator.index(code)]  # type: ignore[attr-defined]
+        names = self._region_names()  # type: ignore[attr-defined]
+        return names[_code("event_region", code, len(names))]
 
     def decode_events(self, events: np.ndarray) -> list[dict[str, Any]]:
         """One dict per record with ``kind``, ``source``, ``device``, ``site`` and
         ``region`` decoded to strings and the other fields as ints."""
+        if not isinstance(events, np.ndarray) or events.dtype != EVENT_DTYPE:
+            raise TypeError(
+                "decode_events(): argument 'events' must be a NumPy array of "
+                "memlord.EVENT_DTYPE (what lord.events() returns), not "
+                + (f"an array of {events.dtype}" if isinstance(events, np.ndarray) else "")
+                + ("" if isinstance(events, np.ndarray) else type_name(events))
+            )
         names = self._region_names()  # type: ignore[attr-defined]
         devices: dict[int, str] = {}
         out = []
-        for rec in events.tolist():
+        for i, rec in enumerate(events.reshape(-1).tolist()):
             t_ns, nbytes, count, address, thread, lifetime_ns, site, dev, region, kind, src = rec
+            if kind >= len(EVENT_KINDS) or src >= len(EVENT_SOURCES):
+                raise ValueError(
+                    f"decode_events(): argument 'events': record {i} has kind {kind} and "
+                    f"source {src}, which are not event codes"
+                )
             if dev not in devices:
-                devices[dev] = self._device_name(dev)  # type: ignore[attr-defined]
+                try:
+                    devices[dev] = self._device_name(dev)  # type: ignore[attr-defined]
+                except ValueError:
+                    raise ValueError(
+                        f"decode_events(): argument 'events': record {i} has device {dev}, "
+                        "which is not a device code"
+                    ) from None
             out.append(
                 {
                     "t_ns": t_ns,

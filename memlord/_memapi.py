@@ -7,6 +7,7 @@ without a cache (cpu) reports ``cached == 0`` and ``reserved == allocated``.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -84,6 +85,38 @@ class MemoryProfile:
 
 def _signed(n: int) -> str:
     return ("-" if n < 0 else "+") + format_bytes(abs(n))
+
+
+class MemoryStats(dict):
+    """The dict ``memory_stats()`` returns: a plain dict, except that reading the
+    deprecated key ``pending_free_bytes`` (``d[key]`` or ``d.get(key)``) warns once per
+    call site.  It was renamed ``freed_since_gc_bytes``: the bytes are frees since the
+    last auto-GC, not frees waiting for a CUDA event (that is ``pending()``)."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key: Any) -> Any:
+        if key in _DEPRECATED_STATS:
+            _warn_deprecated(key)
+        return dict.__getitem__(self, key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        if key in _DEPRECATED_STATS:
+            _warn_deprecated(key)
+        return dict.get(self, key, default)
+
+
+_DEPRECATED_STATS = {"pending_free_bytes": "freed_since_gc_bytes"}
+
+
+def _warn_deprecated(key: str) -> None:
+    warnings.warn(
+        f"memory_stats()[{key!r}] is deprecated and will be removed in the next release: "
+        f"use {_DEPRECATED_STATS[key]!r} (bytes freed since the last auto-GC; frees waiting "
+        "for a CUDA event are lord.pending())",
+        DeprecationWarning,
+        stacklevel=3,
+    )
 
 
 class MemoryAPIMixin:
@@ -195,7 +228,7 @@ class MemoryAPIMixin:
             "cached_bytes": self.memory_cached(device),
             "reserved_bytes": self.memory_reserved(device),
             "peak_cached": self.max_memory_cached(device),
-            "pending_free_bytes": sum(s["freed"] for s in led),
+            "freed_since_gc_bytes": sum(s["freed"] for s in led),
             "num_allocations": sum(s["allocs"] for s in led),
             "num_frees": sum(s["frees"] for s in led),
             "num_gc_runs": sum(s["gc_runs"] for s in led),
@@ -224,7 +257,9 @@ class MemoryAPIMixin:
                 requests += int(ts.get("allocation.all.allocated", 0))
                 mallocs += int(ts.get("segment.all.allocated", 0))
             out["cache_hit_rate"] = 1.0 - mallocs / requests if requests else None
-        return out
+        # the old name of freed_since_gc_bytes, kept one release (reading it warns)
+        out["pending_free_bytes"] = out["freed_since_gc_bytes"]
+        return MemoryStats(out)
 
     def memory_summary(self, device: Any = None) -> str:
         """A human table per device: the ledger, the backend and the drift between them."""

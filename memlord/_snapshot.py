@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from ._core import _gc_objects_of, format_bytes
+from ._errors import type_name
 from ._sites import site_text
 
 #: Step samples kept for growth(): growth(min_steps) needs min_steps + 1 of them.
@@ -50,7 +51,7 @@ def _life_off(what: str) -> RuntimeError:
 
 def _check_int(fname: str, name: str, value: Any, low: int, high: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{fname}(): argument '{name}' must be an int, not {type(value).__name__}")
+        raise TypeError(f"{fname}(): argument '{name}' must be an int, not {type_name(value)}")
     if value < low or (high is not None and value > high):
         bound = f">= {low}" if high is None else f"between {low} and {high}"
         raise ValueError(f"{fname}(): argument '{name}' must be {bound}, not {value}")
@@ -59,7 +60,7 @@ def _check_int(fname: str, name: str, value: Any, low: int, high: int | None = N
 
 def _check_bool(fname: str, name: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"{fname}(): argument '{name}' must be a bool, not {type(value).__name__}")
+        raise TypeError(f"{fname}(): argument '{name}' must be a bool, not {type_name(value)}")
     return value
 
 
@@ -290,7 +291,8 @@ class SnapshotMixin:
         lord: Any = self
         if not lord._life_active():
             raise _life_off("snapshot()")
-        now, totals, raw = lord._live(top, _SINCE_ALL)
+        # a top beyond any possible count of storages means all of them
+        now, totals, raw = lord._live(min(top, sys.maxsize), _SINCE_ALL)
         dec = _Decoder(lord, now)
         out: dict[str, dict[str, Any]] = {}
         for dev, nbytes, count in sorted(totals):

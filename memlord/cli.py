@@ -306,7 +306,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _convert(source: str, outputs: Sequence[str]) -> int:
-    from .report import ProgressBar, export, format_of, load
+    """Read ``source`` and write each output; any problem is one line on stderr each
+    (no traceback) and exit status 2."""
+    from .report import ProfileError, ProgressBar, export, format_of, load
 
     for out in outputs:
         try:
@@ -319,18 +321,28 @@ def _convert(source: str, outputs: Sequence[str]) -> int:
         return 2
     try:
         doc = load(source)
+    except ProfileError as exc:
+        for problem in exc.problems:
+            _say(f"{source}: {problem}")
+        return 2
     except ValueError as exc:
         _say(str(exc))
+        return 2
+    except OSError as exc:
+        _say(f"cannot read {source}: {exc.strerror or exc}")
         return 2
     for out in outputs:
         bar = ProgressBar(f"writing {Path(out).name}")
         try:
             export(doc, out, progress=bar)
         except ImportError as exc:
-            bar.close()
             _say(str(exc))
             return 2
-        bar.close()
+        except OSError as exc:
+            _say(f"cannot write {out}: {exc.strerror or exc}")
+            return 2
+        finally:
+            bar.close()
         _say(f"wrote {out}")
     return 0
 

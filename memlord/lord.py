@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from . import _config, _core
+from ._errors import type_name
 from ._events import EventsMixin
 from ._memapi import MemoryAPIMixin
 from ._regions import REGION_HISTORY, RegionsMixin, _Aggregate
@@ -82,7 +83,7 @@ class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, SnapshotMixin, _core.Lo
         if not isinstance(track_callsite, bool):
             raise TypeError(
                 "MemLord(): argument 'track_callsite' must be a bool, not "
-                + type(track_callsite).__name__
+                + type_name(track_callsite)
             )
         if auto_gc_strategy is not _NOT_GIVEN:
             if bytes_given:

@@ -162,7 +162,7 @@ def test_bad_arguments_change_nothing():
     with pytest.raises(TypeError, match="'clear'"):
         lord.events(clear=1)
     assert lord.events_capacity == 3 and len(lord.events()) == 1
-    with pytest.raises(IndexError):
+    with pytest.raises(ValueError, match=r"event_kind\(\): argument 'code'"):
         lord.event_kind(9)
 
 

@@ -51,7 +51,7 @@ def test_memory_stats_keys_and_values():
         "cached_bytes": 0,
         "reserved_bytes": KiB,
         "peak_cached": 0,
-        "pending_free_bytes": 3 * KiB,
+        "freed_since_gc_bytes": 3 * KiB,
         "num_allocations": 2,
         "num_frees": 1,
         "num_gc_runs": 0,
@@ -61,6 +61,7 @@ def test_memory_stats_keys_and_values():
         "num_alloc_retries": None,
         "num_ooms": None,
         "cache_hit_rate": None,
+        "pending_free_bytes": 3 * KiB,  # deprecated name of freed_since_gc_bytes
     }
     assert lord.memory_stats() == s
 
@@ -89,7 +90,7 @@ def test_reset_memory_stats_zeroes_counters():
     assert s["allocated_bytes"] == KiB
     assert s["peak_allocated"] == KiB
     assert s["num_allocations"] == 0 and s["num_frees"] == 0 and s["num_gc_runs"] == 0
-    assert s["pending_free_bytes"] == 8 * KiB  # the auto-GC counter is kept
+    assert s["freed_since_gc_bytes"] == 8 * KiB  # the auto-GC counter is kept
     st = lord.stats("cpu")["cpu"]
     assert st["allocated_total"] == 0 and st["freed_total"] == 0
 

@@ -32,6 +32,7 @@ from ._pickle import to_snapshot, write_pickle
 from ._series import Series, decimate_indices, lanes, memory_series
 from ._trace import write_trace
 from ._util import Progress, ProgressBar, no_progress
+from ._validate import ProfileError
 
 __all__ = [
     "EVENT_COLUMNS",
@@ -41,6 +42,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Events",
     "Profile",
+    "ProfileError",
     "Progress",
     "ProgressBar",
     "SampleBuilder",

@@ -46,6 +46,11 @@ PALETTE = [
     "#d62728",
 ]
 OTHER_COLOR = "#9aa0a6"
+# Legends sit above the plot area, anchored by their bottom edge: plotly then grows the
+# top margin to fit them (however many rows), so no legend covers lane 0 of the Gantt or
+# the top of the timeline.  A legend anchored by its top (y above 1 with the default
+# anchor) hangs down into the plot area.
+_LEGEND = {"orientation": "h", "x": 0, "xanchor": "left", "y": 1.02, "yanchor": "bottom"}
 
 
 def _plotly() -> Any:
@@ -59,7 +64,15 @@ def _plotly() -> Any:
 
 
 def _esc(value: object) -> str:
+    """A user string as HTML text (the page's own elements and attributes)."""
     return html.escape(str(value), quote=True)
+
+
+def _plot_text(value: object) -> str:
+    """A user string as plotly text (trace names, hover data): plotly reads these as its
+    own small HTML (tags like <b>, <br>), so '<', '>' and '&' are escaped, and decodes
+    &lt; &gt; &amp; but not &quot;: quotes stay as they are (they open no tag)."""
+    return html.escape(str(value), quote=False)
 
 
 def _fmt_bytes(n: float) -> str:
@@ -97,7 +110,7 @@ def timeline_traces(series: dict[str, Series], t0: int, buckets: int) -> list[di
         idx = decimate_indices(s.t_ns, values, buckets)
         d = s.take(idx)
         x = (d.t_ns - t0) / 1e9
-        dev_e = _esc(dev)
+        dev_e = _plot_text(dev)
 
         def line(name: str, y: np.ndarray, x: np.ndarray = x, **style: Any) -> dict[str, Any]:
             return {
@@ -152,7 +165,7 @@ def instant_traces(doc: Profile, series: dict[str, Series], t0: int) -> list[dic
                 "name": label,
                 "x": (t - t0) / 1e9,
                 "y": np.asarray(y),
-                "customdata": [_esc(d) for d in devs],
+                "customdata": [_plot_text(d) for d in devs],
                 "marker": {"symbol": symbol, "size": 10, "color": color},
                 "hovertemplate": f"{label} on %{{customdata}}<br>%{{x:.6f}} s<extra></extra>",
             }
@@ -182,12 +195,12 @@ def gantt_traces(spans: list[Span], t0: int) -> tuple[list[dict[str, Any]], int,
         width = np.array([max(spans[i].duration_ns, 0) / 1e9 for i in members])
         custom = [
             [
-                _esc(spans[i].name),
+                _plot_text(spans[i].name),
                 f"{spans[i].duration_ns / 1e6:.3f} ms",
                 _fmt_bytes(spans[i].memory_delta),
                 f"{(spans[i].start_ns - t0) / 1e9:.6f} s",
                 f"{(spans[i].end_ns - t0) / 1e9:.6f} s",
-                _esc(spans[i].kind),
+                _plot_text(spans[i].kind),
             ]
             for i in members
         ]
@@ -195,7 +208,7 @@ def gantt_traces(spans: list[Span], t0: int) -> tuple[list[dict[str, Any]], int,
             {
                 "type": "bar",
                 "orientation": "h",
-                "name": _esc(named[g]) if g >= 0 else "other",
+                "name": _plot_text(named[g]) if g >= 0 else "other",
                 "base": base,
                 "x": width,
                 "y": np.array([lane_of[i] for i in members]),
@@ -268,6 +281,13 @@ _JS = """
   });
 })();
 """
+
+
+def _legend_px(traces: list[dict[str, Any]]) -> int:
+    """About the height the legend of ``traces`` takes above the plot (it pushes the top
+    margin by that much): one 24-pixel row per 1,000 pixels of entries."""
+    width = sum(45 + 7 * min(len(str(t.get("name", ""))), 60) for t in traces)
+    return 24 * max(1, -(-width // 1000)) if traces else 0
 
 
 def _table(headers: list[str], rows: list[list[str]], numeric: set[int]) -> str:
@@ -386,7 +406,7 @@ def render_html(
             "margin": {"l": 60, "r": 20, "t": 30, "b": 40},
             "xaxis": {"title": {"text": "seconds since start"}},
             "yaxis": {"title": {"text": "MiB"}, "rangemode": "tozero"},
-            "legend": {"orientation": "h", "y": 1.12},
+            "legend": _LEGEND,
             "hovermode": "closest",
             "template": "plotly_white",
         },
@@ -394,13 +414,13 @@ def render_html(
     gt_fig = go.Figure(
         data=gt_traces,
         layout={
-            "height": max(200, 60 + 22 * n_lanes),
+            "height": max(200, 60 + 22 * n_lanes) + _legend_px(gt_traces),
             "margin": {"l": 60, "r": 20, "t": 30, "b": 40},
             "barmode": "overlay",
             "bargap": 0.15,
             "xaxis": {"title": {"text": "seconds since start"}},
             "yaxis": {"title": {"text": "lane"}, "autorange": "reversed", "dtick": 1},
-            "legend": {"orientation": "h", "y": 1.15},
+            "legend": _LEGEND,
             "template": "plotly_white",
         },
     )

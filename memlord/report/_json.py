@@ -21,6 +21,7 @@ from ._model import (
     Span,
 )
 from ._util import Progress, atomic_write, no_progress
+from ._validate import ProfileError, problems
 
 
 def _default(obj: Any) -> Any:
@@ -107,17 +108,21 @@ def write_json(
 # ---- reading ------------------------------------------------------------------------
 
 
-def from_dict(data: dict[str, Any]) -> Profile:
+def from_dict(data: dict[str, Any], *, source: str | None = None) -> Profile:
     """A document from parsed JSON: memlord's own files, or the memory profiler's
     schema (``metadata``, ``snapshots``, ``operation_allocations`` ...) without the
-    ``memlord`` section."""
-    if not isinstance(data, dict):
-        raise ValueError("a memlord profile is a JSON object")
-    version = data.get("schema_version", data.get("metadata", {}).get("schema_version", 0))
-    if not isinstance(version, int) or version > SCHEMA_VERSION:
-        raise ValueError(
-            f"schema_version {version!r} is newer than this memlord reads ({SCHEMA_VERSION})"
-        )
+    ``memlord`` section.  A document any writer could not use raises
+    :class:`memlord.report.ProfileError` (a ValueError) listing every problem."""
+    found = problems(data)
+    if found:
+        raise ProfileError(found, source)
+    try:
+        return _build(data)
+    except ValueError as exc:  # what only the built columns show (an index past its table)
+        raise ProfileError([str(exc)], source) from None
+
+
+def _build(data: dict[str, Any]) -> Profile:
     ml = data.get("memlord")
     metadata = dict(data.get("metadata", {}))
     for derived in ("num_snapshots", "schema_version"):
@@ -137,14 +142,20 @@ def from_dict(data: dict[str, Any]) -> Profile:
     doc.counters = dict(ml.get("counters", {}))
     samples = ml.get("samples")
     if samples:
-        doc.samples = Samples(samples.get("columns", {}), devices=samples.get("devices", []))
+        try:
+            doc.samples = Samples(samples.get("columns", {}), devices=samples.get("devices", []))
+        except ValueError as exc:
+            raise ValueError(f"memlord.samples: {exc}") from None
     events = ml.get("events")
     if events:
         tables = events.get("tables", {})
-        doc.events = Events(
-            {c: np.asarray(v, dtype=EVENT_COLUMNS[c]) for c, v in events["columns"].items()},
-            **{t: tables.get(t, []) for t in EVENT_TABLES.values()},
-        )
+        try:
+            doc.events = Events(
+                {c: np.asarray(v, dtype=EVENT_COLUMNS[c]) for c, v in events["columns"].items()},
+                **{t: tables.get(t, []) for t in EVENT_TABLES.values()},
+            )
+        except ValueError as exc:
+            raise ValueError(f"memlord.events: {exc}") from None
     return doc
 
 
@@ -184,4 +195,12 @@ def load(path: str | os.PathLike[str]) -> Profile:
             data = json.load(f)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{os.fspath(path)!r} is not a JSON profile: {exc}") from None
-    return from_dict(data)
+        except UnicodeDecodeError as exc:
+            raise ValueError(
+                f"{os.fspath(path)!r} is not a JSON profile (not UTF-8): {exc}"
+            ) from None
+        except RecursionError:
+            raise ValueError(
+                f"{os.fspath(path)!r} is not a JSON profile: nested too deeply"
+            ) from None
+    return from_dict(data, source=os.fspath(path))

@@ -117,8 +117,11 @@ class Events:
         for col, table in EVENT_TABLES.items():
             arr = self.columns[col]
             size = len(getattr(self, table))
-            if arr.size and (int(arr.max()) >= size or int(arr.min()) < -1):
-                raise ValueError(f"column {col!r} indexes past its table {table!r} ({size})")
+            low = -1 if col in _OPTIONAL else 0  # kind and device are never "none"
+            if arr.size and (int(arr.max()) >= size or int(arr.min()) < low):
+                raise ValueError(
+                    f"column {col!r} indexes past its table {table!r} ({size} entries)"
+                )
 
     def __len__(self) -> int:
         return int(self.columns["t_ns"].shape[0])
@@ -293,7 +296,7 @@ class Profile:
         seen.update(self.events.devices)
         seen.update(self.samples.devices)
         for snap in self.snapshots:
-            seen.update(snap.get("device_breakdown", {}))
+            seen.update(snap.get("device_breakdown") or {})
         return sorted(seen, key=lambda d: (d != "cpu", d))
 
     def t0_ns(self) -> int:

@@ -31,7 +31,10 @@ def iso_from_ns(metadata: dict[str, Any], t_ns: int) -> str:
     if not isinstance(start_ns, int) or not isinstance(start_unix, (int, float)):
         return ""
     unix = start_unix + (t_ns - start_ns) / 1e9
-    return _dt.datetime.fromtimestamp(unix).isoformat(timespec="microseconds")
+    try:
+        return _dt.datetime.fromtimestamp(unix).isoformat(timespec="microseconds")
+    except (OverflowError, ValueError, OSError):  # before year 1 or after 9999
+        return ""
 
 
 def no_progress(fraction: float, label: str) -> None:

@@ -90,5 +90,9 @@ int ml_record(ml_book *lord, int kind, int source, const ml_delta *d, int n, con
  * "(del)", "(hook, deferred)"; NULL for explicit calls). */
 int ml_lord_record(ml_book *self, int flags, const ml_delta *d, int n, const ml_site *site,
                    const char *label, const char *what);
+/* The same, about one tensor (borrowed, held by the caller; NULL for none):
+ * the DEBUG line shows its dtype and shape. */
+int ml_lord_record_about(ml_book *self, int flags, const ml_delta *d, int n, const ml_site *site,
+                         const char *label, const char *what, PyObject *subject);
 
 #endif

@@ -337,7 +337,13 @@ ML_HOT int ml_record(ml_book *lord, int kind, int source, const ml_delta *d, int
 int ml_lord_record(ml_book *self, int flags, const ml_delta *d, int n, const ml_site *site,
                    const char *label, const char *what)
 {
-    ml_emit_ctx ctx = {NULL, (flags & ML_REC_SUMMARY) ? what : NULL};
+    return ml_lord_record_about(self, flags, d, n, site, label, what, NULL);
+}
+
+int ml_lord_record_about(ml_book *self, int flags, const ml_delta *d, int n, const ml_site *site,
+                         const char *label, const char *what, PyObject *subject)
+{
+    ml_emit_ctx ctx = {subject, (flags & ML_REC_SUMMARY) ? what : NULL};
     return ml_record(self, (flags & ML_REC_FREE) ? ML_EV_FREE : ML_EV_ALLOC, source_of_label(label),
                      d, n, site, &ctx);
 }

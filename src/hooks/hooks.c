@@ -1315,10 +1315,18 @@ static vectorcallfunc hook_entry(int kind)
  * (__module__ would be the hook), short of hooks that are never freed.
  * PyCMethod, which carries a class, is another type, builtin_method.  The
  * hot path never binds: `t.half()` calls the hook with t first.) */
-static PyObject *hook_descr_get(PyObject *self, PyObject *obj, PyObject *Py_UNUSED(type))
+static PyObject *hook_descr_get(PyObject *self, PyObject *obj, PyObject *type)
 {
     if (obj == NULL || obj == Py_None) {
         return Py_NewRef(self);
+    }
+    /* A C method binds only to instances of its class: for anything else
+     * the original's own __get__ raises its TypeError (torch.Tensor.to.
+     * __get__(3, int)).  Attribute lookups pass an instance: one type check. */
+    PyObject *original = ((const HookObject *)self)->original;
+    if (Py_IS_TYPE(original, &PyMethodDescr_Type) &&
+        !PyObject_TypeCheck(obj, PyDescr_TYPE(original))) {
+        return Py_TYPE(original)->tp_descr_get(original, obj, type);
     }
     return PyMethod_New(self, obj);
 }

@@ -550,14 +550,29 @@ int ml_life_count(ml_book *lord, const ml_life_item *items, Py_ssize_t n, int fl
             state[i] = IT_COUNT; /* out of memory: counted, never credited */
         }
     }
+    /* the tensor the event is about, when every storage counted was seen
+     * through the same one (a factory's result, a conversion's): its dtype
+     * and shape go into the DEBUG line */
+    PyObject *subject = NULL;
+    int one_tensor = 1;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (state[i] != IT_SKIP) {
             add_delta(d, &nd, items[i].dev, items[i].bytes, items[i].ptr);
+            if (subject == NULL && one_tensor) {
+                subject = items[i].tensor;
+            }
+            if (items[i].tensor != subject) {
+                one_tensor = 0;
+            }
         }
+    }
+    if (!one_tensor) {
+        subject = NULL;
     }
     /* 4. Count them.  The caller holds every key, so no tracked storage can
      * die (and be credited) before it is counted. */
-    if ((nd > 0 || what != NULL) && ml_lord_record(lord, flags, d, nd, site, label, what) < 0) {
+    if ((nd > 0 || what != NULL) &&
+        ml_lord_record_about(lord, flags, d, nd, site, label, what, subject) < 0) {
         /* nothing was counted: nothing may be credited */
         for (Py_ssize_t i = 0; i < n; i++) {
             if (state[i] == IT_NEW && table_remove(reg, trs[i])) {

@@ -106,7 +106,12 @@ PyObject *ml_lord_record_events(PyObject *self, PyObject *capacity)
     if (cap > 0) {
         buf = PyMem_Malloc((size_t)cap * sizeof(ml_rec));
         if (buf == NULL) {
-            return PyErr_NoMemory();
+            /* the old ring is kept: nothing has changed */
+            PyErr_Format(PyExc_MemoryError,
+                         "record_events(): argument 'capacity': cannot allocate a ring of %lld "
+                         "records (%zu bytes each)",
+                         cap, sizeof(ml_rec));
+            return NULL;
         }
         /* touch every page now: recording must not page-fault in the event path */
         memset(buf, 0, (size_t)cap * sizeof(ml_rec));
@@ -172,9 +177,14 @@ PyObject *ml_lord_device_name(PyObject *self, PyObject *key)
     if (k == (unsigned long)-1 && PyErr_Occurred()) {
         return NULL;
     }
-    if (k > UINT32_MAX || ML_DEV_TYPE(k) >= ML_MAX_DEV_TYPES) {
-        PyErr_SetString(PyExc_ValueError, "device key out of range");
+    /* a key memlord makes: a device type torch named, an index it allows,
+     * and cpu without one (memlord counts one cpu) */
+    ml_state *st = ml_lord_state((ml_book *)self);
+    if (k > UINT32_MAX || ML_DEV_TYPE(k) >= ML_MAX_DEV_TYPES ||
+        st->type_names[ML_DEV_TYPE(k)] == NULL || ML_DEV_INDEX(k) > ML_MAX_DEV_INDEX ||
+        (ML_DEV_TYPE(k) == ML_TYPE_CPU && ML_DEV_INDEX(k) != -1)) {
+        PyErr_Format(PyExc_ValueError, "device code %lu names no device", k);
         return NULL;
     }
-    return ml_dev_str(ml_lord_state((ml_book *)self), (ml_dev)k);
+    return ml_dev_str(st, (ml_dev)k);
 }

@@ -1,0 +1,41 @@
+"""``python -m memlord --help`` names every command (issue 25): run, report and gantt
+were missing, so a new user could not find them; each command's own --help works."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from memlord.__main__ import main
+
+
+def _help(capsys, argv):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_top_level_help_lists_every_command(capsys):
+    out = _help(capsys, ["--help"])
+    for command in ("run", "report", "gantt"):
+        assert re.search(rf"^  {command} ", out, re.M), out
+    assert "{run,report,gantt}" in out, out
+    assert "--layers" in out and "--info" in out
+
+
+@pytest.mark.parametrize("command", ["run", "report", "gantt"])
+def test_each_command_has_its_help(capsys, command):
+    out = _help(capsys, [command, "--help"])
+    assert out.startswith(f"usage: python -m memlord {command}")
+
+
+def test_help_in_a_real_process():
+    proc = subprocess.run(
+        [sys.executable, "-m", "memlord", "--help"], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert all(f"  {c} " in proc.stdout for c in ("run", "report", "gantt")), proc.stdout

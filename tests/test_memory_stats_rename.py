@@ -1,0 +1,59 @@
+"""memory_stats()'s 'pending_free_bytes' read as frees waiting for a CUDA event (what the
+torch hooks' pending() reports) while it held the bytes freed since the last auto-GC
+(issue 25): the key is now 'freed_since_gc_bytes', and the old one stays for a release,
+equal, reading it warns (DeprecationWarning), and the result is still a dict."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import warnings
+
+import pytest
+import torch
+
+from memlord import MemLord
+
+KiB = 1024
+
+
+def _stats():
+    lord = MemLord(auto_gc_bytes=None)
+    a = torch.empty(3 * KiB, dtype=torch.uint8)
+    b = torch.empty(KiB, dtype=torch.uint8)
+    lord.allocate((a, b))
+    lord.free(a)
+    return lord, lord.memory_stats("cpu")
+
+
+def test_new_key_holds_the_bytes_freed_since_the_last_auto_gc():
+    lord, s = _stats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert s["freed_since_gc_bytes"] == 3 * KiB == lord.freed("cpu")[0]
+        assert s.get("freed_since_gc_bytes") == 3 * KiB
+        assert s["allocated_bytes"] == KiB
+
+
+def test_old_key_warns_on_read_and_equals_the_new():
+    _, s = _stats()
+    with pytest.warns(DeprecationWarning, match="freed_since_gc_bytes") as rec:
+        value = s["pending_free_bytes"]
+    assert value == s["freed_since_gc_bytes"]
+    assert rec[0].filename == __file__  # points at the reader's line
+    with pytest.warns(DeprecationWarning, match="pending_free_bytes"):
+        assert s.get("pending_free_bytes") == 3 * KiB
+
+
+def test_result_is_still_a_plain_dict_to_use():
+    _, s = _stats()
+    assert isinstance(s, dict)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plain = dict(s)
+        assert "pending_free_bytes" in s and plain["pending_free_bytes"] == 3 * KiB
+        assert json.loads(json.dumps(s)) == plain
+        assert pickle.loads(pickle.dumps(s)) == plain
+        assert s == plain and {**s} == plain
+        with pytest.raises(KeyError):
+            s["no such key"]
