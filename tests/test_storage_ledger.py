@@ -558,7 +558,7 @@ gc.set_threshold(700)
 print("survived", h.tracked)
 del a
 gc.collect()
-print("after del", lord.stats()["cpu"]["freed"])
+print("after del", lord.stats().get("cpu", {}).get("freed", 0))
 h.disable()
 """
 
@@ -605,9 +605,16 @@ def test_r21_lord_freed_inside_its_own_tracker_callback():
 
 
 def test_r23_reset_in_a_finalizer_while_allocate_tracks():
+    """The finalizer's reset() lands inside allocate() up to CPython 3.11, where an
+    allocation runs the cyclic GC at once: the reset comes first and the array is then
+    tracked. From 3.12 the GC runs at the next bytecode, after allocate() returned: the
+    reset forgets the tracked array. Either way the ledger agrees with the registry."""
     r = run_python(R23)
     assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
-    assert r.stdout.split() == ["survived", "1", "after", "del", "8000"], r.stdout
+    if sys.version_info >= (3, 12):
+        assert r.stdout.split() == ["survived", "0", "after", "del", "0"], r.stdout
+    else:
+        assert r.stdout.split() == ["survived", "1", "after", "del", "8000"], r.stdout
 
 
 def test_r23b_reset_in_other_threads_while_allocate_tracks():
