@@ -6,6 +6,7 @@ import sys
 import textwrap
 
 import numpy as np
+import pytest
 import torch
 from conftest import fake_cuda, here
 from torch import nn
@@ -220,14 +221,20 @@ def test_user_code_in_directories_named_memlord_and_torch(tmp_path):
 
 
 # ---- how a site is read off the stack ---------------------------------------
-# On CPython 3.11 the hooks read the interpreter's frames in place (no frame
-# object is made for the caller); the layout is checked against the public
-# frame API at the first capture.  _capture_sites() returns the capture, the
-# same through the public API only, and whether the first read in place.
+# On CPython 3.11 to 3.13 the hooks read the interpreter's frames in place (no
+# frame object is made for the caller); the layout is checked against the
+# public frame API at the first capture.  _capture_sites() returns the capture,
+# the same through the public API only, and whether the first read in place.
+
+import sysconfig  # noqa: E402
 
 from memlord import _core  # noqa: E402
 
-DIRECT_EXPECTED = sys.implementation.name == "cpython" and sys.version_info[:2] == (3, 11)
+DIRECT_EXPECTED = (
+    sys.implementation.name == "cpython"
+    and (3, 11) <= sys.version_info[:2] <= (3, 13)
+    and not sysconfig.get_config_var("Py_GIL_DISABLED")
+)
 
 
 def _line_of(site):
@@ -297,3 +304,150 @@ def test_hooked_cast_site_same_with_the_reader_in_place(lord):
         line = here() + 1
         t.half()
     assert lord.top_alloc_site() == (CPU, f"{HERE}:{line}", 8)
+
+
+def test_capture_in_place_is_on_for_this_interpreter():
+    # CPython 3.11, 3.12 and 3.13 each have their own frame layout: a capture on any
+    # of them reads in place once the first capture checked it (the probe above runs
+    # the check if nothing captured before)
+    _core._capture_sites()
+    assert _core._capture_sites()[2] is DIRECT_EXPECTED, sys.version
+
+
+# The shapes a stack takes between the user's line and the hooked call: frames
+# entered from C (3.12 and 3.13 put an entry frame of the C stack there), generators
+# and coroutines resumed from C or from other frames, comprehensions (inlined into
+# their function from 3.12 on), class bodies, exec'd code, tracing (3.12 and later
+# instrument the bytecode in place).  Each must read the same in place as through
+# the public API, and name the innermost frame's own code object.
+
+
+def _via_sorted_key():
+    out = []
+    sorted([0], key=lambda _: out.append(_core._capture_sites()))
+    return out[0], "<lambda>"
+
+
+def _via_map():
+    return list(map(lambda _: _core._capture_sites(), [0]))[0], "<lambda>"
+
+
+def _via_comprehension():
+    return [_core._capture_sites() for _ in range(1)][0], (
+        "_via_comprehension" if sys.version_info >= (3, 12) else "<listcomp>"
+    )
+
+
+def _via_nested_generators():
+    def inner():
+        yield _core._capture_sites()
+
+    def outer():
+        yield from inner()
+
+    return list(outer())[0], "inner"
+
+
+def _via_generator_send():
+    def gen():
+        got = yield
+        yield got, _core._capture_sites()
+
+    g = gen()
+    next(g)
+    return g.send(1)[1], "gen"
+
+
+def _via_nested_coroutines():
+    import asyncio
+
+    async def inner():
+        await asyncio.sleep(0)
+        return _core._capture_sites()
+
+    async def outer():
+        return await inner()
+
+    return asyncio.run(outer()), "inner"
+
+
+def _via_class_body():
+    class Body:
+        got = _core._capture_sites()
+
+    return Body.got, "Body"
+
+
+def _via_exec():
+    ns = {"_core": _core}
+    exec("got = _core._capture_sites()", ns)
+    return ns["got"], "<module>"
+
+
+def _via_property_from_c():
+    class P:
+        @property
+        def got(self):
+            return _core._capture_sites()
+
+    return P().got, "got"
+
+
+def _via_torch_frame_from_c():
+    # a torch-named function calling back into user code through C (map): the
+    # user's lambda is the site, and the walk goes through both kinds of frame
+    ns = {}
+    exec(compile("def each(f, xs):\n    return list(map(f, xs))\n", torch.__file__, "exec"), ns)
+    return ns["each"](lambda _: _core._capture_sites(), [0])[0], "<lambda>"
+
+
+def _via_c_calling_a_torch_frame():
+    # the other way round: user code -> C (map) -> a torch-named function capturing:
+    # the walk skips the torch frame and the entry frame C pushed below it
+    ns = {"_core": _core}
+    exec(compile("def each(_):\n    return _core._capture_sites()\n", torch.__file__, "exec"), ns)
+    return list(map(ns["each"], [0]))[0], "_via_c_calling_a_torch_frame"
+
+
+def _via_settrace():
+    calls = []
+
+    def tracer(frame, event, arg):
+        calls.append(event)
+        return tracer
+
+    def traced():
+        return _core._capture_sites()
+
+    sys.settrace(tracer)
+    try:
+        got = traced()
+    finally:
+        sys.settrace(None)
+    assert "call" in calls
+    return got, "traced"
+
+
+STACK_SHAPES = [
+    _via_sorted_key,
+    _via_map,
+    _via_comprehension,
+    _via_nested_generators,
+    _via_generator_send,
+    _via_nested_coroutines,
+    _via_class_body,
+    _via_exec,
+    _via_property_from_c,
+    _via_torch_frame_from_c,
+    _via_c_calling_a_torch_frame,
+    _via_settrace,
+]
+
+
+@pytest.mark.parametrize("shape", STACK_SHAPES, ids=[f.__name__[5:] for f in STACK_SHAPES])
+def test_capture_agrees_with_the_public_api_on_every_stack_shape(shape):
+    (fast, public, direct), name = shape()
+    assert direct is DIRECT_EXPECTED
+    assert fast == public
+    assert fast[0].co_name == name
+    assert fast[1] >= 0 and _line_of(fast) is not None

@@ -22,7 +22,7 @@ void ml_site_capture_public(ml_state *st, ml_site *out);
  * reference or NULL, instruction offset), read in place when in_place and the
  * reader is on, else through the public frame API. */
 void ml_site_probe(ml_state *st, int in_place, PyObject **code, int *offset);
-/* 1 when captures read CPython's frames in place (3.11, layout checked at
+/* 1 when captures read CPython's frames in place (3.11 to 3.13, layout checked at
  * the first capture), 0 when they go through the public frame API. */
 int ml_sites_direct(void);
 static inline void ml_site_clear(ml_site *s)
