@@ -1648,7 +1648,7 @@ static int alias_set(PyObject *cls, PyObject *name, PyObject *value)
 }
 
 /* Put the alias's own entry back where the hook is still there. */
-static void alias_restore(PyObject *cls, PyObject *name, PyObject *own, PyObject *put)
+static void alias_restore(PyObject *cls, PyObject *name, PyObject *own, const PyObject *put)
 {
     if (cls == NULL) {
         return;

@@ -180,11 +180,16 @@ PyObject *ml_lord_device_name(PyObject *self, PyObject *key)
     /* a key memlord makes: a device type torch named, an index it allows,
      * and cpu without one (memlord counts one cpu) */
     ml_state *st = ml_lord_state((ml_book *)self);
-    if (k > UINT32_MAX || ML_DEV_TYPE(k) >= ML_MAX_DEV_TYPES ||
-        st->type_names[ML_DEV_TYPE(k)] == NULL || ML_DEV_INDEX(k) > ML_MAX_DEV_INDEX ||
-        (ML_DEV_TYPE(k) == ML_TYPE_CPU && ML_DEV_INDEX(k) != -1)) {
+    if (k > UINT32_MAX) {
         PyErr_Format(PyExc_ValueError, "device code %lu names no device", k);
         return NULL;
     }
-    return ml_dev_str(st, (ml_dev)k);
+    ml_dev dev = (ml_dev)k;
+    if (ML_DEV_TYPE(dev) >= ML_MAX_DEV_TYPES || st->type_names[ML_DEV_TYPE(dev)] == NULL ||
+        ML_DEV_INDEX(dev) > ML_MAX_DEV_INDEX ||
+        (ML_DEV_TYPE(dev) == ML_TYPE_CPU && ML_DEV_INDEX(dev) != -1)) {
+        PyErr_Format(PyExc_ValueError, "device code %lu names no device", k);
+        return NULL;
+    }
+    return ml_dev_str(st, dev);
 }
