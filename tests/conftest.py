@@ -36,7 +36,12 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from fakecuda_driver import fake_torch_cuda, fakecuda, fakecuda_lib  # noqa: F401 (fixtures)
+from fakecuda_driver import (  # noqa: F401 (fixtures)
+    fake_torch_cuda,
+    fake_torch_hooks,
+    fakecuda,
+    fakecuda_lib,
+)
 from torch import nn
 
 STAT_KEYS = frozenset(
@@ -468,3 +473,17 @@ def no_plotly(monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", fake_import)
+
+
+@pytest.fixture(scope="session")
+def browser() -> str:
+    """The headless Chromium of the HTML report's browser tests: a failure when
+    MEMLORD_REQUIRE_BROWSER is set (CI) and none is installed, a skip otherwise."""
+    from memlord.report._browser import find_chromium
+
+    path = find_chromium()
+    if path is None:
+        if os.environ.get("MEMLORD_REQUIRE_BROWSER"):
+            pytest.fail("MEMLORD_REQUIRE_BROWSER is set but no chromium is installed")
+        pytest.skip("no chromium on this machine: run tools/ensure_chromium.sh to install it")
+    return path

@@ -378,3 +378,16 @@ def run_fresh(lib: Path | str, body: str, env: dict | None = None, timeout: int 
         env=full_env,
         timeout=timeout,
     )
+
+
+def stat(lord, dev: str, key: str) -> int:
+    """One counter of one device of a lord, 0 where the device was never seen."""
+    return lord.stats().get(dev, {}).get(key, 0)
+
+
+@pytest.fixture
+def fake_torch_hooks(lord, fake_torch_cuda):
+    """The conftest lord's torch hooks over the fake driver and torch.cuda stand-ins."""
+    h = lord.hook_into_torch()
+    yield h
+    h.disable()

@@ -19,29 +19,20 @@ import sys
 import pytest
 import torch
 from conftest import fake_cuda
+from fakecuda_driver import stat
 
 from memlord import MemLord, _core
 
 pytestmark = [pytest.mark.fakecuda, pytest.mark.usefixtures("tensor_abi")]
 
+
+@pytest.fixture
+def hooks(fake_torch_hooks):
+    return fake_torch_hooks
+
+
 CPU = torch.device("cpu")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def _stat(lord, dev, key):
-    return lord.stats().get(dev, {}).get(key, 0)
-
-
-@pytest.fixture
-def lord():
-    return MemLord(auto_gc_bytes=None)
-
-
-@pytest.fixture
-def hooks(lord, fake_torch_cuda):
-    h = lord.hook_into_torch()
-    yield h
-    h.disable()
 
 
 def _deferred_move(lord, hooks, fake, numel=1024, index=0):
@@ -56,8 +47,8 @@ def _deferred_move(lord, hooks, fake, numel=1024, index=0):
     assert hooks.pending(torch.device("cuda", index)) == n
     assert hooks.pending("cuda") == n
     assert hooks.pending("cpu") == 0
-    assert _stat(lord, dev, "freed_total") == 0
-    assert _stat(lord, "cpu", "allocated_total") == n  # the destination counts at once
+    assert stat(lord, dev, "freed_total") == 0
+    assert stat(lord, "cpu", "allocated_total") == n  # the destination counts at once
     assert _core._hooks_info()["pending"] == 1
     assert fake.events_incomplete() == 1
     return n
@@ -66,7 +57,7 @@ def _deferred_move(lord, hooks, fake, numel=1024, index=0):
 def test_blocking_move_frees_at_once(lord, hooks, fakecuda):
     fake_cuda(1024).to("cpu")
     assert hooks.pending() == 0
-    assert _stat(lord, "cuda:0", "freed_total") == 4096
+    assert stat(lord, "cuda:0", "freed_total") == 4096
     assert fakecuda.calls("cuEventRecord") == 0
 
 
@@ -76,8 +67,8 @@ def test_non_blocking_pending_until_synchronize(lord, hooks, fakecuda):
     assert hooks.pending() == n  # the event is not complete
     torch.cuda.synchronize()
     assert hooks.pending() == 0
-    assert _stat(lord, "cuda:0", "freed_total") == n
-    assert _stat(lord, "cuda:0", "frees") == 1
+    assert stat(lord, "cuda:0", "freed_total") == n
+    assert stat(lord, "cuda:0", "frees") == 1
     assert _core._hooks_info()["pending"] == 0
 
 
@@ -93,7 +84,7 @@ def test_non_blocking_kwarg_and_positional_forms(lord, hooks, fakecuda):
         assert hooks.pending("cuda:0") == 1024
         torch.cuda.synchronize()
         assert hooks.pending() == 0
-    assert _stat(lord, "cuda:0", "freed_total") == 4 * 1024
+    assert stat(lord, "cuda:0", "freed_total") == 4 * 1024
 
 
 def test_non_blocking_false_is_not_deferred(lord, hooks, fakecuda):
@@ -101,7 +92,7 @@ def test_non_blocking_false_is_not_deferred(lord, hooks, fakecuda):
     x.to("cpu", non_blocking=False)
     x.to("cpu", torch.float64, False, True)  # copy=True is not non_blocking
     assert hooks.pending() == 0
-    assert _stat(lord, "cuda:0", "freed_total") == 2048
+    assert stat(lord, "cuda:0", "freed_total") == 2048
     assert fakecuda.calls("cuEventRecord") == 0
 
 
@@ -111,7 +102,7 @@ def test_event_synchronize_credits(lord, hooks, fakecuda):
     ev.record()
     ev.synchronize()
     assert hooks.pending() == 0
-    assert _stat(lord, "cuda:0", "freed_total") == n
+    assert stat(lord, "cuda:0", "freed_total") == n
 
 
 def test_event_recorded_before_the_move_does_not_credit(lord, hooks, fakecuda):
@@ -128,7 +119,7 @@ def test_stream_synchronize_credits(lord, hooks, fakecuda):
     n = _deferred_move(lord, hooks, fakecuda)
     torch.cuda.current_stream().synchronize()
     assert hooks.pending() == 0
-    assert _stat(lord, "cuda:0", "freed_total") == n
+    assert stat(lord, "cuda:0", "freed_total") == n
 
 
 def test_unrelated_stream_synchronize_does_not_credit(lord, hooks, fakecuda):
@@ -149,7 +140,7 @@ def test_copy_on_side_stream(lord, hooks, fakecuda, fake_torch_cuda):
         assert hooks.pending() == 4096
         torch.cuda.current_stream().synchronize()  # s
     assert hooks.pending() == 0
-    assert _stat(lord, "cuda:0", "freed_total") == 4096
+    assert stat(lord, "cuda:0", "freed_total") == 4096
 
 
 def test_poll_credits_after_completion(lord, hooks, fakecuda):
@@ -160,7 +151,7 @@ def test_poll_credits_after_completion(lord, hooks, fakecuda):
     assert hooks.pending() == n
     hooks.poll()
     assert hooks.pending() == 0
-    assert _stat(lord, "cuda:0", "freed_total") == n
+    assert stat(lord, "cuda:0", "freed_total") == n
 
 
 def test_next_quiet_conversion_credits(lord, hooks, fakecuda):
@@ -169,7 +160,7 @@ def test_next_quiet_conversion_credits(lord, hooks, fakecuda):
     assert hooks.pending() == n
     torch.empty(4).half()  # a hooked conversion that queues nothing
     assert hooks.pending() == 0
-    assert _stat(lord, "cuda:0", "freed_total") == n
+    assert stat(lord, "cuda:0", "freed_total") == n
 
 
 def test_quiet_conversion_leaves_an_incomplete_event_pending(lord, hooks, fakecuda):
@@ -186,7 +177,7 @@ def test_disable_credits_what_was_pending(lord, fake_torch_cuda, fakecuda):
     waits = fakecuda.calls("cuEventSynchronize")
     h.disable()  # waits for the copy
     assert fakecuda.calls("cuEventSynchronize") == waits + 1
-    assert _stat(lord, "cuda:0", "freed_total") == n
+    assert stat(lord, "cuda:0", "freed_total") == n
     assert h.pending() == 0
     info = _core._hooks_info()
     assert info["pending"] == 0 and not info["installed"]
@@ -206,11 +197,11 @@ def test_module_to_non_blocking_defers_every_buffer(lord, hooks, fakecuda):
     assert hooks.pending("cuda:0") == total
     assert _core._hooks_info()["pending"] == len(sizes)
     assert fakecuda.events_incomplete() == len(sizes)
-    assert _stat(lord, "cuda:0", "freed_total") == 0
+    assert stat(lord, "cuda:0", "freed_total") == 0
     torch.cuda.synchronize()
     assert hooks.pending() == 0
-    assert _stat(lord, "cuda:0", "freed_total") == total
-    assert _stat(lord, "cuda:0", "frees") == len(sizes)
+    assert stat(lord, "cuda:0", "freed_total") == total
+    assert stat(lord, "cuda:0", "frees") == len(sizes)
 
 
 def test_module_to_blocking_frees_every_buffer_at_once(lord, hooks, fakecuda):
@@ -220,7 +211,7 @@ def test_module_to_blocking_frees_every_buffer_at_once(lord, hooks, fakecuda):
     lord.reset()
     m.to("cpu")
     assert hooks.pending() == 0
-    assert _stat(lord, "cuda:0", "freed_total") == 512
+    assert stat(lord, "cuda:0", "freed_total") == 512
     assert fakecuda.calls("cuEventRecord") == 0
 
 
@@ -229,9 +220,9 @@ def test_deferred_free_drives_auto_gc(fake_torch_cuda, fakecuda):
     with lord.hook_into_torch() as h:
         fake_cuda(2048).to("cpu", non_blocking=True)  # 8 KiB
         assert h.pending() == 8192
-        assert _stat(lord, "cuda:0", "gc_runs") == 0
+        assert stat(lord, "cuda:0", "gc_runs") == 0
         torch.cuda.synchronize()
-        assert _stat(lord, "cuda:0", "gc_runs") == 1
+        assert stat(lord, "cuda:0", "gc_runs") == 1
 
 
 def test_deferred_debug_line(lord, hooks, fakecuda, memlog, monkeypatch):
@@ -259,13 +250,13 @@ def test_two_lords_share_deferred_frees(fake_torch_cuda, fakecuda):
         x.to("cpu", non_blocking=True)
         assert ha.pending() == hb.pending() == 4096
         ha.disable()  # waits, credits a only
-        assert _stat(a, "cuda:0", "freed_total") == 4096
-        assert _stat(b, "cuda:0", "freed_total") == 0
+        assert stat(a, "cuda:0", "freed_total") == 4096
+        assert stat(b, "cuda:0", "freed_total") == 0
         assert hb.pending() == 4096  # b's share waits for b's own poll/sync
         hb.poll()
         assert hb.pending() == 0
-        assert _stat(b, "cuda:0", "freed_total") == 4096
-        assert _stat(a, "cuda:0", "freed_total") == 4096  # not credited twice
+        assert stat(b, "cuda:0", "freed_total") == 4096
+        assert stat(a, "cuda:0", "freed_total") == 4096  # not credited twice
     finally:
         ha.disable()
         hb.disable()
@@ -296,7 +287,7 @@ def test_event_pool_bounded_for_steady_stream(lord, hooks, fakecuda):
         x.to("cpu", non_blocking=True)
     assert fakecuda.events_created() <= 2
     torch.cuda.synchronize()
-    assert _stat(lord, "cuda:0", "freed_total") == 2000 * 4096
+    assert stat(lord, "cuda:0", "freed_total") == 2000 * 4096
 
 
 def test_queue_hard_cap_keeps_accounting_exact(lord, hooks, fakecuda):
@@ -308,11 +299,11 @@ def test_queue_hard_cap_keeps_accounting_exact(lord, hooks, fakecuda):
     assert info["pending"] <= 8192
     assert fakecuda.calls("cuEventSynchronize") >= 100  # the cap waits for the oldest
     assert info["events_created"] <= 8193
-    assert _stat(lord, "cuda:0", "freed_total") == (n - info["pending"]) * 1024
+    assert stat(lord, "cuda:0", "freed_total") == (n - info["pending"]) * 1024
     torch.cuda.synchronize()
     assert hooks.pending() == 0
-    assert _stat(lord, "cuda:0", "freed_total") == n * 1024
-    assert _stat(lord, "cuda:0", "frees") == n
+    assert stat(lord, "cuda:0", "freed_total") == n * 1024
+    assert stat(lord, "cuda:0", "frees") == n
 
 
 def test_refcounts_unchanged_over_deferred_moves(lord, hooks, fakecuda):
@@ -344,8 +335,8 @@ def test_deferred_free_on_second_device(lord, hooks, fakecuda):
     assert hooks.pending("cuda:1") == n
     torch.cuda.synchronize(1)
     assert hooks.pending() == 0
-    assert _stat(lord, "cuda:1", "freed_total") == n
-    assert _stat(lord, "cuda:0", "freed_total") == 0
+    assert stat(lord, "cuda:1", "freed_total") == n
+    assert stat(lord, "cuda:0", "freed_total") == 0
     assert fakecuda.current_device() == 0  # cuda:1's context was pushed and popped
     assert fakecuda.calls("cuCtxPushCurrent_v2") == fakecuda.calls("cuCtxPopCurrent_v2") > 0
     fakecuda.set_current(None)
@@ -369,7 +360,7 @@ def test_device_beyond_the_driver_credits_at_once(lord, hooks, fakecuda):
     """A tensor on an index the driver does not have: no event, credited at once."""
     fake_cuda(256, 3).to("cpu", non_blocking=True)
     assert hooks.pending() == 0
-    assert _stat(lord, "cuda:3", "freed_total") == 1024
+    assert stat(lord, "cuda:3", "freed_total") == 1024
     assert fakecuda.calls("cuEventRecord") == 0
 
 
@@ -399,8 +390,8 @@ def test_threads_moving_concurrently_are_exact(lord, hooks, fakecuda):
     assert not errors
     torch.cuda.synchronize()
     assert hooks.pending() == 0
-    assert _stat(lord, "cuda:0", "freed_total") == nthreads * moves * 512
-    assert _stat(lord, "cuda:0", "frees") == nthreads * moves
+    assert stat(lord, "cuda:0", "freed_total") == nthreads * moves * 512
+    assert stat(lord, "cuda:0", "frees") == nthreads * moves
     assert fakecuda.calls("cuCtxPushCurrent_v2") == fakecuda.calls("cuCtxPopCurrent_v2")
 
 

@@ -15,6 +15,7 @@ from fakecuda_driver import (
     CUDA_ERROR_LAUNCH_FAILED,
     CUDA_ERROR_OUT_OF_MEMORY,
     GIB,
+    stat,
 )
 
 from memlord import MemLord, _core
@@ -22,20 +23,9 @@ from memlord import MemLord, _core
 pytestmark = pytest.mark.fakecuda
 
 
-def _stat(lord, dev, key):
-    return lord.stats().get(dev, {}).get(key, 0)
-
-
 @pytest.fixture
-def lord():
-    return MemLord(auto_gc_bytes=None)
-
-
-@pytest.fixture
-def hooks(lord, fake_torch_cuda):
-    h = lord.hook_into_torch()
-    yield h
-    h.disable()
+def hooks(fake_torch_hooks):
+    return fake_torch_hooks
 
 
 def _no_leak(fake):
@@ -62,7 +52,7 @@ def test_record_failure_credits_at_once(lord, hooks, fakecuda, entry):
     y = fake_cuda(1024).to("cpu", non_blocking=True)
     assert y.device == torch.device("cpu")
     assert hooks.pending() == 0
-    assert _stat(lord, "cuda:0", "freed_total") == 4096
+    assert stat(lord, "cuda:0", "freed_total") == 4096
     assert fakecuda.events_incomplete() == 0
     _no_leak(fakecuda)
 
@@ -77,7 +67,7 @@ def test_transient_record_failure_then_deferred_again(lord, hooks, fakecuda, ent
     x.to("cpu", non_blocking=True)
     assert hooks.pending() == 1024
     torch.cuda.synchronize()
-    assert _stat(lord, "cuda:0", "freed_total") == 2048
+    assert stat(lord, "cuda:0", "freed_total") == 2048
     _no_leak(fakecuda)
 
 
@@ -99,7 +89,7 @@ def test_query_failure_counts_as_done(lord, hooks, fakecuda):
     fakecuda.fail("cuEventQuery", CUDA_ERROR_LAUNCH_FAILED)
     hooks.poll()
     assert hooks.pending() == 0
-    assert _stat(lord, "cuda:0", "freed_total") == 1024
+    assert stat(lord, "cuda:0", "freed_total") == 1024
     _no_leak(fakecuda)
 
 
@@ -116,7 +106,7 @@ def test_query_push_failure_counts_as_done(lord, hooks, fakecuda):
     fakecuda.fail("cuCtxPushCurrent_v2", CUDA_ERROR_INVALID_CONTEXT)
     hooks.poll()
     assert hooks.pending() == 0
-    assert _stat(lord, "cuda:0", "freed_total") == 1024
+    assert stat(lord, "cuda:0", "freed_total") == 1024
     _no_leak(fakecuda)
 
 
@@ -126,7 +116,7 @@ def test_wait_failure_at_disable_still_credits(lord, fake_torch_cuda, fakecuda):
     fakecuda.fail("cuEventSynchronize", CUDA_ERROR_LAUNCH_FAILED)
     h.disable()
     assert h.pending() == 0
-    assert _stat(lord, "cuda:0", "freed_total") == 1024
+    assert stat(lord, "cuda:0", "freed_total") == 1024
     _no_leak(fakecuda)
 
 
@@ -139,7 +129,7 @@ def test_wait_failure_at_the_queue_cap(lord, hooks, fakecuda):
     assert _core._hooks_info()["pending"] <= 8192
     fakecuda.heal()
     torch.cuda.synchronize()
-    assert _stat(lord, "cuda:0", "freed_total") == n * 256
+    assert stat(lord, "cuda:0", "freed_total") == n * 256
     _no_leak(fakecuda)
 
 
@@ -192,7 +182,7 @@ def test_band_read_failure_falls_back_to_the_lowest_band(fakecuda):
 
     lord = MemLord(auto_gc_strategy={(0, 50): band(100), (50, 101): band(10_000)})
     lord.allocate(fake_cuda(100, dtype=torch.uint8))
-    assert _stat(lord, "cuda:0", "gc_runs") == 1  # unknown capacity: the lowest band
+    assert stat(lord, "cuda:0", "gc_runs") == 1  # unknown capacity: the lowest band
     assert fakecuda.ctx_depth() == 0
 
 
@@ -200,5 +190,5 @@ def test_primary_state_failure_reads_unknown_for_bands(fakecuda):
     fakecuda.fail("cuDevicePrimaryCtxGetState", CUDA_ERROR_LAUNCH_FAILED)
     lord = MemLord(auto_gc_strategy={(50, 101): {"metric": "allocated", "threshold": {"bytes": 1}}})
     lord.allocate(fake_cuda(100, dtype=torch.uint8))
-    assert _stat(lord, "cuda:0", "gc_runs") == 1  # lowest band, bytes
+    assert stat(lord, "cuda:0", "gc_runs") == 1  # lowest band, bytes
     assert fakecuda.retains(0) == 0  # a GC decision never creates a context

@@ -18,22 +18,12 @@ from pathlib import Path
 import pytest
 
 from memlord.report import export
-from memlord.report._browser import find_chromium, load_page
+from memlord.report._browser import load_page
 from memlord.report._synthetic import synthetic_profile
 
 pytest.importorskip("plotly", reason="the HTML report needs the report extra (plotly)")
 
 EVIL = "</script><img src=x onerror=alert(1)>"
-
-
-@pytest.fixture(scope="module")
-def browser() -> str:
-    path = find_chromium()
-    if path is None:
-        if os.environ.get("MEMLORD_REQUIRE_BROWSER"):
-            pytest.fail("MEMLORD_REQUIRE_BROWSER is set but no chromium is installed")
-        pytest.skip("no chromium on this machine: run tools/ensure_chromium.sh to install it")
-    return path
 
 
 def _count(pattern: str, text: str) -> int:

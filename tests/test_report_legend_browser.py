@@ -9,7 +9,6 @@ translation and background height against the plot area's drag rectangle.
 from __future__ import annotations
 
 import html
-import os
 import re
 
 import pytest
@@ -17,22 +16,12 @@ import torch
 
 from memlord import MemLord
 from memlord.report import export
-from memlord.report._browser import find_chromium, load_page
+from memlord.report._browser import load_page
 from memlord.report._synthetic import synthetic_profile
 
 pytest.importorskip("plotly", reason="the HTML report needs the report extra (plotly)")
 
 QUOTED = 'say "hi"'
-
-
-@pytest.fixture(scope="module")
-def browser() -> str:
-    path = find_chromium()
-    if path is None:
-        if os.environ.get("MEMLORD_REQUIRE_BROWSER"):
-            pytest.fail("MEMLORD_REQUIRE_BROWSER is set but no chromium is installed")
-        pytest.skip("no chromium on this machine: run tools/ensure_chromium.sh to install it")
-    return path
 
 
 def _plot_svg(dom: str, div_id: str) -> str:
