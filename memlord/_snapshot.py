@@ -115,8 +115,8 @@ def _tracing_types() -> tuple[type, ...]:
 
 
 def _live_tensors() -> list[torch.Tensor]:
-    """Every tensor the cyclic GC tracks (FakeTensors and FunctionalTensors left out),
-    for the caller's thread to inspect.
+    """Every tensor the cyclic GC tracks or gc.freeze() froze (FakeTensors and
+    FunctionalTensors left out), for the caller's thread to inspect.
 
     ``gc.get_objects()`` returns a list holding a reference to every tracked object,
     including tuples another thread is still filling: a tuple that ``tuple(gen)`` is

@@ -7,6 +7,7 @@
  * is kept across an allocation (which may run the cyclic GC, finalizers,
  * other threads, and so kill storages). */
 #include "api/snapshot.h"
+#include "base/gcfrozen.h"
 #include "core/book.h"
 #include "hooks/lifetime.h"
 #include "torch/sizing.h"
@@ -389,8 +390,9 @@ PyObject *ml_lord_now_ns(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(ignored)
 /* ---- the scan of Python's objects ----------------------------------------- */
 
 /* _gc_objects_of(get_objects, cls, skip) -> list: every object that
- * get_objects() (CPython's gc.get_objects) returns whose type is cls or a
- * subclass of it and no subclass of a type in the tuple skip.
+ * get_objects() (CPython's gc.get_objects) returns, and every object
+ * gc.freeze() moved out of its reach, whose type is cls or a subclass of it
+ * and no subclass of a type in the tuple skip.
  *
  * gc.get_objects() returns a list holding a reference to every object the
  * cyclic GC tracks, among them tuples that other threads are still filling:
@@ -404,7 +406,32 @@ PyObject *ml_lord_now_ns(PyObject *Py_UNUSED(self), PyObject *Py_UNUSED(ignored)
  * array.  No other thread can run, and so see an extra reference, before
  * the list is gone; only the matching objects (complete tensors, never a
  * half-built tuple) outlive the call.  Dropping the list cannot free
- * anything: each object it refers to had a reference of its own. */
+ * anything: each object it refers to had a reference of its own.
+ *
+ * gc.get_objects() leaves out the permanent generation (gc.freeze()), where
+ * a server that freezes its loaded model before forking keeps every weight:
+ * base/gcfrozen.c walks it, under the same conditions (the collector off,
+ * nothing freed, no Python run while the walk holds its place). */
+typedef struct {
+    PyTypeObject *cls;
+    PyObject *skip; /* tuple of types */
+    PyObject *out;  /* list */
+} objects_of;
+
+static int keep_if_of(PyObject *o, void *arg)
+{
+    objects_of *q = arg;
+    if (!PyObject_TypeCheck(o, q->cls)) {
+        return 0;
+    }
+    for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(q->skip); j++) {
+        if (PyObject_TypeCheck(o, (PyTypeObject *)PyTuple_GET_ITEM(q->skip, j))) {
+            return 0;
+        }
+    }
+    return PyList_Append(q->out, o);
+}
+
 PyObject *ml_gc_objects_of(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs != 3 || !PyCFunction_Check(args[0]) || !PyType_Check(args[1]) ||
@@ -421,9 +448,9 @@ PyObject *ml_gc_objects_of(PyObject *Py_UNUSED(module), PyObject *const *args, P
             return NULL;
         }
     }
-    PyTypeObject *cls = (PyTypeObject *)args[1];
-    PyObject *out = PyList_New(0); /* before the scan: the only new GC object */
-    if (out == NULL) {
+    objects_of q = {(PyTypeObject *)args[1], skip, NULL};
+    q.out = PyList_New(0); /* before the scan: the only new GC object */
+    if (q.out == NULL) {
         return NULL;
     }
     int was_enabled = PyGC_Disable();
@@ -434,25 +461,18 @@ PyObject *ml_gc_objects_of(PyObject *Py_UNUSED(module), PyObject *const *args, P
     }
     int rc = all != NULL ? 0 : -1;
     for (Py_ssize_t i = 0; rc == 0 && i < PyList_GET_SIZE(all); i++) {
-        PyObject *o = PyList_GET_ITEM(all, i);
-        if (!PyObject_TypeCheck(o, cls)) {
-            continue;
-        }
-        int skipped = 0;
-        for (Py_ssize_t j = 0; !skipped && j < PyTuple_GET_SIZE(skip); j++) {
-            skipped = PyObject_TypeCheck(o, (PyTypeObject *)PyTuple_GET_ITEM(skip, j));
-        }
-        if (!skipped) {
-            rc = PyList_Append(out, o);
-        }
+        rc = keep_if_of(PyList_GET_ITEM(all, i), &q);
     }
     Py_XDECREF(all);
+    if (rc == 0) {
+        rc = ml_gc_visit_frozen(keep_if_of, &q);
+    }
     if (was_enabled) {
         PyGC_Enable();
     }
     if (rc < 0) {
-        Py_DECREF(out);
+        Py_DECREF(q.out);
         return NULL;
     }
-    return out;
+    return q.out;
 }
