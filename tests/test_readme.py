@@ -21,9 +21,8 @@ clone's root, with the environment's `bin/` first on PATH as after `activate`:
   py313); `.ci/run` runs the same
   `tox` with no arguments. The environments themselves are what CI has just run.
 
-It needs PyPI (pip installs torch, setuptools, numpy and tox), as CI has. Marked `slow`
-and `network`; tox's `py` environment runs it, the `asan` one leaves it out (it builds
-and runs no sanitized code).
+It needs PyPI (pip installs torch, setuptools, numpy and tox). Marked `slow` and
+`network`: `tox -e release` runs it, before a release; `tox` (what CI runs) leaves it out.
 """
 
 from __future__ import annotations
