@@ -22,6 +22,8 @@ import logging
 import os
 import sys
 
+from ._bytes import human_bytes
+
 logger = logging.getLogger("memlord")
 
 _RED, _GREEN, _YELLOW, _MAGENTA, _CYAN = "31", "32", "33", "35", "36"
@@ -124,12 +126,6 @@ _LABEL = {
 }
 
 
-def _fmt(n: int) -> str:
-    from ._core import format_bytes
-
-    return format_bytes(n)
-
-
 def _site_text(site: int) -> str:
     from ._sites import site_text
 
@@ -167,13 +163,13 @@ def _event(lord, records, subject, what) -> None:
             _LABEL.get(source, ""),
             dev,
             sign,
-            _fmt(nbytes),
+            human_bytes(nbytes),
             count,
             plural,
             tensor,
             _site_text(site),
             dev,
-            _fmt(total),
+            human_bytes(total),
             extra={"color": _GREEN if free else _RED},
         )
     devices = {r[2] for r in records if r[0] in ("alloc", "free")}
@@ -187,11 +183,11 @@ def _summary(records, what) -> None:
     nbytes = sum(r[3] for r in records)
     count = sum(r[4] for r in records)
     site = records[0][5] if records else 0
-    totals = ", ".join(f"{r[2]} allocated {_fmt(r[6])}" for r in records)
+    totals = ", ".join(f"{r[2]} allocated {human_bytes(r[6])}" for r in records)
     logger.debug(
         "[%s-summary] %s in %d storage%s on %d devices at %s; %s",
         what,
-        _fmt(nbytes),
+        human_bytes(nbytes),
         count,
         "" if count == 1 else "s",
         len(records),
@@ -223,9 +219,9 @@ def _auto_gc(dev, band, used_pct, metric, value, threshold, runs, released, nlor
         used,
         metric,
         value,
-        _fmt(value),
+        human_bytes(value),
         threshold,
-        _fmt(threshold),
+        human_bytes(threshold),
         runs,
         lords,
         outcome,
