@@ -23,6 +23,7 @@ import os
 import sys
 
 from ._bytes import human_bytes
+from ._events import EVENT_KINDS, SOURCE_LABELS
 
 logger = logging.getLogger("memlord")
 
@@ -115,15 +116,7 @@ def _debug_env_changed(value: object) -> None:
 
 # ---- what the records say ------------------------------------------------------------
 
-_LABEL = {
-    "explicit": "",
-    "convert": " (hook)",
-    "factory": " (factory)",
-    "death": " (del)",
-    "deferred": " (hook, deferred)",
-    "policy": "",
-    "param": " (param)",
-}
+_ALLOC, _FREE, _GC, _RESET = EVENT_KINDS
 
 
 def _site_text(site: int) -> str:
@@ -149,10 +142,10 @@ def _event(lord, records, subject, what) -> None:
     """DEBUG records of one ledger call: (kind, source, device, bytes, count, site, total)."""
     desc = describe_tensor(subject)
     for kind, source, dev, nbytes, count, site, total in records:
-        if kind == "reset":
+        if kind == _RESET:
             logger.debug("[reset] counters and hotspots cleared", extra={"color": _MAGENTA})
             continue
-        free = kind == "free"
+        free = kind == _FREE
         tag = "[free]" if free else "[allocate]"
         sign = "-" if free else "+"
         plural = "" if count == 1 else "s"
@@ -160,7 +153,7 @@ def _event(lord, records, subject, what) -> None:
         logger.debug(
             "%s%s %s %s%s (%d storage%s)%s at %s; %s allocated %s",
             tag,
-            _LABEL.get(source, ""),
+            SOURCE_LABELS.get(source, ""),
             dev,
             sign,
             human_bytes(nbytes),
@@ -172,7 +165,7 @@ def _event(lord, records, subject, what) -> None:
             human_bytes(total),
             extra={"color": _GREEN if free else _RED},
         )
-    devices = {r[2] for r in records if r[0] in ("alloc", "free")}
+    devices = {r[2] for r in records if r[0] in (_ALLOC, _FREE)}
     if what is not None and len(devices) > 1:
         _summary(records, what)
 
