@@ -598,7 +598,7 @@ class ModuleSpans:
     def enabled(self) -> bool:
         return bool(self._handles)
 
-    def remove(self) -> None:
+    def _remove_hooks(self) -> None:
         """Remove every hook; spans still open stay open."""
         handles, self._handles = self._handles, []
         for h in handles:
@@ -607,7 +607,7 @@ class ModuleSpans:
     def disable(self) -> None:
         """Remove every hook and close the spans still open, on every thread (a backward
         that raised leaves its spans open on the thread autograd ran it on)."""
-        self.remove()
+        self._remove_hooks()
         with self._stacks_lock:
             stacks = list(self._stacks)
         for stack in stacks:

@@ -212,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
         if os.getpid() != pid:
             return
         if modules is not None:
-            modules.remove()
+            modules._remove_hooks()
         shown = {path: given for path, (_, given) in outputs.items()}
         default = tracker.json_path()  # the default name, fixed now
         if default is not None and str(default) not in shown:

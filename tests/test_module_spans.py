@@ -76,7 +76,7 @@ def _by_run_modules(model: nn.Module, tmp_path) -> list[tuple[str, int, int]]:
     try:
         _step(model)
     finally:
-        spans.remove()
+        spans._remove_hooks()
         tracker.stop()
     doc = load(path)
     ops = [s for s in doc.operations if s.kind == "module"]
