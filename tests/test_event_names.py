@@ -117,3 +117,20 @@ def test_c_log_names_equal_python_names_for_the_ring_codes(c_records, caplog) ->
         assert any(line.startswith(tag + label + " ") for line in lines), (
             f"no {tag}{label} line for {kind}/{source}"
         )
+
+
+@pytest.mark.fakecuda
+def test_c_log_names_a_deferred_credit_as_python_does(
+    c_records, lord, fake_torch_hooks, fakecuda
+) -> None:
+    # a non_blocking move off a (fake) CUDA device: its free is credited when the copy's
+    # event completes, with source "deferred"
+    lord.record_events(100)
+    x = fake_cuda(256, 0)
+    x.to("cpu", non_blocking=True)
+    torch.cuda.synchronize()  # the stand-in completes the event; the credit is emitted
+    recs = lord.events()
+    codes = zip(recs["kind"].tolist(), recs["source"].tolist(), strict=True)
+    ring = Counter((EVENT_KINDS[k], EVENT_SOURCES[s]) for k, s in codes)
+    assert ring[("free", "deferred")] == 1
+    assert Counter(c_records) == ring
