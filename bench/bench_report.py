@@ -36,7 +36,10 @@ from _harness import Config, Row, main
 from memlord import MemLord
 from memlord.report import export
 from memlord.report._lord import profile_from_lord
-from memlord.report._synthetic import synthetic_profile
+
+# the synthetic profile is test support (tests/support/), not part of the package
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support.synthetic import synthetic_profile  # noqa: E402
 
 EVENTS = 1_000_000
 
@@ -122,7 +125,7 @@ def rows(cfg: Config) -> list[Row]:
         size = html.stat().st_size
         out.append(Row("HTML report size", size, "1 MB", 1e6, target=10.0, unit="B"))
 
-        from memlord.report._browser import find_chromium, load_page
+        from support.browser import find_chromium, load_page
 
         browser = find_chromium()
         if browser is None:

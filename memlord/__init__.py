@@ -67,7 +67,8 @@ __version__ = "0.1.0"
 if _core.Lord()._events_info()[3] != EVENT_DTYPE.itemsize:  # pragma: no cover
     raise ImportError("memlord: the C event record does not match EVENT_DTYPE; rebuild memlord")
 
-_core._configure(
+#: the wiring of the C core to Python (tests reconfigure it and put this back)
+_CONFIGURE = dict(
     release_cache=_backend.release_cache,
     torch_prefix=_os.path.dirname(_os.path.abspath(_torch.__file__)) + _os.sep,
     memlord_prefix=_os.path.dirname(_os.path.abspath(__file__)) + _os.sep,
@@ -77,4 +78,5 @@ _core._configure(
     log_gc=_log._auto_gc,
     module_grads=_backend.module_grads,
 )
+_core._configure(**_CONFIGURE)
 _core._set_library_paths(*_sites.library_paths())

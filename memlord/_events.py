@@ -39,10 +39,24 @@ EVENT_DTYPE = np.dtype(
     }
 )
 
+# The names of event kinds and sources, the one Python copy of the C core's
+# (``kind_names`` and ``source_names`` in src/core/emit.c, what the DEBUG log's records
+# carry): the ring decoders, the DEBUG log and the reports read them from here.
+
 #: ``kind`` codes, by value.
 EVENT_KINDS = ("alloc", "free", "gc", "reset")
 #: ``source`` codes, by value.
 EVENT_SOURCES = ("explicit", "convert", "factory", "death", "deferred", "policy", "param")
+#: What a DEBUG ``[allocate]``/``[free]`` line says after its tag, per source.
+SOURCE_LABELS = {
+    "explicit": "",
+    "convert": " (hook)",
+    "factory": " (factory)",
+    "death": " (del)",
+    "deferred": " (hook, deferred)",
+    "policy": "",
+    "param": " (param)",
+}
 
 
 _U32 = 2**32

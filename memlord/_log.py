@@ -22,6 +22,9 @@ import logging
 import os
 import sys
 
+from ._bytes import human_bytes
+from ._events import EVENT_KINDS, SOURCE_LABELS
+
 logger = logging.getLogger("memlord")
 
 _RED, _GREEN, _YELLOW, _MAGENTA, _CYAN = "31", "32", "33", "35", "36"
@@ -113,21 +116,7 @@ def _debug_env_changed(value: object) -> None:
 
 # ---- what the records say ------------------------------------------------------------
 
-_LABEL = {
-    "explicit": "",
-    "convert": " (hook)",
-    "factory": " (factory)",
-    "death": " (del)",
-    "deferred": " (hook, deferred)",
-    "policy": "",
-    "param": " (param)",
-}
-
-
-def _fmt(n: int) -> str:
-    from ._core import format_bytes
-
-    return format_bytes(n)
+_ALLOC, _FREE, _GC, _RESET = EVENT_KINDS
 
 
 def _site_text(site: int) -> str:
@@ -153,10 +142,10 @@ def _event(lord, records, subject, what) -> None:
     """DEBUG records of one ledger call: (kind, source, device, bytes, count, site, total)."""
     desc = describe_tensor(subject)
     for kind, source, dev, nbytes, count, site, total in records:
-        if kind == "reset":
+        if kind == _RESET:
             logger.debug("[reset] counters and hotspots cleared", extra={"color": _MAGENTA})
             continue
-        free = kind == "free"
+        free = kind == _FREE
         tag = "[free]" if free else "[allocate]"
         sign = "-" if free else "+"
         plural = "" if count == 1 else "s"
@@ -164,19 +153,19 @@ def _event(lord, records, subject, what) -> None:
         logger.debug(
             "%s%s %s %s%s (%d storage%s)%s at %s; %s allocated %s",
             tag,
-            _LABEL.get(source, ""),
+            SOURCE_LABELS.get(source, ""),
             dev,
             sign,
-            _fmt(nbytes),
+            human_bytes(nbytes),
             count,
             plural,
             tensor,
             _site_text(site),
             dev,
-            _fmt(total),
+            human_bytes(total),
             extra={"color": _GREEN if free else _RED},
         )
-    devices = {r[2] for r in records if r[0] in ("alloc", "free")}
+    devices = {r[2] for r in records if r[0] in (_ALLOC, _FREE)}
     if what is not None and len(devices) > 1:
         _summary(records, what)
 
@@ -187,11 +176,11 @@ def _summary(records, what) -> None:
     nbytes = sum(r[3] for r in records)
     count = sum(r[4] for r in records)
     site = records[0][5] if records else 0
-    totals = ", ".join(f"{r[2]} allocated {_fmt(r[6])}" for r in records)
+    totals = ", ".join(f"{r[2]} allocated {human_bytes(r[6])}" for r in records)
     logger.debug(
         "[%s-summary] %s in %d storage%s on %d devices at %s; %s",
         what,
-        _fmt(nbytes),
+        human_bytes(nbytes),
         count,
         "" if count == 1 else "s",
         len(records),
@@ -223,9 +212,9 @@ def _auto_gc(dev, band, used_pct, metric, value, threshold, runs, released, nlor
         used,
         metric,
         value,
-        _fmt(value),
+        human_bytes(value),
         threshold,
-        _fmt(threshold),
+        human_bytes(threshold),
         runs,
         lords,
         outcome,

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from . import _backend
-from ._core import format_bytes
+from ._bytes import format_bytes, human_bytes
 
 
 def _cuda_ready() -> bool:
@@ -84,7 +84,7 @@ class MemoryProfile:
 
 
 def _signed(n: int) -> str:
-    return ("-" if n < 0 else "+") + format_bytes(abs(n))
+    return ("" if n < 0 else "+") + human_bytes(n)
 
 
 class MemoryStats(dict):

@@ -429,14 +429,197 @@ def _watch_backward(
 
 
 class _Stack(list):
-    """One thread's open regions of a ModuleTracker: (name, Region), innermost last."""
+    """One thread's open spans of a ModuleSpans: (key, token, input nodes), innermost
+    last."""
 
     __slots__ = ("__weakref__",)
     __hash__ = object.__hash__  # by identity, in a WeakSet
     __eq__ = object.__eq__  # type: ignore[assignment]
 
 
-class ModuleTracker:
+class ModuleSpans:
+    """The one per-module-call span tracker, behind ``lord.track_modules(model)`` and
+    ``python -m memlord run --modules``.
+
+    A span opens when a module's forward starts (``open(name) -> token``) and closes when
+    it ends, also by an exception (``close(token)``); with ``backward`` a span named
+    ``"<name> (backward)"`` covers the call's backward (:func:`_watch_backward`).  With
+    ``model`` the hooks are on that model's modules, each named by its qualified name
+    (the root by its class name); without, global hooks see every module call, named by
+    the qualified name under the first module called that contains it (the root itself
+    by its class name).  The inputs whose gradients end a backward span are the call's
+    positional and keyword inputs (global hooks see the keyword ones only after the
+    call).  Accounting never raises into the model."""
+
+    def __init__(
+        self,
+        open: Callable[[str], Any],  # noqa: A002 - the span's two ends
+        close: Callable[[Any], None],
+        model: torch.nn.Module | None = None,
+        backward: bool = True,
+    ) -> None:
+        self._open_span, self._close_span = open, close
+        self._backward = backward
+        self._local = threading.local()
+        # every thread's stack (a thread's is dropped with the thread, and the spans in
+        # it with it): disable() closes the spans of all of them
+        self._stacks: weakref.WeakSet[_Stack] = weakref.WeakSet()
+        self._stacks_lock = threading.Lock()
+        self._handles: list[Any] = []
+        try:
+            if model is None:
+                from torch.nn.modules import module as torch_module
+
+                self._names: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+                self._handles.append(torch_module.register_module_forward_pre_hook(self._pre))
+                self._handles.append(
+                    torch_module.register_module_forward_hook(
+                        self._post, with_kwargs=True, always_call=True
+                    )
+                )
+            else:
+                root = type(model).__name__
+                for qname, mod in model.named_modules():
+                    name = qname or root
+                    self._handles.append(
+                        mod.register_forward_pre_hook(self._opener(name), with_kwargs=True)
+                    )
+                    self._handles.append(
+                        mod.register_forward_hook(self._closer(name), always_call=True)
+                    )
+        except BaseException:
+            self.disable()
+            raise
+
+    # ---- the hooks ----------------------------------------------------------------------
+
+    def _name(self, module: Any) -> str:
+        """A module's name under global hooks (see the class)."""
+        name = self._names.get(module)
+        if name is None:
+            name = type(module).__name__
+            self._names[module] = name
+            for qual, sub in module.named_modules():
+                if qual and sub not in self._names:
+                    self._names[sub] = qual
+        return name
+
+    def _pre(self, module: Any, args: Any) -> None:
+        try:
+            self._enter(module, self._name(module), args)
+        except Exception:  # noqa: BLE001 - accounting never raises into the caller
+            log.exception("memlord module spans: opening a span failed")
+
+    def _post(self, module: Any, args: Any, *rest: Any) -> None:
+        # (kwargs, output) after a call; (output) when always_call runs it after a raise
+        kwargs, output = rest if len(rest) == 2 else (None, rest[-1])
+        try:
+            self._exit(module, self._name(module), output, kwargs)
+        except Exception:  # noqa: BLE001 - accounting never raises into the caller
+            log.exception("memlord module spans: closing a span failed")
+
+    def _opener(self, name: str) -> Callable:
+        def hook(module: Any, args: Any, kwargs: Any) -> None:
+            try:
+                self._enter(module, name, (args, kwargs))
+            except Exception:  # noqa: BLE001 - accounting never raises into the caller
+                log.exception("memlord module spans: opening a span failed")
+
+        return hook
+
+    def _closer(self, name: str) -> Callable:
+        def hook(module: Any, _args: Any, output: Any) -> None:
+            try:
+                self._exit(module, name, output, None)
+            except Exception:  # noqa: BLE001 - accounting never raises into the caller
+                log.exception("memlord module spans: closing a span failed")
+
+        return hook
+
+    # ---- the spans ----------------------------------------------------------------------
+
+    def _stack(self) -> _Stack:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = _Stack()
+            with self._stacks_lock:
+                self._stacks.add(stack)
+        return stack
+
+    def _enter(self, module: Any, name: str, inputs: Any) -> None:
+        # the autograd nodes of the inputs, before the forward can change them in place
+        nodes = _grad_nodes(inputs) if self._backward else None
+        token = self._open_span(name)
+        self._stack().append((id(module), token, nodes))
+
+    def _exit(self, module: Any, name: str, output: Any, more_inputs: Any) -> None:
+        stack = self._stack()
+        key = id(module)
+        if not any(entry[0] == key for entry in stack):
+            return
+        # close what a failed or re-entered call left open above this one
+        while stack:
+            k, token, nodes = stack.pop()
+            self._close_span(token)
+            if k == key:
+                break
+        if nodes is not None:
+            if more_inputs:
+                nodes = _grad_nodes(more_inputs, out=list(nodes))
+            bname = name + " (backward)"
+            _watch_backward(
+                nodes, output, functools.partial(self._open_backward, bname), self._close_backward
+            )
+
+    def _open_backward(self, bname: str) -> tuple:
+        """Open a backward span on the thread autograd runs the module's backward on."""
+        token = self._open_span(bname)
+        stack = self._stack()
+        entry = (None, token, None)
+        stack.append(entry)
+        return stack, entry
+
+    def _close_backward(self, handle: tuple) -> None:
+        """Close a backward span from any thread (the end of a backward may be seen on
+        another one)."""
+        stack, entry = handle
+        for i in range(len(stack) - 1, -1, -1):
+            try:
+                if stack[i] is entry:
+                    del stack[i]
+                    break
+            except IndexError:  # the owning thread popped meanwhile
+                break
+        self._close_span(entry[1])
+
+    # ---- the handle ---------------------------------------------------------------------
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._handles)
+
+    def _remove_hooks(self) -> None:
+        """Remove every hook; spans still open stay open."""
+        handles, self._handles = self._handles, []
+        for h in handles:
+            h.remove()
+
+    def disable(self) -> None:
+        """Remove every hook and close the spans still open, on every thread (a backward
+        that raised leaves its spans open on the thread autograd ran it on)."""
+        self._remove_hooks()
+        with self._stacks_lock:
+            stacks = list(self._stacks)
+        for stack in stacks:
+            while True:
+                try:  # the owning thread may pop at the same time
+                    token = stack.pop()[1]
+                except IndexError:
+                    break
+                self._close_span(token)
+
+
+class ModuleTracker(ModuleSpans):
     """What ``lord.track_modules(model)`` returns: one region per submodule call, named
     by the qualified name (the root by its class name) and ``"<name> (backward)"`` for
     its backward.  ``disable()`` removes the hooks; a context manager disables on exit.
@@ -457,111 +640,17 @@ class ModuleTracker:
         self._lord = lord
         self._aggregate = _Aggregate()
         self._done: list = []
-        self._local = threading.local()
-        # every thread's stack (a thread's is dropped with the thread, and the regions
-        # in it with it): disable() closes the regions of all of them
-        self._stacks: weakref.WeakSet[_Stack] = weakref.WeakSet()
-        self._stacks_lock = threading.Lock()
-        self._handles: list[Any] = []
-        self._backward = backward
-        root = type(model).__name__
-        try:
-            for qname, mod in model.named_modules():
-                name = qname or root
-                self._handles.append(
-                    mod.register_forward_pre_hook(self._opener(name), with_kwargs=True)
-                )
-                self._handles.append(
-                    mod.register_forward_hook(self._closer(name), always_call=True)
-                )
-        except BaseException:
-            self.disable()
-            raise
+        super().__init__(self._open_region, self._close_region, model, backward)
 
-    def _stack(self) -> _Stack:
-        stack = getattr(self._local, "stack", None)
-        if stack is None:
-            stack = self._local.stack = _Stack()
-            with self._stacks_lock:
-                self._stacks.add(stack)
-        return stack
-
-    def _opener(self, name: str) -> Callable:
-        backward = self._backward
-
-        def hook(_module: Any, args: Any, kwargs: Any) -> None:
-            # the autograd nodes of the inputs, before the forward can change them in place
-            nodes = _grad_nodes((args, kwargs)) if backward else None
-            region = self._lord._region_with_sink(name, self._done)
-            region.__enter__()
-            self._stack().append((name, region, nodes))
-
-        return hook
-
-    def _closer(self, name: str) -> Callable:
-        bname = name + " (backward)"
-
-        def hook(_module: Any, _args: Any, output: Any) -> None:
-            stack = self._stack()
-            if not any(entry[0] == name for entry in stack):
-                return
-            # close what a failed or re-entered call left open above this one
-            while stack:
-                n, region, nodes = stack.pop()
-                region.__exit__(None, None, None)
-                if n == name:
-                    break
-            if nodes is not None:
-                _watch_backward(nodes, output, lambda: self._open_backward(bname), self._close)
-            if len(self._done) > _FOLD_AT:
-                self._aggregate.fold(self._done)
-
-        return hook
-
-    def _open_backward(self, bname: str) -> tuple:
-        """Open a backward region on the thread autograd runs the module's backward on."""
-        region = self._lord._region_with_sink(bname, self._done)
+    def _open_region(self, name: str) -> Region:
+        region = self._lord._region_with_sink(name, self._done)
         region.__enter__()
-        stack = self._stack()
-        entry = (bname, region, None)
-        stack.append(entry)
-        return stack, entry
+        return region
 
-    def _close(self, token: tuple) -> None:
-        """Close a backward region from any thread (the end of a backward may be seen on
-        another one)."""
-        stack, entry = token
-        for i in range(len(stack) - 1, -1, -1):
-            try:
-                if stack[i] is entry:
-                    del stack[i]
-                    break
-            except IndexError:  # the owning thread popped meanwhile
-                break
-        entry[1].__exit__(None, None, None)
+    def _close_region(self, region: Region) -> None:
+        region.__exit__(None, None, None)
         if len(self._done) > _FOLD_AT:
             self._aggregate.fold(self._done)
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self._handles)
-
-    def disable(self) -> None:
-        """Remove every hook and close the regions the tracker still has open, on every
-        thread (a backward that raised leaves its regions open on the thread autograd ran
-        it on)."""
-        handles, self._handles = self._handles, []
-        for h in handles:
-            h.remove()
-        with self._stacks_lock:
-            stacks = list(self._stacks)
-        for stack in stacks:
-            while True:
-                try:  # the owning thread may pop at the same time
-                    region = stack.pop()[1]
-                except IndexError:
-                    break
-                region.__exit__(None, None, None)
 
     def regions(self, clear: bool = False) -> dict[str, dict[str, Any]]:
         """The regions this tracker opened, aggregated per name (as lord.regions())."""

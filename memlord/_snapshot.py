@@ -32,7 +32,8 @@ from typing import Any
 
 import torch
 
-from ._core import _gc_objects_of, format_bytes
+from ._bytes import format_bytes
+from ._core import _gc_objects_of
 from ._errors import type_name
 from ._sites import site_text
 

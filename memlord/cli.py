@@ -21,9 +21,7 @@ import functools
 import os
 import runpy
 import sys
-import threading
 import traceback
-import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -101,70 +99,15 @@ def _say(message: str) -> None:
 # ---- run ----------------------------------------------------------------------------------
 
 
-class ModuleSpans:
-    """Global nn.Module forward hooks that record an operation per module call, named by
-    the module's qualified name under the first module called that contains it (the
-    root itself by its class name), and one named ``"<name> (backward)"`` for the
-    call's backward (memlord._regions._watch_backward)."""
+def _module_spans(tracker: Any) -> Any:
+    """``run --modules``: global nn.Module hooks that record an operation per module call
+    on the profiler's tracker, named by the module's qualified name under the first
+    module called that contains it (the root itself by its class name), and one named
+    ``"<name> (backward)"`` for the call's backward: the tracker of
+    ``lord.track_modules`` (memlord._regions.ModuleSpans) on every module."""
+    from ._regions import ModuleSpans
 
-    def __init__(self, tracker: Any) -> None:
-        from torch.nn.modules import module as torch_module
-
-        from ._regions import _grad_nodes, _watch_backward
-
-        self._grad_nodes, self._watch_backward = _grad_nodes, _watch_backward
-        self.tracker = tracker
-        self._names: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-        self._local = threading.local()
-        self._handles = [
-            torch_module.register_module_forward_pre_hook(self._pre),
-            torch_module.register_module_forward_hook(self._post),
-        ]
-
-    def _name(self, module: Any) -> str:
-        name = self._names.get(module)
-        if name is None:
-            name = type(module).__name__
-            self._names[module] = name
-            for qual, sub in module.named_modules():
-                if qual and sub not in self._names:
-                    self._names[sub] = qual
-        return name
-
-    def _stack(self) -> list[tuple[int, int, list]]:
-        stack = getattr(self._local, "stack", None)
-        if stack is None:
-            stack = self._local.stack = []
-        return stack
-
-    def _pre(self, module: Any, args: Any) -> None:
-        try:
-            nodes = self._grad_nodes(args)  # the inputs' autograd nodes, before the call
-            token = self.tracker.begin(self._name(module), "module")
-            self._stack().append((id(module), token, nodes))
-        except Exception:  # noqa: BLE001 - never break the model
-            pass
-
-    def _post(self, module: Any, args: Any, output: Any) -> None:
-        try:
-            stack = self._stack()
-            key = id(module)
-            for i in range(len(stack) - 1, -1, -1):
-                if stack[i][0] == key:
-                    token, nodes = stack[i][1], stack[i][2]
-                    del stack[i:]
-                    self.tracker.end(token)
-                    bname = self._name(module) + " (backward)"
-                    begin = functools.partial(self.tracker.begin, bname, "module")
-                    self._watch_backward(nodes, output, begin, self.tracker.end)
-                    break
-        except Exception:  # noqa: BLE001 - never break the model
-            pass
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+    return ModuleSpans(functools.partial(tracker.begin, kind="module"), tracker.end)
 
 
 #: what `run` keeps alive until the report is written at exit: the script's globals (or
@@ -258,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     modules = None
     tracker.start()
     if args.modules:
-        modules = ModuleSpans(tracker)
+        modules = _module_spans(tracker)
     pid = os.getpid()
 
     def finish() -> None:
@@ -269,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
         if os.getpid() != pid:
             return
         if modules is not None:
-            modules.remove()
+            modules._remove_hooks()
         shown = {path: given for path, (_, given) in outputs.items()}
         default = tracker.json_path()  # the default name, fixed now
         if default is not None and str(default) not in shown:

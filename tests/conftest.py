@@ -491,7 +491,7 @@ def no_plotly(monkeypatch):
 def browser() -> str:
     """The headless Chromium of the HTML report's browser tests: a failure when
     MEMLORD_REQUIRE_BROWSER is set (CI) and none is installed, a skip otherwise."""
-    from memlord.report._browser import find_chromium
+    from support.browser import find_chromium
 
     path = find_chromium()
     if path is None:

@@ -130,8 +130,9 @@ def test_run_writes_on_sigterm(tmp_path):
 
 
 def test_report_and_gantt_convert_a_saved_profile(tmp_path, capsys):
+    from support.synthetic import synthetic_profile
+
     from memlord.report import export
-    from memlord.report._synthetic import synthetic_profile
 
     export(synthetic_profile(2000, steps=3), tmp_path / "in.json")
     outputs = ["--trace", str(tmp_path / "o.trace.json"), "--pickle", str(tmp_path / "o.pkl")]

@@ -11,6 +11,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 import torch.cuda._memory_viz as memory_viz
+from support.synthetic import synthetic_profile
 
 from memlord.report import (
     KNOWN_KINDS,
@@ -26,7 +27,6 @@ from memlord.report import (
     memory_series,
     to_snapshot,
 )
-from memlord.report._synthetic import synthetic_profile
 
 EVIL = "</script><img src=x onerror=alert(1)>"
 

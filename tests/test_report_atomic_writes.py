@@ -16,10 +16,10 @@ import time
 
 import pytest
 import torch
+from support.synthetic import synthetic_profile
 
 from memlord import MemLord
 from memlord.report import export, load
-from memlord.report._synthetic import synthetic_profile
 
 HAVE_PLOTLY = True
 try:

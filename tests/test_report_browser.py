@@ -16,10 +16,10 @@ import re
 from pathlib import Path
 
 import pytest
+from support.browser import load_page
+from support.synthetic import synthetic_profile
 
 from memlord.report import export
-from memlord.report._browser import load_page
-from memlord.report._synthetic import synthetic_profile
 
 pytest.importorskip("plotly", reason="the HTML report needs the report extra (plotly)")
 

@@ -13,11 +13,11 @@ import re
 
 import pytest
 import torch
+from support.browser import load_page
+from support.synthetic import synthetic_profile
 
 from memlord import MemLord
 from memlord.report import export
-from memlord.report._browser import load_page
-from memlord.report._synthetic import synthetic_profile
 
 pytest.importorskip("plotly", reason="the HTML report needs the report extra (plotly)")
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .._bytes import human_bytes
 from ._model import Profile, Span
 from ._series import Series, decimate_indices, lanes, memory_series
 from ._util import MiB, Progress, atomic_write, no_progress
@@ -73,16 +74,6 @@ def _plot_text(value: object) -> str:
     own small HTML (tags like <b>, <br>), so '<', '>' and '&' are escaped, and decodes
     &lt; &gt; &amp; but not &quot;: quotes stay as they are (they open no tag)."""
     return html.escape(str(value), quote=False)
-
-
-def _fmt_bytes(n: float) -> str:
-    sign = "-" if n < 0 else ""
-    n = abs(float(n))
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.2f} {unit}"
-        n /= 1024
-    return f"{sign}{n:.2f} TiB"  # pragma: no cover
 
 
 def _json_for_script(obj: str) -> str:
@@ -197,7 +188,7 @@ def gantt_traces(spans: list[Span], t0: int) -> tuple[list[dict[str, Any]], int,
             [
                 _plot_text(spans[i].name),
                 f"{spans[i].duration_ns / 1e6:.3f} ms",
-                _fmt_bytes(spans[i].memory_delta),
+                human_bytes(spans[i].memory_delta),
                 f"{(spans[i].start_ns - t0) / 1e9:.6f} s",
                 f"{(spans[i].end_ns - t0) / 1e9:.6f} s",
                 _plot_text(spans[i].kind),
@@ -326,11 +317,11 @@ def _summary(doc: Profile, series: dict[str, Series]) -> tuple[str, list[list[st
         rows.append(
             [
                 dev,
-                _fmt_bytes(peak),
-                _fmt_bytes(final),
-                "" if reserved is None or reserved < 0 else _fmt_bytes(reserved),
-                _fmt_bytes(c["allocated_total"]) if "allocated_total" in c else "",
-                _fmt_bytes(c["freed_total"]) if "freed_total" in c else "",
+                human_bytes(peak),
+                human_bytes(final),
+                "" if reserved is None or reserved < 0 else human_bytes(reserved),
+                human_bytes(c["allocated_total"]) if "allocated_total" in c else "",
+                human_bytes(c["freed_total"]) if "freed_total" in c else "",
                 str(c.get("allocs", "")),
                 str(c.get("frees", "")),
                 str(c.get("gc_runs", gc_events.get(dev, ""))),
@@ -491,7 +482,7 @@ def render_html(
                         str(h.get("device", "")),
                         str(h.get("kind", "")),
                         str(h.get("site", "")),
-                        _fmt_bytes(int(h.get("bytes", 0))),
+                        human_bytes(int(h.get("bytes", 0))),
                     ]
                     for h in doc.hotspots
                 ],

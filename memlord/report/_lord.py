@@ -30,14 +30,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from memlord._events import EVENT_KINDS, EVENT_SOURCES
+
 from ._model import KNOWN_KINDS, Events, Profile, SampleBuilder, Span
 from ._source import _snapshot_section, build_snapshot, lord_counters, lord_hotspots, lord_totals
 
 #: The document's kind for each ring kind code (memlord._events.EVENT_KINDS order:
 #: alloc, free, gc, reset).
 _KINDS = (*KNOWN_KINDS, "reset")
-_RING_KIND = np.array([_KINDS.index(k) for k in ("alloc", "free", "gc", "reset")], np.int16)
-_RESET = 3
+_RING_KIND = np.array([_KINDS.index(k) for k in EVENT_KINDS], np.int16)
+_ALLOC, _FREE, _RESET = (EVENT_KINDS.index(k) for k in ("alloc", "free", "reset"))
 
 
 def read_consistent(lord: Any, tries: int = 5) -> tuple[np.ndarray, dict[str, dict[str, Any]]]:
@@ -86,7 +88,6 @@ def ring_events(
             remap[i] = index[name]
         return remap[inverse.reshape(-1)], names
 
-    from memlord._events import EVENT_SOURCES
     from memlord._sites import site_text
 
     region_names = lord._region_names()
@@ -126,7 +127,7 @@ def ring_events(
     baseline: dict[str, int] = {}
     if n:
         signed = np.where(
-            kind_codes == 0, recs["bytes"], np.where(kind_codes == 1, -recs["bytes"], 0)
+            kind_codes == _ALLOC, recs["bytes"], np.where(kind_codes == _FREE, -recs["bytes"], 0)
         )
         net = np.zeros(len(devices), dtype=np.int64)
         np.add.at(net, dev_col, signed)

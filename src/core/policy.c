@@ -54,15 +54,22 @@ void ml_strategy_free(ml_strategy *s)
     s->n = 0;
 }
 
+/* A band's bound as Python prints it (memlord/_config.py's _fmt_bound): an int bound
+ * as an int, a float one as repr(float), the shortest string that reads back the same
+ * ("33.3", "50.0"); called with the GIL held, from the log sink. */
 static int fmt_bound(double v, int is_int, char *buf, size_t size)
 {
     if (is_int) {
         return snprintf(buf, size, "%lld", (long long)v);
     }
-    if (v == (double)(long long)v) {
-        return snprintf(buf, size, "%.1f", v);
+    char *r = PyOS_double_to_string(v, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
+    if (r == NULL) {
+        PyErr_Clear(); /* out of memory: the exact digits */
+        return snprintf(buf, size, "%.17g", v);
     }
-    return snprintf(buf, size, "%.17g", v);
+    int len = snprintf(buf, size, "%s", r);
+    PyMem_Free(r);
+    return len;
 }
 
 int ml_band_name(double lo, int lo_is_int, double hi, int hi_is_int, char *buf, size_t size)

@@ -1,6 +1,6 @@
 """A synthetic profile of any size, for tests, benchmarks and trying the viewers.
 
-    python -c "from memlord.report._synthetic import synthetic_profile as s; \
+    cd tests && python -c "from support.synthetic import synthetic_profile as s; \
 from memlord.report import export; export(s(100_000), 'demo.html')"
 """
 
@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from ._model import KNOWN_KINDS, Events, Profile, SampleBuilder, Span
+from memlord.report._model import KNOWN_KINDS, Events, Profile, SampleBuilder, Span
 
 
 def synthetic_profile(

@@ -1,0 +1,99 @@
+"""One module-span tracker: ``lord.track_modules(model)`` and ``python -m memlord run
+--modules`` (the profiler's global module hooks) open and close the same spans, in the
+same nesting, for the same model: forward and backward, a keyword input that needs a
+gradient, and a forward that raises."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from memlord import MemLord
+from memlord.cli import _module_spans
+from memlord.profiler import MemoryTracker
+from memlord.report import load
+
+
+class Inner(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, *, hidden: torch.Tensor) -> torch.Tensor:  # a keyword input
+        return torch.relu(self.lin(hidden))
+
+
+class Model(nn.Module):
+    def __init__(self, fail: bool = False) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.inner = Inner()
+        self.b = nn.Linear(8, 4)
+        self.fail = fail
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inner(hidden=self.a(x))
+        if self.fail:
+            self.b(h[:, :3])  # raises inside b: shapes do not match
+        return self.b(h)
+
+
+def _tree(spans: list[tuple[str, int, int]]) -> list[tuple[str, ...]]:
+    """Each span as the path of names from its outermost enclosing span, in start order."""
+    out = []
+    stack: list[tuple[int, str]] = []
+    for start, end, name in sorted(((s, e, n) for n, s, e in spans), key=lambda t: (t[0], -t[1])):
+        while stack and start >= stack[-1][0]:
+            stack.pop()
+        out.append((*(n for _, n in stack), name))
+        stack.append((end, name))
+    return out
+
+
+def _step(model: nn.Module) -> None:
+    x = torch.randn(2, 8, requires_grad=True)
+    try:
+        model(x).sum().backward()
+    except RuntimeError:
+        if not model.fail:
+            raise
+
+
+def _by_track_modules(model: nn.Module) -> list[tuple[str, int, int]]:
+    lord = MemLord()
+    with lord.track_modules(model):
+        _step(model)
+    history, _ = lord._region_history()
+    return [(name, raw[2], raw[2] + raw[0]) for name, raw in history]
+
+
+def _by_run_modules(model: nn.Module, tmp_path) -> list[tuple[str, int, int]]:
+    path = tmp_path / "p.json"
+    tracker = MemoryTracker(tmp_path, True, None, json_path=path, install_handlers=False)
+    tracker.start()
+    spans = _module_spans(tracker)
+    try:
+        _step(model)
+    finally:
+        spans._remove_hooks()
+        tracker.stop()
+    doc = load(path)
+    ops = [s for s in doc.operations if s.kind == "module"]
+    assert all(s.finished for s in ops), [s.name for s in ops if not s.finished]
+    return [(s.name, s.start_ns, s.end_ns) for s in ops]
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["forward-backward", "forward-raises"])
+def test_track_modules_and_run_modules_record_the_same_spans(tmp_path, fail: bool) -> None:
+    torch.manual_seed(0)
+    model = Model(fail)
+    regions = _tree(_by_track_modules(model))
+    operations = _tree(_by_run_modules(model, tmp_path))
+    assert operations == regions
+    names = {path[-1] for path in regions}
+    assert {"Model", "a", "inner", "inner.lin", "b"} <= names
+    if not fail:
+        # the keyword input's gradient ends inner's backward before a's begins
+        assert ("Model (backward)", "inner (backward)") in regions
+        assert ("Model (backward)", "a (backward)") in regions
