@@ -20,7 +20,7 @@ pytest's default ``prepend`` import mode puts ``tests/`` on ``sys.path``.
   allocate, free, queries) on a second lord.  A test's own lord and the hooks' subscribers
   are left alone, so its assertions hold; what is tested is that nothing crashes, leaks or
   corrupts while memlord's C code is interrupted anywhere an allocation can happen.  (The
-  same lord re-entered from a finalizer or a thread is what test_core2.py's repro tests do.)
+  same lord re-entered from a finalizer or a thread is what test_event_seam.py's repro tests do.)
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Make sure a headless Chromium is available for the HTML report's browser test
-# (tests/test_report_browser.py) and bench/bench_report.py.
+# (tests/integration/test_report_browser.py) and bench/bench_report.py.
 #
 #   tools/ensure_chromium.sh      prints the browser's path; installs Debian's chromium
 #                                 package with apt-get when none is found

@@ -13,7 +13,7 @@
 #
 #     bash tools/gpu_check.sh            (logs and JSON under $OUT, or /tmp/gpu_check)
 #
-# GPU_CHECK_TESTS=tests/test_x.py narrows the suite step (a smoke test of this script).
+# GPU_CHECK_TESTS=tests/unit/core/test_stats.py narrows the suite step (a smoke test of this script).
 #
 # Packages the machine lacks (hypothesis, which the suite needs; pytest-xdist) travel as
 # wheels in .whl/ (git-ignored): `bash tools/gpu_wheels.sh` here downloads them, and the
@@ -72,8 +72,8 @@ MEMLORD_TEST_SHUFFLE=$seed step suite "suite (shuffle seed $seed)" 300 \
     --junitxml="$OUT/suite.xml" ${GPU_CHECK_TESTS:-tests}
 
 # ---- each CUDA test file alone --------------------------------------------------------
-for f in tests/test_hooks_cuda.py tests/test_device_memory.py tests/test_gc.py \
-    tests/test_cuda_host_indices.py tests/test_fakecuda*.py; do
+for f in tests/unit/platform/test_hooks_cuda.py tests/unit/api/test_device_memory.py tests/unit/sinks/test_auto_gc.py \
+    tests/unit/api/test_cuda_host_indices.py tests/unit/platform/test_fakecuda*.py; do
     [ -e "$f" ] || continue
     step "alone_$(basename "$f" .py)" "alone: $(basename "$f")" 120 "$PY" -m pytest -q -p no:cacheprovider "$f"
 done

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 STEP_TIMEOUT_S = 1200  # one pip install of torch on a slow, shared machine
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]
@@ -110,7 +110,8 @@ def test_readme_two_commands_in_a_fresh_venv_from_a_fresh_clone(tmp_path):
 
     # The test suite runs from the clone's root against that build.
     r = sh(
-        "pip install -q pytest && python -m pytest -q -p no:cacheprovider tests/test_format.py",
+        "pip install -q pytest && python -m pytest -q -p no:cacheprovider "
+        "tests/unit/core/test_format_bytes.py",
         cwd=clone,
         env=env,
     )

@@ -10,7 +10,8 @@ What runs here without a GPU:
 * Module.to, tied weights, errors passing through, the dispatcher's patch/unpatch identity,
   several lords, the handle, DEBUG lines, hotspot sites, reference counts, threads.
 
-Deferred (non_blocking) frees behind CUDA events need a real GPU: tests/test_hooks_cuda.py.
+Deferred (non_blocking) frees behind CUDA events need a real GPU:
+tests/unit/platform/test_hooks_cuda.py.
 """
 
 from __future__ import annotations
@@ -404,9 +405,10 @@ def test_tied_weights_cast_once_through_module_half(hooked):
     assert _counts(hooked) == (1, 0)
 
 
-# Tied weights *moved* once is GPU-only (tests/test_hooks_cuda.py): the only device move a CPU
-# build can make, cpu -> meta, makes torch replace the Parameter (incompatible shallow-copy
-# types), which unties the weights, so torch itself converts the shared tensor twice.
+# Tied weights *moved* once is GPU-only (tests/unit/platform/test_hooks_cuda.py): the only
+# device move a CPU build can make, cpu -> meta, makes torch replace the Parameter
+# (incompatible shallow-copy types), which unties the weights, so torch itself converts the
+# shared tensor twice.
 
 
 # --------------------------------------------------------------------------- errors

@@ -60,7 +60,7 @@ def test_report_loads_and_draws_in_chromium(browser, tmp_path):
 def test_lord_export_draws_in_chromium(browser, tmp_path):
     """lord.export() of a real lord: the timeline of its event ring and a Gantt bar per
     closed region."""
-    from test_report_lord import Work
+    from support.lord_work import Work
 
     from memlord.report._lord import profile_from_lord
 

@@ -31,7 +31,7 @@ import memlord
 from memlord import MemLord
 
 PACKAGE = Path(memlord.__file__).resolve().parent  # the memlord under test
-REPO = Path(__file__).resolve().parent.parent  # this checkout (for pyproject.toml)
+REPO = Path(__file__).resolve().parents[2]  # this checkout (for pyproject.toml)
 TIMEOUT_S = 180
 
 

@@ -47,14 +47,14 @@ def test_events_against_a_hand_count():
     assert list(e["count"]) == [1, 2, 1, 0]
     assert [lord.event_device(d) for d in e["device"][:3]] == ["cpu"] * 3
     assert [lord.event_region(r) for r in e["region"]] == ["", "step", "step", ""]
-    assert lord.event_site(e["site"][0]).endswith(f"test_events.py:{line_a}")
+    assert lord.event_site(e["site"][0]).endswith(f"test_event_ring.py:{line_a}")
     assert (np.diff(e["t_ns"]) >= 0).all()
     assert set(e["thread"]) == {threading.get_ident()}
     assert (e["lifetime_ns"] == 0).all()
     decoded = lord.decode_events(e)
     assert decoded[1]["kind"] == "alloc" and decoded[1]["region"] == "step"
     assert decoded[1]["device"] == "cpu" and decoded[1]["bytes"] == 4 * KiB
-    assert decoded[0]["site"].endswith(f"test_events.py:{line_a}")
+    assert decoded[0]["site"].endswith(f"test_event_ring.py:{line_a}")
 
 
 def test_hooks_record_their_source():

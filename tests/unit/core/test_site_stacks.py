@@ -65,7 +65,7 @@ def test_library_site_shows_the_users_line_and_the_library_line(fakelib, hooked)
     lib_file = fakelib.__file__
     dev, where, nbytes = hooked.top_alloc_site()
     assert nbytes == 4000
-    assert where == f"tests/test_site_stacks.py:{line} via {lib_file}:2" or where == (
+    assert where == f"tests/unit/core/test_site_stacks.py:{line} via {lib_file}:2" or where == (
         f"{__file__}:{line} via {lib_file}:2"
     )
     del keep

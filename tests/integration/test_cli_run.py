@@ -168,7 +168,7 @@ def test_the_demo_says_how_to_get_a_report(capsys):
 def test_run_attributes_no_site_to_memlord_itself(tmp_path):
     """No site is memlord's own `python -m memlord` frame (frees of the script's globals
     were put at memlord/__main__.py, then at `<frozen runpy>`; the report is now written
-    while the globals are alive: tests/test_cli_run_files.py)."""
+    while the globals are alive: tests/integration/test_cli_run_files.py)."""
     script = tmp_path / "keep.py"
     script.write_text("import torch\nkeep = [torch.empty(1024) for _ in range(4)]\n")
     r = subprocess.run(

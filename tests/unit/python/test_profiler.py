@@ -141,7 +141,7 @@ def test_operations_are_lord_regions_and_events_come_from_the_ring(tmp_path):
     rows = list(zip(ev.decode("kind"), ev["bytes"].tolist(), ev.decode("region"), strict=True))
     assert ("alloc", 4000, "outer") in rows and ("alloc", 8000, "inner") in rows
     assert ("free", 8000, "outer") in rows and ("alloc", 40000, None) in rows
-    assert all(site.startswith("tests/test_profiler.py:") for site in ev.sites)
+    assert all(site.startswith("tests/unit/python/test_profiler.py:") for site in ev.sites)
     assert set(ev.decode("source")) == {"factory", "death"}
     final = lord.stats()["cpu"]
     series = memory_series(doc)["cpu"]
