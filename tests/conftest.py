@@ -13,7 +13,7 @@ pytest's default ``prepend`` import mode puts ``tests/`` on ``sys.path``.
   for the tests marked ``fakecuda``.
 * ``here()`` is the caller's current line, for call-site assertions.
 * ``STRESS_SCALE`` (env ``MEMLORD_STRESS_SCALE``, default 1) scales the iteration counts of the
-  long stress tests; 1 runs the counts the issues name.
+  long stress tests; 1 runs the full counts.
 * GC torture (env ``MEMLORD_GC_TORTURE=1``, what ``tox -e torture`` sets): every test runs with
   ``gc.set_threshold(1)``, so any allocation may run the cyclic GC, and with cyclic garbage
   whose finalizers call back into memlord (reset, set_auto_gc, set_auto_gc_strategy,

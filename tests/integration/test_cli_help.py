@@ -1,5 +1,5 @@
-"""``python -m memlord --help`` names every command (issue 25): run, report and gantt
-were missing, so a new user could not find them; each command's own --help works."""
+"""``python -m memlord --help`` names every command (run, report and gantt among them), so
+a new user finds them; each command's own --help works."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """python -m memlord run writes its reports once, where asked, with the program's end in
-them (real processes): only the process that started the run writes (r32); relative
-paths are those of the directory run started in (r33); non-daemon threads are waited for
-(r34); a wrong output is refused before the script runs (r37); the final snapshot sees
-the script's globals, and nothing is blamed on runpy."""
+them (real processes): only the process that started the run writes; relative paths are
+those of the directory run started in; non-daemon threads are waited for; a wrong output
+is refused before the script runs; the final snapshot sees the script's globals, and
+nothing is blamed on runpy (repros r32, r33, r34, r37)."""
 
 from __future__ import annotations
 
@@ -34,8 +34,8 @@ def _wrote(stderr):
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork")
 def test_a_forked_child_writes_nothing(tmp_path):
-    """r32: the child, ending after the parent, wrote its own view over the report.
-    (capture_output waits for the child too: it holds the pipes until it exits.)"""
+    """A forked child that ends after its parent writes no report over the parent's.
+    (capture_output waits for the child too: it holds the pipes until it exits.) (repro r32)"""
     r = _run(
         tmp_path,
         """
@@ -59,7 +59,8 @@ def test_a_forked_child_writes_nothing(tmp_path):
 
 
 def test_relative_outputs_are_where_run_started(tmp_path):
-    """r33: the reports followed the script's os.chdir."""
+    """Relative outputs land where run started, whatever os.chdir the script makes
+    (repro r33)."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     r = _run(
@@ -91,7 +92,8 @@ def test_the_default_profile_is_where_run_started(tmp_path):
 
 
 def test_non_daemon_threads_are_waited_for(tmp_path):
-    """r34: the report was written when the main body returned (1 of 20 allocations)."""
+    """The report waits for the script's non-daemon threads: it holds all 20 allocations,
+    not only those made before the main body returned (repro r34)."""
     r = _run(
         tmp_path,
         """
@@ -140,7 +142,8 @@ def test_exit_handlers_of_the_script_run_before_the_report(tmp_path):
     ],
 )
 def test_a_wrong_output_name_is_refused_before_the_script_runs(tmp_path, option, name):
-    """r37: the script ran (for hours), then a traceback and exit 0 without a report."""
+    """A wrong output name is one line and exit status 2 before the script runs, not a
+    traceback after it ran (repro r37)."""
     r = _run(tmp_path, "print('script ran')\n", option, name)
     assert r.returncode == 2
     assert r.stdout == ""
@@ -167,9 +170,9 @@ def test_an_unwritable_output_is_refused_before_the_script_runs(tmp_path):
 
 
 def test_the_final_snapshot_sees_the_scripts_globals(tmp_path):
-    """The final snapshot was taken after the script's globals were dropped: 0 B at the
-    end, no largest tensors, the pickle's blocks without frames, and frees blamed on
-    `<frozen runpy>`."""
+    """The final snapshot is taken before the script's globals are dropped: the bytes still
+    held at the end, the largest tensors, the pickle's blocks with their frames, and no
+    frees blamed on `<frozen runpy>`."""
     r = _run(
         tmp_path,
         """

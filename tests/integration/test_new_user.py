@@ -1,4 +1,4 @@
-"""The first hour of a new user: what they run and read before they trust memlord.
+"""What a new user runs and reads before they trust memlord.
 
 * `import memlord` where no C extension is built says exactly what to run;
 * `python -m memlord --version`;
@@ -84,8 +84,8 @@ def make_checkout(root: Path) -> Path:
 
 
 def test_import_from_an_unbuilt_checkout_says_exactly_what_to_run(tmp_path):
-    """Before the fix: 'cannot import name _core ... (most likely due to a circular
-    import)', which says nothing of a build."""
+    """The ImportError says the C extension is not built and the exact command to build
+    it, not 'cannot import name _core ... (most likely due to a circular import)'."""
     make_checkout(tmp_path)
     r = run(["-c", UNBUILT + "import memlord"], cwd=tmp_path)
     assert r.returncode != 0

@@ -1,7 +1,7 @@
-"""Processes (issue 5): fork, exit with tracked objects alive, `python -X dev -m memlord`.
+"""Whole processes: a forked child counts on its own, the interpreter exits cleanly with
+tracked objects alive, and `python -X dev -m memlord` runs clean.
 
 Each case runs in a fresh interpreter so a crash, a hang or a warning at exit is seen as such.
-Later issues add the same cases with hooks on.
 """
 
 import os

@@ -1,7 +1,8 @@
 """The memory profiler's files: default names no two trackers share, in one process or
-in several (r35); paths fixed where the tracker was made, whatever the program's later
-os.chdir; a forked child writes nothing over its parent's profile (r32), and a tracker
-it starts itself writes a file of its own.  Real processes where processes matter."""
+in several; paths fixed where the tracker was made, whatever the program's later
+os.chdir; a forked child writes nothing over its parent's profile, and a tracker it
+starts itself writes a file of its own.  Real processes where processes matter
+(repros r32, r35)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def _no_global_tracker():
 
 
 def test_trackers_started_in_one_second_have_their_own_files(tmp_path):
-    """r35: the second tracker's file was the first one's (same second, same name)."""
+    """Trackers started within the same second get a file each, whether made directly or
+    through initialize_memory_tracker; neither overwrites the other (repro r35)."""
     names = set()
     for _ in range(20):  # whatever the clock does, pairs of these start within a second
         tracker = MemoryTracker(tmp_path, interval=None, enabled=True)

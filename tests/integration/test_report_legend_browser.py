@@ -1,6 +1,6 @@
-"""The HTML report's legends in a real browser (issue 25, r40): a name with a double quote
-shows as itself (not '&quot;'), and no legend covers its plot (lane 0 of the Gantt holds
-the root module's spans and the `step` region; the top of the timeline holds the peak).
+"""The HTML report's legends in a real browser: a name with a double quote shows as itself
+(not '&quot;'), and no legend covers its plot (lane 0 of the Gantt holds the root module's
+spans and the `step` region; the top of the timeline holds the peak) (repro r40).
 
 Geometry comes from the SVG plotly draws in headless Chromium: the legend group's
 translation and background height against the plot area's drag rectangle.

@@ -1,9 +1,9 @@
-"""Malformed profiles (issue 25, r38): ``python -m memlord report`` answers each with one
+"""Malformed profiles: ``python -m memlord report`` answers each with one
 ``memlord: ...`` line per problem and exit status 2, never a traceback; ``load()`` raises
 ``ProfileError`` (a ValueError) listing them; and whatever ``load()`` accepts converts to
-every format.
+every format (repro r38).
 
-The corpus: the issue's cases, hand-made ones for each check, and hypothesis mutations of
+The corpus: the six cases of the repro, hand-made ones for each check, and hypothesis mutations of
 real profiles (a lord's export with events, regions and module spans; a profiler's file
 with snapshots and operations; a file in the memory profiler's original schema).
 """
@@ -32,7 +32,7 @@ from memlord.report._trace import _chunks as trace_chunks
 
 # (name, document, words the problem line must contain)
 CASES = [
-    # the issue's six
+    # the six of repro r38
     ("counters_not_dicts", {"memlord": {"counters": {"cpu": 5}}}, ["memlord.counters.cpu"]),
     (
         "unknown_event_column",
@@ -151,8 +151,8 @@ def _check_answer(code, err, words, out_paths):
 
 @pytest.mark.parametrize(("name", "doc", "words"), CASES[:3], ids=[c[0] for c in CASES[:3]])
 def test_report_cli_subprocess_says_one_line_per_problem(tmp_path, name, doc, words):
-    """The real command in a real process, for three of the issue's cases (once an
-    AttributeError, a KeyError and a TypeError); every case runs through the same main()
+    """The real command in a real process, for three cases whose unchecked reading would
+    raise an AttributeError, a KeyError and a TypeError; every case runs through the same main()
     in process below (a process per case costs seconds each)."""
     src = _write(tmp_path, name, doc)
     out = tmp_path / "out.html"

@@ -1,11 +1,11 @@
-"""Long stress runs (issue 5): leaks, reference counts, exact totals under 8 threads.
+"""Long stress runs: no leaks, flat reference counts, exact totals under 8 threads.
 
-Counts are the issues' own (200,000 calls; 8 threads x 50,000 ops) times MEMLORD_STRESS_SCALE
+Counts are 200,000 calls and 8 threads x 50,000 ops, times MEMLORD_STRESS_SCALE
 (default 1), so a slow build (ASan) can lower them. RSS growth is bounded by
 MEMLORD_RSS_BOUND_MB (default 2; 512 under ASan, whose quarantine keeps freed blocks resident).
 
-Later issues add hook modes: each test takes a `hooks` parameter ("off" today) so cases with the
-torch/python hooks on plug into the same loops.
+Each test takes a `hooks` parameter (HOOK_MODES: the hooks off, or the torch hooks on), so
+the same loops run with and without hooks.
 """
 
 import gc
@@ -36,7 +36,7 @@ _DEFAULT_RSS_MB = "512" if under_asan() else "2"
 RSS_BOUND = int(float(os.environ.get("MEMLORD_RSS_BOUND_MB", _DEFAULT_RSS_MB)) * (1 << 20))
 THREAD_TIMEOUT_S = float(os.environ.get("MEMLORD_STRESS_TIMEOUT_S", "300"))
 
-HOOK_MODES = ["off", "torch"]  # later: "python" (lifetime hooks)
+HOOK_MODES = ["off", "torch"]  # the lifetime hooks ("python") are not stressed here
 
 
 @pytest.fixture(params=HOOK_MODES)

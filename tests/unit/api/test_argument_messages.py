@@ -1,6 +1,7 @@
-"""Small validation gaps of issue 25 (r39): each wrong input is a TypeError or ValueError
+"""Argument checks at the edges of the API: each wrong input is a TypeError or ValueError
 (a MemoryError for a ring the machine cannot hold) whose message names the argument, and
-nothing changes; a bound hook refuses what torch's own method refuses, with its message.
+nothing changes; a bound hook refuses what torch's own method refuses, with its message
+(repro r39).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""A table of wrong inputs across the public API (issue 5).
+"""A table of wrong inputs across the public API.
 
 Each one raises a clear TypeError or ValueError whose message names the argument (and, for
 objects given to allocate/free, the offending type and its position), and leaves every counter,
-hotspot and the threshold exactly as they were. Later issues add rows for hooks and strategies.
+hotspot and the threshold exactly as they were.
 """
 
 import re

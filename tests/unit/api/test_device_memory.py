@@ -73,7 +73,7 @@ def test_bad_device_argument(arg, exc, fragment):
 
 def test_wrong_type_is_not_told_none_would_do():
     """device_memory() needs one device: its TypeError for a wrong type must not list None
-    among the accepted values, as the queries' message does (r16)."""
+    among the accepted values, as the queries' message does (repro r16)."""
     lord = MemLord()
     for arg in (0, 1.5, ["cpu"]):
         with pytest.raises(TypeError, match="argument 'device'") as err:

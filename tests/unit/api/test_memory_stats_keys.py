@@ -1,7 +1,7 @@
-"""memory_stats()'s 'pending_free_bytes' read as frees waiting for a CUDA event (what the
-torch hooks' pending() reports) while it held the bytes freed since the last auto-GC
-(issue 25): the key is now 'freed_since_gc_bytes', and the old one stays for a release,
-equal, reading it warns (DeprecationWarning), and the result is still a dict."""
+"""memory_stats() names the bytes freed since the last auto-GC 'freed_since_gc_bytes'
+('pending_free_bytes' would read as frees waiting for a CUDA event, what the torch hooks'
+pending() reports). The deprecated 'pending_free_bytes' stays for a release: equal to the
+new key, reading it warns (DeprecationWarning), and the result is still a dict."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The scan of Python's objects (``snapshot(include_untracked=True)``, ``export()`` and the
 profiler without lifetime tracking) never lets another thread see the references it holds,
-and never reads what tensors of tracing hold (r31).
+and never reads what tensors of tracing hold (repro r31).
 
 ``gc.get_objects()`` returns a list referring to every object the cyclic GC tracks, among
 them tuples another thread is still filling: ``tuple(generator)`` resizes its tuple in place,

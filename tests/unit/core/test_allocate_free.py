@@ -1,4 +1,4 @@
-"""allocate()/free(): what one call counts, per the contract of issue 2.
+"""allocate()/free(): what one call counts.
 
 Within one call every storage counts once, keyed by (untyped storage data pointer, storage
 nbytes, device); a view counts its whole storage. Across calls there is no dedup.

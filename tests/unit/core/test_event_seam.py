@@ -1,6 +1,8 @@
-"""Core 2.0: the event seam, auto-GC at a safe point, lords held weakly by the dispatcher,
-module state hygiene, and the crash reproductions of ../shared/repros (r01, r01b, r12, r18,
-r22) as tests."""
+"""The event seam: auto-GC runs at a safe point, the dispatcher holds lords weakly, each
+module instance owns and frees its state, and records, queries and getters stay sound while
+the ledger or the configuration changes under them (a reset inside a log handler or from
+another thread, a GC inside a query, a finalizer that reconfigures auto-GC); which sinks
+run follows their busy words (repros r01, r01b, r12, r18, r22)."""
 
 from __future__ import annotations
 
@@ -138,7 +140,7 @@ def test_auto_gc_record_is_info_and_says_how_many_lords(release_spy, memlog):
     assert "lords=2" in rec.getMessage() and "cache released" in rec.getMessage()
 
 
-# ---- the dispatcher holds lords weakly (r18) ----------------------------------------------
+# ---- the dispatcher holds lords weakly (repro r18) ----------------------------------------
 
 
 def test_dropped_lord_is_collected_and_torch_restored():
@@ -199,10 +201,12 @@ def test_other_lord_keeps_hooks_when_one_is_dropped():
     h.disable()
 
 
-# ---- r01 / r01b: the ledger changes while records are written -----------------------------
+# ---- the ledger changes while records are written (repros r01, r01b) ----------------------
 
 
-def test_r01_reset_inside_a_log_handler(monkeypatch):
+def test_reset_inside_a_log_handler_between_device_records(monkeypatch):
+    """A log handler that resets the ledger while one allocate() of two devices is being
+    logged: the call completes, and leaves the ledger empty (repro r01)."""
     lord = MemLord(auto_gc_bytes=None)
     a = torch.ones(10)
     b = torch.ones(10).as_subclass(OnCuda)
@@ -226,7 +230,9 @@ def test_r01_reset_inside_a_log_handler(monkeypatch):
     assert lord.stats() == {}
 
 
-def test_r01b_reset_from_a_thread_while_debug_logs(monkeypatch):
+def test_reset_from_another_thread_while_a_two_device_call_logs(monkeypatch):
+    """Another thread resets the ledger while DEBUG logs two-device allocate() calls: no
+    crash, and no counter goes negative (repro r01b)."""
     lord = MemLord(auto_gc_bytes=None)
     a = torch.ones(10)
     b = torch.ones(10).as_subclass(OnCuda)
@@ -250,10 +256,12 @@ def test_r01b_reset_from_a_thread_while_debug_logs(monkeypatch):
     assert all(v["allocated"] >= 0 for v in s.values())
 
 
-# ---- r12: a query never caches an answer older than the ledger ----------------------------
+# ---- a query never caches an answer older than the ledger (repro r12) ---------------------
 
 
-def test_r12_allocated_not_cached_across_a_gc():
+def test_allocated_is_never_cached_across_a_gc():
+    """allocated() right after a query whose allocation ran the cyclic GC (which freed a
+    tracked tensor) answers the ledger as it is now, not as it was (repro r12)."""
     lord = MemLord(auto_gc_bytes=None)
     with lord.hook_into_python():
 
@@ -277,10 +285,12 @@ def test_r12_allocated_not_cached_across_a_gc():
         assert second[0] == now  # never the answer from before the collection
 
 
-# ---- r22: the strategy getter reads no freed memory ---------------------------------------
+# ---- the strategy getter reads no freed memory (repro r22) --------------------------------
 
 
-def test_r22_strategy_getter_with_a_reconfiguring_finalizer():
+def test_strategy_getter_survives_a_finalizer_that_reconfigures_auto_gc():
+    """auto_gc_strategy read while a finalizer turns auto-GC off answers the strategy
+    before or after the change, never freed memory (repro r22)."""
     strategy = {
         (0, 50): {"metric": "max", "threshold": {"bytes": 1}},
         (50, 101): {"metric": "freed", "threshold": {"percent": 5.0}},

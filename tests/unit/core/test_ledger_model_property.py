@@ -1,11 +1,11 @@
 """Property-based: random allocate/free/reset/set_auto_gc/queries against a Python model.
 
-The model is the contract of issue 2 in a few lines: per call, storages dedup by
+The model is the contract of allocate()/free() in a few lines: per call, storages dedup by
 (pointer, nbytes, device) (conftest.expected_storages); allocated clamps at zero; freed and
 freed_total add the full bytes; after a free, every device the call touched that has a cache
 (not cpu) and whose freed reached the threshold resets freed and counts a GC run; reset clears
 every counter and site and keeps the threshold. Fake-cuda tensors on cuda:0/cuda:1 run the GC
-paths on the CPU. Later issues add hook rules to the same machine.
+paths on the CPU.
 """
 
 import numpy as np

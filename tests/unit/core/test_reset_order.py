@@ -1,8 +1,8 @@
-"""reset() forgets the tracked storages before its event's sinks run (r27).
+"""reset() forgets the tracked storages before its event's sinks run.
 
 A storage counted by Python that the reset's notify phase runs (a log handler of the
 ``[reset]`` record) is counted after the reset; its death must be credited, so the
-ledger goes back to what torch holds (nothing)."""
+ledger goes back to what torch holds (nothing) (repro r27)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The module-wide site table keeps no code object alive: code generated at run time (exec,
 FX's ``<eval_with_key>``, templated kernels) is collected once its user drops it, while the
-sites it left stay resolvable for the hotspot tables (r25)."""
+sites it left stay resolvable for the hotspot tables (repro r25)."""
 
 import gc
 import weakref

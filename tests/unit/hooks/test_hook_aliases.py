@@ -1,8 +1,8 @@
 """Where torch itself finds a hooked function (torch._C._VariableFunctionsClass for torch.zeros,
 torch._C.TensorBase for torch.Tensor.to), the hook is installed too while hooked, and the very
 same entries are back after disable(): what a TorchFunctionMode receives, and what unpickling
-gives, is the object the program's name resolves to (r43, r44).  A mode that calls the function
-it receives makes one allocation, counted once."""
+gives, is the object the program's name resolves to.  A mode that calls the function it
+receives makes one allocation, counted once (repros r43, r44)."""
 
 from __future__ import annotations
 

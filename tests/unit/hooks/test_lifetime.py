@@ -536,7 +536,7 @@ def test_free_of_a_list_cancels_each_item(lord, hooks):
 
 
 def test_allocate_registers_right_after_enabling(lord, hooks):
-    """No factory has run yet: allocate() must still register (issue 4: objects passed to
+    """No factory has run yet: allocate() must still register (objects passed to
     allocate() are registered while the hooks are on)."""
     t = torch.empty(10)
     h = hooks(lord)

@@ -106,7 +106,8 @@ def test_tensor_objects_carry_no_weak_reference(tracking):
 
 
 def test_swap_tensors_accepts_tracked_tensors(tracking):
-    """r05: torch.utils.swap_tensors refuses tensors with weak references."""
+    """torch.utils.swap_tensors accepts tracked tensors (tracking adds no weak reference), and
+    each storage is credited when it dies (repro r05)."""
     lord = tracking
     a = torch.empty(10)
     b = torch.empty(20)
@@ -123,7 +124,8 @@ def test_swap_tensors_accepts_tracked_tensors(tracking):
 
 @pytest.mark.parametrize("swap", [False, True], ids=["plain", "swap"])
 def test_module_to_under_swap_on_conversion(tracking, future_flags, swap):
-    """r05: Module.to() with set_swap_module_params_on_conversion(True) on a tracked model."""
+    """Module.to() on a tracked model, with and without set_swap_module_params_on_conversion:
+    the ledger equals the live storage bytes (repro r05)."""
     future_flags.set_swap_module_params_on_conversion(swap)
     lord = tracking
     m = nn.Linear(4, 4)
@@ -156,8 +158,8 @@ SPELLINGS = {
 @pytest.mark.parametrize("flags", ["none", "overwrite", "swap", "both"])
 @pytest.mark.parametrize("how", sorted(SPELLINGS))
 def test_every_module_conversion_spelling_is_exact(tracking, future_flags, how, flags):
-    """r07, r08: every Module conversion spelling, under each torch.__future__ flag, ends with
-    the ledger equal to the live storage bytes."""
+    """Every Module conversion spelling, under each torch.__future__ flag, ends with the
+    ledger equal to the live storage bytes (repros r07, r08)."""
     future_flags.set_overwrite_module_params_on_conversion(flags in ("overwrite", "both"))
     future_flags.set_swap_module_params_on_conversion(flags in ("swap", "both"))
     lord = tracking
@@ -180,7 +182,9 @@ def test_every_module_conversion_spelling_is_exact(tracking, future_flags, how, 
         "(m.double(), m.to(torch.float32))",
     ],
 )
-def test_r07_module_half_double(lord, how):
+def test_module_conversion_counts_the_converted_weight_once(lord, how):
+    """Each Module conversion (to, double, half, _apply, double then to) leaves the ledger
+    equal to the converted weight's storage, counted once (repro r07)."""
     with lord.hook_into_torch(), lord.hook_into_python():
         m = nn.Linear(256, 256, bias=False)
         eval(how)
@@ -188,7 +192,9 @@ def test_r07_module_half_double(lord, how):
         assert lord.allocated()[0] == m.weight.untyped_storage().nbytes()
 
 
-def test_r08_overwrite_params_on_conversion(lord, future_flags):
+def test_parameters_replaced_on_conversion_are_counted(lord, future_flags):
+    """With set_overwrite_module_params_on_conversion(True), Module.to() replaces each
+    Parameter: the new parameter's storage is what the ledger holds (repro r08)."""
     future_flags.set_overwrite_module_params_on_conversion(True)
     with lord.hook_into_torch(), lord.hook_into_python():
         m = nn.Linear(256, 256, bias=False)
@@ -252,7 +258,9 @@ def test_deep_autowrap_off_counts_conversions_without_tracking(lord):
 # --------------------------------------------------------------------------- parameters
 
 
-def test_r09_weight_norm(tracking):
+def test_weight_norm_keeps_the_live_weights_counted(tracking):
+    """weight_norm re-wraps the weight's storage in new Parameters: the ledger equals the
+    live parameters' bytes (repro r09)."""
     lord = tracking
     m = nn.Linear(64, 64)
     with warnings.catch_warnings():
@@ -309,7 +317,9 @@ VIEWS = {
 
 
 @pytest.mark.parametrize("kind", sorted(VIEWS))
-def test_r10_free_of_a_sharing_tensor_credits_once(lord, kind):
+def test_free_of_a_sharing_tensor_credits_its_storage_once(lord, kind):
+    """free() of a view, detach(), .data or the tensor itself credits the storage once;
+    the base's later death credits nothing more (repro r10)."""
     with lord.hook_into_python() as h:
         keep = torch.empty(1000)
         t = torch.empty(1000)
@@ -359,8 +369,9 @@ def test_free_then_death_credits_nothing_more(lord):
 # --------------------------------------------------------------------------- sizes
 
 
-def test_r11a_expanded_view_move_credits_its_storage(lord):
-    """Moving an expanded view (tracking off) credits the 4-byte storage, not numel x 4."""
+def test_moving_an_expanded_view_credits_its_storage(lord):
+    """Moving an expanded view (tracking off) credits the 4-byte storage, not numel x 4
+    (repro r11)."""
     with lord.hook_into_torch():
         keep = torch.zeros(1000)
         lord.allocate(keep)
@@ -370,13 +381,17 @@ def test_r11a_expanded_view_move_credits_its_storage(lord):
     assert s["allocated"] == 4000 - 4
 
 
-def test_r11b_empty_strided_zero_strides(lord):
+def test_zero_stride_tensor_counts_its_storage_bytes(lord):
+    """torch.empty_strided with a zero stride counts its 4-byte storage, not numel x 4
+    (repro r11)."""
     with lord.hook_into_python():
         t = torch.empty_strided((10**6,), (0,))
         assert lord.allocated()[0] == t.untyped_storage().nbytes() == 4
 
 
-def test_r11c_no_int64_wrap(lord):
+def test_a_huge_zero_stride_tensor_counts_without_int64_wrap(lord):
+    """A zero-stride tensor of 2**62 + 2**59 elements counts its 4-byte storage: no size
+    product wraps in int64 (repro r11)."""
     with lord.hook_into_python():
         u = torch.empty_strided((2**62 + 2**59,), (0,))
         assert lord.allocated()[0] == u.untyped_storage().nbytes() == 4
@@ -401,7 +416,10 @@ def test_storage_sizes_of_the_hooks():
 # --------------------------------------------------------------------------- fake, functorch
 
 
-def test_r13_fake_tensors_count_zero(lord):
+def test_fake_tensors_count_zero_bytes(lord):
+    """Fake tensors hold no memory: allocate() of them, factories and conversions under
+    FakeTensorMode count 0 bytes, without torch's FakeTensor data-pointer warning
+    (repro r13)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     mode = FakeTensorMode()
@@ -421,9 +439,9 @@ def test_r13_fake_tensors_count_zero(lord):
     del c, d, e
 
 
-def test_r06_compile_counts_real_conversions_only(lord):
+def test_compiled_function_counts_real_conversions_only(lord):
     """torch.compile: tracing converts fake and functional tensors, which count nothing;
-    every call of the compiled function counts what eager counts."""
+    every call of the compiled function counts what eager counts (repro r06)."""
     import torch._dynamo
 
     def f(x):
@@ -442,7 +460,9 @@ def test_r06_compile_counts_real_conversions_only(lord):
     torch._dynamo.reset()
 
 
-def test_r14_vmap_counts_the_batched_storage(lord):
+def test_vmap_counts_the_batched_storage(lord):
+    """A conversion under torch.func.vmap counts the whole batched storage, as eager does,
+    not one example's share (repro r14)."""
     x = torch.ones(64, 1000)
 
     def f(r):
@@ -474,7 +494,7 @@ def test_grad_transform_counts_real_storages(lord):
 
 # --------------------------------------------------------------------------- crash-proofing
 
-R02 = """
+PARAMETER_OF_DATA_WHILE_THE_GC_RUNS = """
 import gc, weakref, torch
 from torch import nn
 from memlord import MemLord
@@ -509,7 +529,7 @@ print("freed", lord.stats()["cpu"]["freed"])
 h.disable()
 """
 
-R21 = """
+LORD_COLLECTED_IN_ITS_TRACKER_CALLBACK = """
 import gc, torch
 from memlord import MemLord
 
@@ -534,7 +554,7 @@ gc.set_threshold(700)
 print("survived")
 """
 
-R23 = """
+RESET_IN_A_FINALIZER_WHILE_ALLOCATE_TRACKS = """
 import gc, sys
 import numpy as np
 from memlord import MemLord
@@ -562,7 +582,7 @@ print("after del", lord.stats().get("cpu", {}).get("freed", 0))
 h.disable()
 """
 
-R23B = """
+RESET_FROM_THREADS_WHILE_ALLOCATE_TRACKS = """
 import threading, time, sys, torch, numpy as np
 from memlord import MemLord
 lord = MemLord(auto_gc_bytes=None)
@@ -592,24 +612,29 @@ print("survived")
 """
 
 
-def test_r02_parameter_of_data_while_the_gc_runs():
-    r = run_python(R02)
+def test_parameter_of_tracked_data_survives_a_gc_during_the_transfer():
+    """nn.Parameter(data) while the cyclic GC frees a weak reference to data: no crash, the
+    storage stays tracked once and is credited when it dies (repro r02)."""
+    r = run_python(PARAMETER_OF_DATA_WHILE_THE_GC_RUNS)
     assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
     assert r.stdout.split() == ["done", "1", "freed", "64"], r.stdout
 
 
-def test_r21_lord_freed_inside_its_own_tracker_callback():
-    r = run_python(R21)
+def test_lord_collected_inside_its_own_tracker_callback():
+    """A lord that is cyclic garbage when one of its tracked storages dies is collected
+    without the tracker callback touching freed memory (repro r21)."""
+    r = run_python(LORD_COLLECTED_IN_ITS_TRACKER_CALLBACK)
     assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
     assert r.stdout.strip() == "survived"
 
 
-def test_r23_reset_in_a_finalizer_while_allocate_tracks():
+def test_reset_in_a_finalizer_while_allocate_tracks():
     """The finalizer's reset() lands inside allocate() up to CPython 3.11, where an
     allocation runs the cyclic GC at once: the reset comes first and the array is then
     tracked. From 3.12 the GC runs at the next bytecode, after allocate() returned: the
-    reset forgets the tracked array. Either way the ledger agrees with the registry."""
-    r = run_python(R23)
+    reset forgets the tracked array. Either way the ledger agrees with the registry
+    (repro r23)."""
+    r = run_python(RESET_IN_A_FINALIZER_WHILE_ALLOCATE_TRACKS)
     assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
     if sys.version_info >= (3, 12):
         assert r.stdout.split() == ["survived", "0", "after", "del", "0"], r.stdout
@@ -617,8 +642,10 @@ def test_r23_reset_in_a_finalizer_while_allocate_tracks():
         assert r.stdout.split() == ["survived", "1", "after", "del", "8000"], r.stdout
 
 
-def test_r23b_reset_in_other_threads_while_allocate_tracks():
-    r = run_python(R23B)
+def test_reset_from_other_threads_while_allocate_tracks():
+    """Other threads call reset() while one thread allocate()s with lifetime tracking on and
+    reference cycles become garbage: the process survives (repro r23b)."""
+    r = run_python(RESET_FROM_THREADS_WHILE_ALLOCATE_TRACKS)
     assert r.returncode == 0, (r.returncode, r.stderr[-3000:])
     assert r.stdout.strip() == "survived"
 

@@ -1,4 +1,4 @@
-"""Torch move hooks on the CPU: lord.hook_into_torch() (issue 3).
+"""Torch move hooks on the CPU: what lord.hook_into_torch() counts for each conversion.
 
 What runs here without a GPU:
 

@@ -803,7 +803,7 @@ def pickle_factories_and_methods():
 @row
 def pickle_round_trip_is_the_same_object():
     # a pickled torch function or method resolves to what torch names at load time: the
-    # very object the program holds (r44)
+    # very object the program holds (repro r44)
     fs = (
         torch.zeros,
         torch.empty_like,
@@ -1023,7 +1023,7 @@ class RecordingMode(TorchFunctionMode):
 
 
 class IdentityMode(TorchFunctionMode):
-    """Dispatches on ``func is <torch's name>``, a common idiom (r43)."""
+    """Dispatches on ``func is <torch's name>``, a common idiom (repro r43)."""
 
     def __init__(self):
         super().__init__()
@@ -1121,7 +1121,7 @@ class FxTraced(nn.Module):
 
 @row
 def fx_symbolic_trace_graph():
-    # nothing of memlord runs on an FX Proxy: the graph is the user's own (r42)
+    # nothing of memlord runs on an FX Proxy: the graph is the user's own (repro r42)
     gm = torch.fx.symbolic_trace(FxTraced())
     nodes = [[n.op, getattr(n.target, "__name__", str(n.target))] for n in gm.graph.nodes]
     return [nodes, gm.code, list(gm(torch.ones(3)).shape)]

@@ -1,5 +1,5 @@
 """device_memory, "auto" and band decisions from the fake driver's capacity, and what one
-deferred move costs in driver calls (issue 24).
+deferred move costs in driver calls.
 
 The call ceiling is the test that keeps the event path cheap without a GPU: when the
 device's primary context is current already (whenever torch runs on that device), memlord

@@ -1,5 +1,5 @@
 """Deferred (non_blocking) CUDA frees on the fake driver: what
-tests/unit/platform/test_hooks_cuda.py checks on a GPU, on every CPU run (issue 24).
+tests/unit/platform/test_hooks_cuda.py checks on a GPU, on every CPU run.
 
 A ``fake_cuda`` tensor (conftest: CPU memory that reports cuda:<i>) moved to the CPU with
 non_blocking=True makes memlord record a CUDA event on the fake; the event stays incomplete

@@ -1,7 +1,7 @@
 """Every CUDA driver failure on the fake driver: a deferred move whose event cannot be made is
 credited at once, an event that cannot be queried or waited for counts as done, a capacity
 that cannot be read is unknown; nothing leaks (every event goes back to the pool), nothing
-raises into the caller, every context pushed is popped (issue 24)."""
+raises into the caller, every context pushed is popped."""
 
 from __future__ import annotations
 

@@ -1,11 +1,12 @@
-"""The CUDA driver loads on its first use, from whichever entry point comes first (issue 24).
+"""The CUDA driver loads on its first use, from whichever entry point comes first.
 
 Each test runs a fresh interpreter (a real subprocess) whose only CUDA driver is the fake
 (tests/fakecuda/, named by MEMLORD_CUDA_DRIVER), and makes one of memlord's entry points the
 very first thing that needs the driver: device_memory, a deferred move (an event record),
 the poll that queries its event, a band decision reading the capacity, "auto", --info.
-Before the fix, device_memory and the event record read the driver's function pointers
-before anything had loaded it: (None, None, None) and a move credited at once.
+Each of them loads the driver before it reads the driver's function pointers: device_memory
+answers the device's figures, not (None, None, None), and a deferred move waits for its
+event instead of being credited at once (repro r41).
 
 A library that is missing, not a library, lacks a symbol, or whose cuInit fails means "no
 CUDA driver", never a crash, and _cuda_info / --info say why.
@@ -90,7 +91,7 @@ report(pending=pending, incomplete=incomplete, freed_before=freed_before,
 h.disable()
 """,
     )
-    assert out["pending"] == 4096  # before the fix: 0, credited at once
+    assert out["pending"] == 4096  # not 0: the move waits for its event
     assert out["incomplete"] == 1 and out["freed_before"] == 0
     assert out["after"] == 0 and out["freed"] == 4096
     assert out["misuse"] == 0 and out["depth"] == 0

@@ -1,5 +1,5 @@
 """Torch move hooks on a real GPU: device moves and deferred (non_blocking) frees behind CUDA
-events (issue 3).
+events.
 
 Every test is marked `cuda` (two-GPU tests `cuda2`) and the module skips itself without a GPU,
 so it is safe to run on its own.  The GPU is kept busy with ``torch.cuda._sleep`` queued on the

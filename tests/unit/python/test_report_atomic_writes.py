@@ -1,7 +1,7 @@
 """Every report is written whole or not at all, by one helper (report._util.atomic_write):
 each writer has a temporary file of its own, so concurrent writers of one path, and a
-signal handler that writes while a write it interrupted waits, never spoil each other
-(r36); a write that fails leaves the file it would have replaced as it was."""
+signal handler that writes while a write it interrupted waits, never spoil each other; a
+write that fails leaves the file it would have replaced as it was (repro r36)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def test_concurrent_exports_to_one_path_all_succeed(tmp_path, suffix):
 
 
 def test_lord_export_from_two_threads(tmp_path):
-    """r36 as filed: lord.export(path) from two threads, 20 times each."""
+    """lord.export(path) from two threads, 20 times each, as the repro does (repro r36)."""
     lord = MemLord()
     lord.record_events(10_000)
     keep = []

@@ -1,4 +1,4 @@
-"""DEBUG lines of events lifetime tracking counts (issue 25): a factory's result, a
+"""DEBUG lines of events lifetime tracking counts: a factory's result, a
 conversion counted by a lord that tracks conversions, an ``nn.Parameter``'s storage and a
 module's parameters show the tensor's dtype and shape, as explicit and hooked-conversion
 lines do (docs/api.md#logs); an event of several tensors and a death show none."""

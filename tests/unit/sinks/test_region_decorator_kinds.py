@@ -1,6 +1,6 @@
-"""``@lord.region(name)`` on generator functions, ``async def`` and async generators
-(r30): the region measures the iteration / the awaited body, and the wrapper is of the
-same kind as the function (what ``inspect`` says is kept)."""
+"""``@lord.region(name)`` on generator functions, ``async def`` and async generators:
+the region measures the iteration / the awaited body, and the wrapper is of the same kind
+as the function (what ``inspect`` says is kept) (repro r30)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""What regions keep in memory (r26): the history of closed regions is bounded (settable,
+"""What regions keep in memory: the history of closed regions is bounded (settable,
 ``MemLord(region_history=...)``) and emptied by ``regions(clear=True)``; the interned
 region names are freed once nothing refers to them (the event ring's records, tracked
 storages, open regions), so per-request names do not grow without bound, and the codes
 that are still referred to keep decoding to their names.  Memory is measured with
-tracemalloc, outside memlord."""
+tracemalloc, outside memlord (repro r26)."""
 
 from __future__ import annotations
 

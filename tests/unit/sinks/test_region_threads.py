@@ -1,6 +1,6 @@
 """Regions and threads: a region left open by a thread that ended does not count the next
-thread that gets the same thread ident (r28), and ``ModuleTracker.disable()`` closes
-the regions the tracker left open on every thread, not only its own (r29)."""
+thread that gets the same thread ident, and ``ModuleTracker.disable()`` closes the
+regions the tracker left open on every thread, not only its own (repros r28, r29)."""
 
 from __future__ import annotations
 
