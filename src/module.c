@@ -7,6 +7,7 @@
 #include "core/autogc.h"
 #include "api/handles.h"
 #include "api/snapshot.h"
+#include "hooks/hook.h"
 #include "hooks/hooks.h"
 #include "core/logsink.h"
 #include "core/sites.h"
