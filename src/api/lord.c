@@ -5,6 +5,7 @@
 #include "api/lord.h"
 #include "api/handles.h"
 #include "core/autogc.h"
+#include "core/safepoint.h"
 #include "hooks/lifetime.h"
 #include "core/logsink.h"
 #include "sinks/regions.h"

@@ -2,12 +2,13 @@
  * phases, then handed to the sinks. */
 #include "core/event.h"
 #include "core/book.h"
-#include "core/autogc.h"
+#include "core/safepoint.h"
 #include "core/emit_one.h"
-#include "core/logsink.h"
 
 #include <string.h>
 #include <time.h>
+
+static void notify_deferred(ml_book *lord, const ml_event *ev, int n);
 
 int64_t ml_now_ns(void)
 {
@@ -261,7 +262,7 @@ void ml_emit_notify_busy(ml_book *lord, const ml_sink_plan *plan, const ml_event
     if (ev[0].source == ML_SRC_DEATH) {
         /* Inside a deallocator: nothing heavy here.  The sinks run at the
          * next safe point (autogc.c). */
-        ml_defer_notify(lord, ev, n);
+        ml_defer_notify(lord, ev, n, notify_deferred);
     } else {
         /* The source runs the safe point once it has recorded into every
          * lord it serves: a device is then released once per event. */
@@ -276,7 +277,7 @@ void ml_emit_notify_busy(ml_book *lord, const ml_sink_plan *plan, const ml_event
 
 /* Called from the safe-point queue for events deferred out of a
  * deallocator. */
-void ml_emit_notify_deferred(ml_book *lord, const ml_event *ev, int n)
+static void notify_deferred(ml_book *lord, const ml_event *ev, int n)
 {
     ml_emit_ctx ctx = {NULL, NULL};
     notify(lord, ml_plan_of(lord), ev, n, &ctx);

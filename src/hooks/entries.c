@@ -1,7 +1,7 @@
 /* The hook entry points: each kind of hook has its own, so nothing dispatches
  * on the way into the original. */
 #include "hooks/entries.h"
-#include "core/autogc.h"
+#include "core/safepoint.h"
 #include "hooks/account.h"
 #include "hooks/direct.h"
 #include "hooks/guards.h"

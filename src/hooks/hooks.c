@@ -12,7 +12,7 @@
  * A conversion is sized in storage bytes (the storage a tensor views, 0 for
  * meta and fake storages); the hook never touches data. */
 #include "hooks/hooks.h"
-#include "core/autogc.h"
+#include "core/safepoint.h"
 #include "hooks/dispatch.h"
 #include "hooks/hook.h"
 #include "hooks/patch.h"
