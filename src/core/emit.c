@@ -31,9 +31,6 @@ const char *ml_ev_source_name(int source)
     return source >= 0 && source < ML_SRC_NSOURCES ? source_names[source] : "?";
 }
 
-static int hot_reserve(void *data, ml_book *lord, const ml_event *ev, int n);
-static void hot_apply(void *data, ml_book *lord, ml_event *ev, int n);
-
 int ml_sink_add(ml_book *lord, const ml_sink *sink)
 {
     if (lord->nsinks >= ML_MAX_SINKS) {
@@ -69,9 +66,8 @@ void ml_plan_make(ml_book *lord)
             p->nquiet += s->quiet != NULL;
         }
     }
-    p->hot_first = p->nreserve == 1 && p->napply >= 1 &&
-                   lord->sinks[p->reserve[0]].reserve == hot_reserve &&
-                   lord->sinks[p->apply[0]].apply == hot_apply;
+    p->hot_first = p->nreserve == 1 && p->napply >= 1 && lord->sinks[p->reserve[0]].hotspots &&
+                   lord->sinks[p->apply[0]].hotspots;
     p->valid = 1;
 }
 
@@ -348,40 +344,3 @@ int ml_lord_record_about(ml_book *self, int flags, const ml_delta *d, int n, con
     return ml_record(self, (flags & ML_REC_FREE) ? ML_EV_FREE : ML_EV_ALLOC, source_of_label(label),
                      d, n, site, &ctx);
 }
-
-/* ---- the hotspot sink: cumulative bytes per (device, site) --------------- */
-
-ML_HOT static int hot_reserve(void *Py_UNUSED(data), ml_book *lord, const ml_event *ev, int n)
-{
-    if (n == 1) { /* most calls: one event */
-        ml_hotspots *h = ev[0].kind == ML_EV_ALLOC  ? &lord->alloc_sites
-                         : ev[0].kind == ML_EV_FREE ? &lord->free_sites
-                                                    : NULL;
-        return ev[0].site == 0 || h == NULL ? 0 : ml_hotspots_reserve(h, 1);
-    }
-    Py_ssize_t na = 0, nf = 0;
-    for (int i = 0; i < n; i++) {
-        if (ev[i].site != 0) {
-            na += ev[i].kind == ML_EV_ALLOC;
-            nf += ev[i].kind == ML_EV_FREE;
-        }
-    }
-    if ((na > 0 && ml_hotspots_reserve(&lord->alloc_sites, na) < 0) ||
-        (nf > 0 && ml_hotspots_reserve(&lord->free_sites, nf) < 0)) {
-        return -1;
-    }
-    return 0;
-}
-
-ML_HOT static void hot_apply(void *Py_UNUSED(data), ml_book *lord, ml_event *ev, int n)
-{
-    for (int i = 0; i < n; i++) {
-        if (ev[i].kind == ML_EV_ALLOC) {
-            ml_hotspots_add(&lord->alloc_sites, ev[i].dev, ev[i].site, ev[i].bytes);
-        } else if (ev[i].kind == ML_EV_FREE) {
-            ml_hotspots_add(&lord->free_sites, ev[i].dev, ev[i].site, ev[i].bytes);
-        }
-    }
-}
-
-const ml_sink ml_hotspot_sink = {"hotspots", hot_reserve, hot_apply, NULL, NULL};

@@ -1,5 +1,5 @@
 /* The DEBUG log sink and the [auto_gc] record, through memlord/_log.py. */
-#include "core/logsink.h"
+#include "sinks/log.h"
 #include "core/book.h"
 
 #include <stdlib.h>

@@ -3,10 +3,10 @@
  * Process-wide state (every access holds the GIL): the per-device release
  * requests, run as a late task of the safe point (core/safepoint.c).  Each
  * holds a strong reference to its module, taken without running Python. */
-#include "core/autogc.h"
+#include "sinks/autogc.h"
 #include "core/book.h"
-#include "core/capacity.h"
-#include "core/logsink.h"
+#include "sinks/capacity.h"
+#include "sinks/log.h"
 #include "core/safepoint.h"
 
 #include <string.h>
