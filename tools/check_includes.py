@@ -41,6 +41,7 @@ LAYERS = {
 #: fast path: everything else asks torch/sizing.h how big a tensor is.
 PRIVATE = {
     "torch/tensorabi.h": {"torch", ""},
+    "torch/getters.h": {"torch"},  # torch's getters called fast: the walker and meta.c
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)
