@@ -4,19 +4,19 @@
  * torch objects, and reads their types and singletons once here. */
 #include "api/lord.h"
 #include "sinks/regions.h"
-#include "core/autogc.h"
+#include "sinks/autogc.h"
+#include "core/safepoint.h"
 #include "api/handles.h"
 #include "api/snapshot.h"
+#include "hooks/hook.h"
 #include "hooks/hooks.h"
-#include "core/logsink.h"
+#include "sinks/log.h"
 #include "core/sites.h"
 #include "hooks/lifetime.h"
 #include "platform/ml_cuda.h"
 #include "torch/tensorabi.h"
 #include "torch/sizing.h"
-
-#define PY_ARRAY_UNIQUE_SYMBOL memlord_ARRAY_API
-#include <numpy/arrayobject.h>
+#include "torch/npapi.h"
 
 static int intern(PyObject **slot, const char *s)
 {
@@ -122,7 +122,7 @@ static int core_exec(PyObject *module)
     }
     owner_interp = interp;
     ml_state *st = ml_state_of_module(module);
-    if (_import_array() < 0) {
+    if (ml_numpy_import() < 0) {
         return -1;
     }
     if (load_interned(st) < 0 || load_torch(st) < 0 || ml_abi_init(st) < 0) {
@@ -554,6 +554,7 @@ static int core_clear(PyObject *module)
     ml_log_clear(st);
     ml_sitetab_clear(&st->sites);
     ml_safe_point_clear();
+    ml_autogc_clear();
     return 0;
 }
 

@@ -29,9 +29,9 @@ SRC = ROOT / "src"
 LAYERS = {
     "platform": 0,  # the dlopen'd CUDA driver
     "base": 1,  # module state, device keys, formatting, small helpers
-    "core": 2,  # the seam (events, ml_emit, the book), ledger, sites, auto-GC, log
+    "core": 2,  # the seam (events, ml_emit, the book, the safe point), ledger, sites, hotspot table
     "torch": 2,  # sizing: how big a tensor is, the stable-ABI reader beneath
-    "sinks": 3,  # regions, the event ring
+    "sinks": 3,  # every sink: hotspots, the DEBUG log, auto-GC (policy, capacity), regions, ring
     "hooks": 4,  # the sources: torch hooks, lifetime tracking (a birth names its region)
     "api": 5,  # the Lord type and its handles, snapshots
     "": 6,  # module.c
@@ -41,6 +41,7 @@ LAYERS = {
 #: fast path: everything else asks torch/sizing.h how big a tensor is.
 PRIVATE = {
     "torch/tensorabi.h": {"torch", ""},
+    "torch/getters.h": {"torch"},  # torch's getters called fast: the walker and meta.c
 }
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.M)

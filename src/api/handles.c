@@ -1,6 +1,6 @@
 /* The handle type of both hook kinds. */
 #include "api/handles.h"
-#include "core/autogc.h"
+#include "core/safepoint.h"
 #include "hooks/hooks.h"
 #include "hooks/lifetime.h"
 

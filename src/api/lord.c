@@ -1,12 +1,15 @@
 /* The MemLord type: argument parsing and orchestration.  The counting
  * itself lives in torch/sizing.c (what an object holds), core/emit.c (the
- * seam), ledger.c (per-device counters), sites.c (hotspots) and policy.c
- * (auto-GC). */
+ * seam), core/ledger.c (per-device counters), sinks/hotspots.c (hotspots) and
+ * sinks/autogc.c with sinks/policy.c (auto-GC). */
 #include "api/lord.h"
 #include "api/handles.h"
-#include "core/autogc.h"
+#include "sinks/autogc.h"
+#include "sinks/capacity.h"
+#include "core/safepoint.h"
 #include "hooks/lifetime.h"
-#include "core/logsink.h"
+#include "sinks/log.h"
+#include "sinks/hotspots.h"
 #include "sinks/regions.h"
 #include "sinks/ring.h"
 #include "torch/sizing.h"

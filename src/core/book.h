@@ -12,10 +12,10 @@
 #ifndef MEMLORD_BOOK_H
 #define MEMLORD_BOOK_H
 
-#include "core/capacity.h"
 #include "core/event.h"
 #include "core/ledger.h"
-#include "core/policy.h"
+#include "core/gcconf.h"
+#include "core/hottab.h"
 #include "core/sites.h"
 
 #define ML_GC_BYTES 0
@@ -47,8 +47,6 @@ typedef struct ml_book {
     PyObject *region_name_ix;   /* dict: region name -> index in region_names (the ring) */
     PyObject *region_names;     /* list: index -> name; [0] is "" (no region) */
 } ml_book;
-
-extern const ml_sink ml_hotspot_sink; /* emit.c */
 
 /* Make lord's sink plan afresh (emit.c). */
 void ml_plan_make(ml_book *lord);

@@ -2,12 +2,13 @@
  * phases, then handed to the sinks. */
 #include "core/event.h"
 #include "core/book.h"
-#include "core/autogc.h"
+#include "core/safepoint.h"
 #include "core/emit_one.h"
-#include "core/logsink.h"
 
 #include <string.h>
 #include <time.h>
+
+static void notify_deferred(ml_book *lord, const ml_event *ev, int n);
 
 int64_t ml_now_ns(void)
 {
@@ -29,9 +30,6 @@ const char *ml_ev_source_name(int source)
 {
     return source >= 0 && source < ML_SRC_NSOURCES ? source_names[source] : "?";
 }
-
-static int hot_reserve(void *data, ml_book *lord, const ml_event *ev, int n);
-static void hot_apply(void *data, ml_book *lord, ml_event *ev, int n);
 
 int ml_sink_add(ml_book *lord, const ml_sink *sink)
 {
@@ -68,9 +66,8 @@ void ml_plan_make(ml_book *lord)
             p->nquiet += s->quiet != NULL;
         }
     }
-    p->hot_first = p->nreserve == 1 && p->napply >= 1 &&
-                   lord->sinks[p->reserve[0]].reserve == hot_reserve &&
-                   lord->sinks[p->apply[0]].apply == hot_apply;
+    p->hot_first = p->nreserve == 1 && p->napply >= 1 && lord->sinks[p->reserve[0]].hotspots &&
+                   lord->sinks[p->apply[0]].hotspots;
     p->valid = 1;
 }
 
@@ -261,7 +258,7 @@ void ml_emit_notify_busy(ml_book *lord, const ml_sink_plan *plan, const ml_event
     if (ev[0].source == ML_SRC_DEATH) {
         /* Inside a deallocator: nothing heavy here.  The sinks run at the
          * next safe point (autogc.c). */
-        ml_defer_notify(lord, ev, n);
+        ml_defer_notify(lord, ev, n, notify_deferred);
     } else {
         /* The source runs the safe point once it has recorded into every
          * lord it serves: a device is then released once per event. */
@@ -276,7 +273,7 @@ void ml_emit_notify_busy(ml_book *lord, const ml_sink_plan *plan, const ml_event
 
 /* Called from the safe-point queue for events deferred out of a
  * deallocator. */
-void ml_emit_notify_deferred(ml_book *lord, const ml_event *ev, int n)
+static void notify_deferred(ml_book *lord, const ml_event *ev, int n)
 {
     ml_emit_ctx ctx = {NULL, NULL};
     notify(lord, ml_plan_of(lord), ev, n, &ctx);
@@ -347,40 +344,3 @@ int ml_lord_record_about(ml_book *self, int flags, const ml_delta *d, int n, con
     return ml_record(self, (flags & ML_REC_FREE) ? ML_EV_FREE : ML_EV_ALLOC, source_of_label(label),
                      d, n, site, &ctx);
 }
-
-/* ---- the hotspot sink: cumulative bytes per (device, site) --------------- */
-
-ML_HOT static int hot_reserve(void *Py_UNUSED(data), ml_book *lord, const ml_event *ev, int n)
-{
-    if (n == 1) { /* most calls: one event */
-        ml_hotspots *h = ev[0].kind == ML_EV_ALLOC  ? &lord->alloc_sites
-                         : ev[0].kind == ML_EV_FREE ? &lord->free_sites
-                                                    : NULL;
-        return ev[0].site == 0 || h == NULL ? 0 : ml_hotspots_reserve(h, 1);
-    }
-    Py_ssize_t na = 0, nf = 0;
-    for (int i = 0; i < n; i++) {
-        if (ev[i].site != 0) {
-            na += ev[i].kind == ML_EV_ALLOC;
-            nf += ev[i].kind == ML_EV_FREE;
-        }
-    }
-    if ((na > 0 && ml_hotspots_reserve(&lord->alloc_sites, na) < 0) ||
-        (nf > 0 && ml_hotspots_reserve(&lord->free_sites, nf) < 0)) {
-        return -1;
-    }
-    return 0;
-}
-
-ML_HOT static void hot_apply(void *Py_UNUSED(data), ml_book *lord, ml_event *ev, int n)
-{
-    for (int i = 0; i < n; i++) {
-        if (ev[i].kind == ML_EV_ALLOC) {
-            ml_hotspots_add(&lord->alloc_sites, ev[i].dev, ev[i].site, ev[i].bytes);
-        } else if (ev[i].kind == ML_EV_FREE) {
-            ml_hotspots_add(&lord->free_sites, ev[i].dev, ev[i].site, ev[i].bytes);
-        }
-    }
-}
-
-const ml_sink ml_hotspot_sink = {"hotspots", hot_reserve, hot_apply, NULL, NULL};

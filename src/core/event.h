@@ -87,6 +87,13 @@ typedef struct {
      * Cheap: no Python, no exception, no allocation.  When every planned
      * notify says so, phase 2 is skipped without touching the error state. */
     int (*quiet)(void *data, struct ml_book *lord);
+    /* Optional: 1 when the sink wants a deallocator's events (a death)
+     * notified at the next safe point (core/safepoint.h); without it, or
+     * when every sink says 0, they are not notified.  No Python. */
+    int (*defer)(void *data, struct ml_book *lord, const ml_event *ev, int n);
+    /* 1 for the hotspot sink only (sinks/hotspots.c): its reserve and apply
+     * are the book's hotspot tables', which the seam may run inline. */
+    int hotspots;
 } ml_sink;
 
 /* What a sink reads beyond kind, source, device, bytes, count and site.

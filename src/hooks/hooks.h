@@ -6,9 +6,6 @@
 
 #include "core/book.h"
 
-extern PyType_Spec ml_hook_spec;    /* the wrapper installed in torch's classes */
-extern PyType_Spec ml_fn_hook_spec; /* ... and in torch's modules (no __get__) */
-
 /* Subscribe lord to the factory wrappers of hook_into_python(). */
 int ml_hooks_py_subscribe(ml_book *lord);
 int ml_hooks_py_unsubscribe(ml_book *lord);

@@ -3,6 +3,7 @@ lower layer including an upper one (docs/architecture.md, "Layout")."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -79,3 +80,71 @@ def test_check_reports_private_and_unqualified_includes(tmp_path):
     assert r.returncode == 1
     assert "src/hooks/hooks.c:1" in r.stderr and "private" in r.stderr
     assert 'src/hooks/hooks.c:2: #include "sizing.h" names no file under src/' in r.stderr
+
+
+# ---- the link graph (tools/check_links.py): symbols, not includes ----
+
+LINKS = ROOT / "tools" / "check_links.py"
+needs_toolchain = pytest.mark.skipif(
+    not LINKS.is_file() or shutil.which("nm") is None or shutil.which("gcc") is None,
+    reason="needs tools/check_links.py, gcc and nm",
+)
+
+
+def run_links(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(LINKS), *args], capture_output=True, text=True, timeout=300
+    )
+
+
+@needs_toolchain
+def test_src_link_graph_is_layered_and_acyclic():
+    r = run_links()
+    assert r.returncode == 0, r.stderr
+    assert "layered, no cycle" in r.stdout
+
+
+@needs_toolchain
+def test_check_links_reports_an_upward_call_and_a_cycle(tmp_path):
+    # core/low.c calls a function api/high.c defines (up two layers), while
+    # its includes name nothing above; sinks/a.c and sinks/b.c call each other.
+    src = write(
+        tmp_path,
+        {
+            "core/low.c": "int ml_high(void);\nint ml_low(void) { return ml_high() + 1; }\n",
+            "api/high.c": "int ml_high(void) { return 2; }\n",
+            "sinks/a.c": "int ml_b(int);\nint ml_a(int n) { return n > 0 ? ml_b(n - 1) : 0; }\n",
+            "sinks/b.c": "int ml_a(int);\nint ml_b(int n) { return n > 0 ? ml_a(n - 1) : 1; }\n",
+        },
+    )
+    assert run_check("--src", str(src)).returncode == 0  # the include check sees neither
+    r = run_links("--src", str(src))
+    assert r.returncode == 1
+    assert "src/core/low.c (layer 'core', rank 2) uses src/api/high.c" in r.stderr
+    assert "ml_high" in r.stderr
+    assert "link cycle among sinks/a.c, sinks/b.c" in r.stderr
+    assert "check_links: 2 findings" in r.stderr
+
+
+@needs_toolchain
+def test_check_links_passes_a_downward_call_and_a_registered_entry(tmp_path):
+    # The pattern the seam uses: a sink calls down into core (a symbol), and
+    # core reaches the sink only through a pointer the sink registers.
+    src = write(
+        tmp_path,
+        {
+            "core/seam.c": (
+                "static void (*entry)(int);\n"
+                "void ml_seam_register(void (*f)(int)) { entry = f; }\n"
+                "void ml_seam_emit(int v) { if (entry) entry(v); }\n"
+            ),
+            "sinks/log.c": (
+                "void ml_seam_register(void (*f)(int));\nvoid ml_seam_emit(int v);\n"
+                "static void on_event(int v) { (void)v; }\n"
+                "void ml_log_init(void) { ml_seam_register(on_event); ml_seam_emit(1); }\n"
+            ),
+        },
+    )
+    r = run_links("--src", str(src))
+    assert r.returncode == 0, r.stderr
+    assert "2 files, 1 edges, layered, no cycle" in r.stdout

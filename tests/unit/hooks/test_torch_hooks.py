@@ -581,7 +581,7 @@ def test_sync_functions_skipped_cleanly_on_cpu_build(lord):
         assert getattr(torch.cuda, "synchronize", None) is before
 
 
-DIRECT_CALLS = sys.version_info < (3, 13)  # see call_direct in src/hooks/hooks.c
+DIRECT_CALLS = sys.version_info < (3, 13)  # see ml_call_direct in src/hooks/direct.c
 
 
 def test_hooks_call_torchs_c_functions_directly():

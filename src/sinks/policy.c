@@ -1,5 +1,5 @@
 /* Auto-GC thresholds and the backend cache release. */
-#include "core/policy.h"
+#include "sinks/policy.h"
 #include "platform/ml_cuda.h"
 
 #include <math.h>

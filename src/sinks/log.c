@@ -1,5 +1,5 @@
 /* The DEBUG log sink and the [auto_gc] record, through memlord/_log.py. */
-#include "core/logsink.h"
+#include "sinks/log.h"
 #include "core/book.h"
 
 #include <stdlib.h>
@@ -290,7 +290,14 @@ ML_HOT static int log_quiet(void *Py_UNUSED(data), ml_book *lord)
     return st->log_logger == NULL || kept_answer(st, 0, &env, &cache, &versioned) == 0;
 }
 
-const ml_sink ml_log_sink = {"log", NULL, NULL, log_notify, NULL, NULL, 0, log_quiet};
+/* A death's events wait for the safe point while DEBUG records are wanted. */
+static int log_defer(void *Py_UNUSED(data), ml_book *lord, const ml_event *Py_UNUSED(ev),
+                     int Py_UNUSED(n))
+{
+    return ml_log_cached_wants(ml_lord_state(lord), ML_LOG_DEBUG);
+}
+
+const ml_sink ml_log_sink = {"log", NULL, NULL, log_notify, NULL, NULL, 0, log_quiet, log_defer};
 
 void ml_log_gc(ml_state *st, ml_dev dev, const ml_gc_why *why, int64_t runs, int released,
                int nlords)

@@ -10,7 +10,7 @@
 #define MEMLORD_LOGSINK_H
 
 #include "core/event.h"
-#include "core/policy.h"
+#include "sinks/policy.h"
 
 #define ML_LOG_DEBUG 10
 #define ML_LOG_INFO 20

@@ -1,5 +1,5 @@
 /* Device capacity on demand: system RAM, the CUDA driver, or a user source. */
-#include "core/capacity.h"
+#include "sinks/capacity.h"
 #include "platform/ml_cuda.h"
 
 #include <errno.h>

@@ -1,20 +1,15 @@
 /* Auto-GC: decided in the event path, executed at a safe point.
  *
- * Process-wide state (with the dispatcher in hooks.c, the only mutable
- * globals; every access holds the GIL): the queue of deferred notifications
- * and the per-device release requests.  Entries hold a strong reference to
- * their lord or module, taken without running Python. */
-#include "core/autogc.h"
-#include "core/capacity.h"
-#include "core/logsink.h"
+ * Process-wide state (every access holds the GIL): the per-device release
+ * requests, run as a late task of the safe point (core/safepoint.c).  Each
+ * holds a strong reference to its module, taken without running Python. */
+#include "sinks/autogc.h"
 #include "core/book.h"
+#include "sinks/capacity.h"
+#include "sinks/log.h"
+#include "core/safepoint.h"
 
 #include <string.h>
-
-typedef struct {
-    ml_book *lord; /* strong */
-    ml_event ev;
-} ml_deferred;
 
 typedef struct {
     PyObject *module; /* strong: its state has release_cache */
@@ -24,53 +19,14 @@ typedef struct {
     int nlords;
 } ml_release;
 
-#define ML_DEFERRED_MAX 65536 /* beyond, deferred DEBUG records are counted, not kept */
 #define ML_RELEASE_MAX 64
-#define ML_TASKS_MAX 8
 
 static struct {
-    ml_deferred *deferred;
-    Py_ssize_t ndeferred, cap;
-    int64_t dropped; /* deferred notifications that found the queue full */
     ml_release releases[ML_RELEASE_MAX];
     int nreleases;
-    void (*tasks[ML_TASKS_MAX])(void);
-    int ntasks;
-    int scheduled; /* a pending call is queued */
-    int running;   /* a safe point is running (no nesting) */
 } q;
 
-int ml_safe_point_pending(void)
-{
-    return q.ndeferred > 0 || q.nreleases > 0 || q.ntasks > 0;
-}
-
-static int pending_call(void *Py_UNUSED(arg))
-{
-    q.scheduled = 0;
-    ml_safe_point();
-    return 0; /* never raise into whatever the main thread runs */
-}
-
-static void schedule(void)
-{
-    if (!q.scheduled && Py_AddPendingCall(pending_call, NULL) == 0) {
-        q.scheduled = 1;
-    }
-}
-
-void ml_safe_point_add_task(void (*fn)(void))
-{
-    for (int i = 0; i < q.ntasks; i++) {
-        if (q.tasks[i] == fn) {
-            return;
-        }
-    }
-    if (q.ntasks < ML_TASKS_MAX) {
-        q.tasks[q.ntasks++] = fn;
-    }
-    schedule();
-}
+static void run_releases(void);
 
 /* ---- the decision (a notify sink) ------------------------------------------ */
 
@@ -97,7 +53,7 @@ static void request_release(ml_book *lord, ml_dev dev, const ml_gc_why *why, int
     r->why = *why;
     r->runs = runs;
     r->nlords = 1;
-    schedule();
+    ml_safe_point_add_late(run_releases);
 }
 
 /* Whether dev is due for lord now; fills why.  May run Python (a user
@@ -171,48 +127,27 @@ static void autogc_notify(void *Py_UNUSED(data), ml_book *lord, const ml_event *
     }
 }
 
-const ml_sink ml_autogc_sink = {"auto_gc", NULL, NULL, autogc_notify, NULL};
+/* A death's events wait for the safe point when auto-GC is configured and
+ * one of them is on a device with a cache. */
+static int autogc_defer(void *Py_UNUSED(data), ml_book *lord, const ml_event *ev, int n)
+{
+    const ml_state *st = ml_lord_state(lord);
+    int want = 0;
+    if (auto_gc_configured(lord)) {
+        for (int i = 0; i < n && !want; i++) {
+            want = ml_dev_has_cache(st, ev[i].dev);
+        }
+    }
+    return want;
+}
+
+const ml_sink ml_autogc_sink = {"auto_gc", NULL, NULL, autogc_notify, NULL,
+                                NULL,      0,    NULL, autogc_defer};
 
 const int *ml_autogc_busy(const ml_state *st)
 {
     return &st->cache_in_use;
 }
-
-/* ---- deferral out of deallocators ------------------------------------------- */
-
-void ml_defer_notify(ml_book *lord, const ml_event *ev, int n)
-{
-    const ml_state *st = ml_lord_state(lord);
-    int want = ml_log_cached_wants(st, ML_LOG_DEBUG);
-    if (!want && auto_gc_configured(lord)) {
-        for (int i = 0; i < n && !want; i++) {
-            want = ml_dev_has_cache(st, ev[i].dev);
-        }
-    }
-    if (!want) {
-        return;
-    }
-    for (int i = 0; i < n; i++) {
-        if (q.ndeferred == q.cap) {
-            Py_ssize_t cap = q.cap ? q.cap * 2 : 64;
-            ml_deferred *d = cap <= ML_DEFERRED_MAX
-                                 ? PyMem_Realloc(q.deferred, (size_t)cap * sizeof(ml_deferred))
-                                 : NULL;
-            if (d == NULL) {
-                q.dropped += n - i;
-                break;
-            }
-            q.deferred = d;
-            q.cap = cap;
-        }
-        q.deferred[q.ndeferred].lord = (ml_book *)Py_NewRef((PyObject *)lord);
-        q.deferred[q.ndeferred].ev = ev[i];
-        q.ndeferred++;
-    }
-    schedule();
-}
-
-/* ---- the safe point ----------------------------------------------------------- */
 
 static void run_releases(void)
 {
@@ -228,64 +163,9 @@ static void run_releases(void)
     }
 }
 
-void ml_safe_point(void)
+void ml_autogc_clear(void)
 {
-    if (q.running || !ml_safe_point_pending()) {
-        return;
-    }
-    q.running = 1;
-    PyObject *exc_type, *exc_value, *exc_tb;
-    PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
-    while (q.ntasks > 0) {
-        void (*fn)(void) = q.tasks[0];
-        q.ntasks--;
-        memmove(q.tasks, q.tasks + 1, (size_t)q.ntasks * sizeof(q.tasks[0]));
-        fn();
-        if (PyErr_Occurred()) {
-            PyErr_WriteUnraisable(NULL);
-        }
-    }
-    while (q.ndeferred > 0) {
-        /* Detach the queue: the sinks may defer more. */
-        ml_deferred *items = q.deferred;
-        Py_ssize_t n = q.ndeferred;
-        q.deferred = NULL;
-        q.ndeferred = q.cap = 0;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            /* consecutive events of one lord go out as one batch */
-            Py_ssize_t j = i;
-            while (j + 1 < n && items[j + 1].lord == items[i].lord && j - i < 7) {
-                j++;
-            }
-            ml_event batch[8];
-            for (Py_ssize_t k = i; k <= j; k++) {
-                batch[k - i] = items[k].ev;
-            }
-            ml_emit_notify_deferred(items[i].lord, batch, (int)(j - i + 1));
-            for (Py_ssize_t k = i; k <= j; k++) {
-                Py_DECREF(items[k].lord);
-            }
-            i = j;
-        }
-        PyMem_Free(items);
-    }
-    run_releases();
-    PyErr_Restore(exc_type, exc_value, exc_tb);
-    q.running = 0;
-}
-
-void ml_safe_point_clear(void)
-{
-    ml_deferred *items = q.deferred;
-    Py_ssize_t n = q.ndeferred;
-    q.deferred = NULL;
-    q.ndeferred = q.cap = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Py_DECREF(items[i].lord);
-    }
-    PyMem_Free(items);
     while (q.nreleases > 0) {
         Py_DECREF(q.releases[--q.nreleases].module);
     }
-    q.ntasks = 0;
 }

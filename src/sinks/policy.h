@@ -2,52 +2,8 @@
 #ifndef MEMLORD_POLICY_H
 #define MEMLORD_POLICY_H
 
+#include "core/gcconf.h"
 #include "core/ledger.h"
-
-typedef struct {
-    int enabled;       /* a threshold is in force */
-    int is_auto;       /* it came from "auto" */
-    int resolved;      /* "auto" has been read from the driver */
-    int64_t threshold; /* bytes freed since the device's last GC */
-} ml_policy;
-
-/* ---- banded strategy --------------------------------------------------
- * A band applies while the device's used percentage lies in [lo, hi).  Its
- * threshold is the smaller of `bytes` and `percent` of the device's total
- * (each optional, at least one given); the value compared is the bytes
- * allocated or freed since the device's last GC, or the larger of both. */
-enum { ML_METRIC_ALLOCATED = 0, ML_METRIC_FREED = 1, ML_METRIC_MAX = 2 };
-
-typedef struct {
-    double lo, hi;
-    int lo_is_int, hi_is_int; /* how the key was written, for the round trip */
-    int metric;
-    int has_bytes, has_percent;
-    int64_t bytes;
-    double percent;
-} ml_band;
-
-typedef struct {
-    ml_band *bands; /* PyMem, sorted by lo, not overlapping; NULL when n == 0 */
-    int n;
-} ml_strategy;
-
-/* What a device's capacity source said: known == 0 when it could not tell. */
-typedef struct {
-    int known;
-    int64_t total, used;
-} ml_capinfo;
-
-/* Why a GC run happened, for its log line (copied: the strategy may be
- * replaced before the line is printed). */
-typedef struct {
-    int banded; /* 0: bytes mode */
-    double lo, hi;
-    int lo_is_int, hi_is_int;
-    double used_pct; /* < 0: unknown */
-    int metric;
-    int64_t value, threshold;
-} ml_gc_why;
 
 /* Bands from memlord/_config.py's plain tuples (lo, hi, lo_is_int,
  * hi_is_int, metric, bytes or -1, percent or -1.0), already validated and

@@ -7,26 +7,8 @@
 #ifndef MEMLORD_CAPACITY_H
 #define MEMLORD_CAPACITY_H
 
-#include "core/policy.h"
-
-#define ML_CAP_TTL_NS 50000000LL /* 50 ms */
-#define ML_CAP_CACHE 8
-
-typedef struct {
-    ml_dev dev;
-    int valid;        /* the entry holds a read */
-    int64_t stamp_ns; /* monotonic time of the read */
-    ml_capinfo info;
-    PyObject *result; /* the (total, used, pct) tuple, strong, built lazily */
-} ml_cap_entry;
-
-typedef struct {
-    PyObject *source; /* user callable(device_str) or NULL, strong */
-    ml_cap_entry cache[ML_CAP_CACHE];
-    int next;
-    PyObject *last_str; /* last str argument of device_memory and its device */
-    ml_dev last_dev;
-} ml_capacity;
+#include "core/gcconf.h"
+#include "sinks/policy.h"
 
 void ml_capacity_init(ml_capacity *c);
 void ml_capacity_clear(ml_capacity *c);

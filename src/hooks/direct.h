@@ -1,0 +1,42 @@
+/* The direct call of torch's C functions: a hook calls its original the way
+ * CPython's own call of it would, without the extra call level.  Private to
+ * hooks/. */
+#ifndef MEMLORD_HOOKS_DIRECT_H
+#define MEMLORD_HOOKS_DIRECT_H
+
+#include "hooks/hook.h"
+
+/* Calling the original's C function directly needs CPython's own check of a
+ * call's result, _Py_CheckFunctionResult, declared for extensions up to 3.12;
+ * later versions call through PyObject_Vectorcall. */
+#if PY_VERSION_HEX < 0x030D0000
+#define ML_DIRECT_CALL 1
+#else
+#define ML_DIRECT_CALL 0
+#endif
+
+/* Whether hook may call original's C function itself (sets hook->direct,
+ * direct_self, direct_type; NULL when not). */
+void ml_direct_of(HookObject *hook, PyObject *original);
+#if ML_DIRECT_CALL
+/* original(*args, **kwnames) through its C function (hook->direct != NULL). */
+PyObject *ml_call_direct(const HookObject *self, PyObject *const *args, size_t nargsf,
+                         PyObject *kwnames);
+#endif
+
+/* original(*args, **kwnames): directly when ml_direct_of allowed it, else
+ * through the original's vectorcall, looked up on every call (it belongs to
+ * the original's type, which may change its slots).  The result is checked
+ * by whoever called the hook. */
+static inline PyObject *ml_call_original(const HookObject *self, PyObject *const *args,
+                                         size_t nargsf, PyObject *kwnames)
+{
+#if ML_DIRECT_CALL
+    if (self->direct != NULL) {
+        return ml_call_direct(self, args, nargsf, kwnames);
+    }
+#endif
+    return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+}
+
+#endif

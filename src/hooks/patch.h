@@ -1,0 +1,20 @@
+/* Patch install and uninstall: putting hooks into torch's classes and modules
+ * (and where torch itself finds them), and taking them out again.  Private to
+ * hooks/. */
+#ifndef MEMLORD_HOOKS_PATCH_H
+#define MEMLORD_HOOKS_PATCH_H
+
+#include "base/memlord.h"
+
+/* Install the group's hooks (hook_into_torch: G_TORCH, hook_into_python:
+ * G_PY) for module: 0, or -1 with an exception set and nothing installed. */
+int ml_install_torch(PyObject *module);
+int ml_install_py(PyObject *module);
+/* Restore torch's originals of the torch hooks (and forget the stream source). */
+void ml_uninstall_torch(void);
+/* Put every original of group back; -1 when some could not be (reported). */
+int ml_unpatch_group(int group);
+/* 1 when some patch of group is installed. */
+int ml_group_installed(int group);
+
+#endif
