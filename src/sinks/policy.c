@@ -62,9 +62,16 @@ static int fmt_bound(double v, int is_int, char *buf, size_t size)
     if (is_int) {
         return snprintf(buf, size, "%lld", (long long)v);
     }
+    /* the log sink may format with an exception pending (it runs in the notify
+     * phase): a failure here must neither clear it nor leave one of its own */
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
     char *r = PyOS_double_to_string(v, 'r', 0, Py_DTSF_ADD_DOT_0, NULL);
     if (r == NULL) {
         PyErr_Clear(); /* out of memory: the exact digits */
+    }
+    PyErr_Restore(et, ev, tb);
+    if (r == NULL) {
         return snprintf(buf, size, "%.17g", v);
     }
     int len = snprintf(buf, size, "%s", r);
