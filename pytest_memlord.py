@@ -383,7 +383,8 @@ def _record(
         "top_site": dict(m.top_site),
         "leaks": leaked_json,
         "limits": limits,
-        "passed": not failures and not failed,
+        # None: the test raised (failed, errored or skipped itself); no limit failed it
+        "passed": None if failed else not failures,
     }
     _state(item.config)["records"].append(record)
     return failures

@@ -139,6 +139,41 @@ def test_no_cuda_leaks_is_skipped_with_a_reason_without_cuda(pytester: pytest.Py
     r.stdout.fnmatch_lines(["*no_cuda_leaks: CUDA is not available*"])
 
 
+def test_no_cuda_leaks_compares_the_allocated_bytes_per_device_before_and_after(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The comparison and its message, with memlord's reading of
+    torch.cuda.memory_allocated replaced (this machine may have no CUDA)."""
+    from memlord import pytest_plugin as heavy
+
+    readings = iter(
+        [{"cuda:0": 512, "cuda:1": 0}, {"cuda:0": 512, "cuda:1": 0}]  # test_kept
+        + [{"cuda:0": 512, "cuda:1": 0}, {"cuda:0": 512, "cuda:1": 2048}]  # test_leaks
+    )
+    monkeypatch.setattr(heavy, "cuda_available", lambda: True)
+    monkeypatch.setattr(heavy, "cuda_allocated", lambda: next(readings))
+    pytester.makepyfile(
+        """
+        import pytest
+        @pytest.mark.no_cuda_leaks
+        def test_kept():
+            pass
+        @pytest.mark.no_cuda_leaks
+        def test_leaks():
+            pass
+        """
+    )
+    r = pytester.runpytest("-p", "no:cacheprovider")
+    r.assert_outcomes(passed=1, failed=1)
+    r.stdout.fnmatch_lines(
+        [
+            "*memlord: no_cuda_leaks: torch.cuda.memory_allocated changed:",
+            "*cuda:1: 0 B before, 2048 B after (+2048 B)",
+        ]
+    )
+    assert "cuda:0: 512 B before" not in r.stdout.str()
+
+
 def test_the_memlord_fixture_has_both_hooks_on_and_they_are_off_after_the_test(
     pytester: pytest.Pytester,
 ) -> None:
