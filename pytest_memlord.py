@@ -47,6 +47,7 @@ _UNITS = {
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgt]i?)b|(b))?\s*$", re.IGNORECASE)
 _STASH: pytest.StashKey[dict[str, Any]] = pytest.StashKey()
+_BAD: pytest.StashKey[str] = pytest.StashKey()
 
 
 def parse_size(value: object) -> int:
@@ -230,8 +231,16 @@ def load_baseline(path: str) -> dict[str, dict[str, int]]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    in_worker = hasattr(config, "workerinput")
     for item in items:
-        item.stash[_STASH] = read_markers(item)
+        try:
+            item.stash[_STASH] = read_markers(item)
+        except pytest.UsageError as e:
+            if not in_worker:
+                raise
+            # an xdist worker cannot stop the run at collection (xdist reports a crash):
+            # the test errors at its setup instead, with the same message
+            item.stash[_BAD] = str(e)
 
 
 # --- measuring the call phase ------------------------------------------------------------
@@ -242,6 +251,9 @@ def _state(config: pytest.Config) -> dict[str, Any]:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    bad = item.stash.get(_BAD, None)
+    if bad is not None:
+        raise pytest.UsageError(bad)
     marks = item.stash.get(_STASH, {})
     if marks.get("no_cuda_leaks"):
         from memlord import pytest_plugin as heavy

@@ -422,13 +422,24 @@ def test_xdist_workers_results_are_merged_into_one_table_and_json(
         @pytest.mark.limit_memory("1 kB")
         def test_over():
             x = torch.zeros(1000)
+
+        @pytest.mark.limit_leaks("1 XB")
+        def test_bad_size():
+            pass
         """
     )
     r = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "-n", "2", "--memlord", "--memlord-json", "x.json"
     )
-    r.assert_outcomes(passed=6, failed=1)
-    r.stdout.fnmatch_lines(["*limit_memory exceeded on cpu*", "*memlord: 7 tests measured*"])
+    # a bad marker argument cannot stop an xdist run at collection: the test errors
+    r.assert_outcomes(passed=6, failed=1, errors=1)
+    r.stdout.fnmatch_lines(
+        [
+            "*UsageError: test_*.py::test_bad_size: @pytest.mark.limit_leaks: size:*",
+            "*limit_memory exceeded on cpu*",
+            "*memlord: 7 tests measured*",
+        ]
+    )
     doc = json.loads((pytester.path / "x.json").read_text())
     peaks = {t["nodeid"].split("::")[-1]: t["peak"].get("cpu") for t in doc["tests"]}
     assert peaks == {**{f"test_n[{n}]": 4000 * n for n in range(1, 7)}, "test_over": 4000}
