@@ -443,3 +443,35 @@ def test_xdist_workers_results_are_merged_into_one_table_and_json(
     doc = json.loads((pytester.path / "x.json").read_text())
     peaks = {t["nodeid"].split("::")[-1]: t["peak"].get("cpu") for t in doc["tests"]}
     assert peaks == {**{f"test_n[{n}]": 4000 * n for n in range(1, 7)}, "test_over": 4000}
+
+
+def test_op_outputs_are_switched_on_by_the_ops_keyword_once_hook_into_python_has_it() -> None:
+    """Today's hook_into_python has no ``ops`` keyword: the plugin hooks without it. A
+    hook_into_python that takes it (here a subclass standing in for issue #27's) gets
+    ``ops=True`` from the plugin, with no version check."""
+    from memlord import MemLord
+    from memlord import pytest_plugin as heavy
+
+    lord = MemLord(auto_gc_bytes=None)
+    assert not heavy.python_hooks_accept_ops(lord)
+    with heavy.hook_python(lord):
+        x = torch.zeros(10)
+        assert lord.allocated("cpu")[0] == 40
+    del x
+
+    calls: list[bool] = []
+
+    class WithOps(MemLord):
+        def hook_into_python(  # type: ignore[override]
+            self,
+            enable_factory_wrappers: bool = True,
+            enable_deep_autowrap: bool = True,
+            ops: bool = False,
+        ) -> object:
+            calls.append(ops)
+            return super().hook_into_python(enable_factory_wrappers, enable_deep_autowrap)
+
+    newer = WithOps(auto_gc_bytes=None)
+    assert heavy.python_hooks_accept_ops(newer)
+    heavy.hook_python(newer).disable()
+    assert calls == [True]
