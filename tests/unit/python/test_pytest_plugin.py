@@ -308,11 +308,7 @@ def test_the_table_lists_the_highest_peaks_with_their_site(pytester: pytest.Pyte
     ("mark", "message"),
     [
         ('limit_memory("24 XB")', "limit_memory: size: expected a size like '24 MB'"),
-        ("limit_memory()", "limit_memory: missing the size"),
-        ('limit_memory("1 MB", device="gpu")', "device: expected 'cpu', 'cuda' or 'cuda:N'"),
         ('limit_leaks("1 MB", warmups=-1)', "warmups: expected an int >= 0, got -1"),
-        ('limit_leaks("1 MB", colour=1)', "unexpected argument 'colour'"),
-        ("no_cuda_leaks(1)", "no_cuda_leaks: takes no arguments"),
     ],
 )
 def test_a_bad_marker_argument_is_a_usage_error_naming_the_test(
@@ -331,6 +327,52 @@ def test_a_bad_marker_argument_is_a_usage_error_naming_the_test(
     r = pytester.runpytest("-p", "no:cacheprovider")
     assert r.ret == pytest.ExitCode.USAGE_ERROR
     r.stderr.fnmatch_lines([f"*test_bad.py::test_wrong: *{message}*"])
+
+
+class _Marked:
+    """What read_markers reads of a test item: its node id and its markers."""
+
+    nodeid = "test_x.py::test_y"
+
+    def __init__(self, mark: pytest.MarkDecorator) -> None:
+        self.mark = mark.mark
+
+    def get_closest_marker(self, name: str) -> pytest.Mark | None:
+        return self.mark if self.mark.name == name else None
+
+
+@pytest.mark.parametrize(
+    ("mark", "message"),
+    [
+        (pytest.mark.limit_memory(), "limit_memory: missing the size"),
+        (pytest.mark.limit_memory("1 MB", "cuda", 3), "takes at most 2 positional arguments"),
+        (pytest.mark.limit_memory("1 MB", device="gpu"), "device: expected 'cpu', 'cuda'"),
+        (pytest.mark.limit_memory(b"1 MB"), "size: expected a size (an int, a float or"),
+        (pytest.mark.limit_leaks("1 MB", colour=1), "unexpected argument 'colour'"),
+        (pytest.mark.limit_leaks(1, size=2), "argument 'size' given twice"),
+        (pytest.mark.limit_leaks(1, warmups=True), "warmups: expected an int >= 0, got True"),
+        (pytest.mark.no_cuda_leaks(1), "no_cuda_leaks: takes no arguments"),
+    ],
+)
+def test_each_bad_marker_argument_is_named(mark: pytest.MarkDecorator, message: str) -> None:
+    import pytest_memlord
+
+    with pytest.raises(pytest.UsageError, match=re.escape("test_x.py::test_y: @pytest.mark.")):
+        pytest_memlord.read_markers(_Marked(mark))  # type: ignore[arg-type]
+    with pytest.raises(pytest.UsageError, match=re.escape(message)):
+        pytest_memlord.read_markers(_Marked(mark))  # type: ignore[arg-type]
+
+
+def test_good_marker_arguments_are_read_as_bytes() -> None:
+    import pytest_memlord
+
+    read = pytest_memlord.read_markers
+    assert read(_Marked(pytest.mark.limit_memory("1.5GiB", device="cuda:1"))) == {  # type: ignore[arg-type]
+        "limit_memory": (3 * 2**29, "cuda:1")
+    }
+    assert read(_Marked(pytest.mark.limit_leaks(size="2 kB", warmups=0))) == {  # type: ignore[arg-type]
+        "limit_leaks": (2000, None, 0)
+    }
 
 
 @pytest.mark.parametrize(
