@@ -1,0 +1,519 @@
+"""memlord's pytest plugin, run for real: each test writes a small test suite into a
+temporary folder and runs pytest on it (in this process, or in a subprocess where the
+check needs a fresh interpreter: xdist, and 'nothing imported without --memlord'), then
+reads the outcomes, the messages, the table and the JSON file the plugin wrote.
+
+The figures are checked against what the inner tests allocate (torch.zeros(n) of float32
+is 4 * n bytes) and the sites against the inner files' own line numbers."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+
+pytest_plugins = ["pytester"]
+
+
+def line_of(source: str, marker: str) -> int:
+    """The 1-based line of the inner file holding ``marker`` (pytester drops the
+    leading blank lines)."""
+    for i, line in enumerate(source.strip("\n").splitlines(), 1):
+        if marker in line:
+            return i
+    raise AssertionError(marker)
+
+
+PEAK = """
+import pytest, torch
+
+@pytest.mark.limit_memory({limit!r})
+def test_peak():
+    big = torch.zeros(250_000)  # BIG
+    del big
+    small = torch.zeros(10)
+"""
+
+
+def test_limit_memory_passes_under_the_limit_and_fails_over_it_with_the_sites_at_the_peak(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_peak=PEAK.format(limit="1.5 MB"))
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+
+    src = PEAK.format(limit="512KiB")
+    pytester.makepyfile(test_peak=src)
+    r = pytester.runpytest("-p", "no:cacheprovider")
+    r.assert_outcomes(failed=1)
+    out = r.stdout.str()
+    # the peak is the big tensor (1,000,000 B), not what is left at the end (40 B)
+    assert "peak 976.6 KiB (1000000 B) > limit 512.0 KiB (524288 B)" in out
+    assert f"976.6 KiB  test_peak.py:{line_of(src, '# BIG')}" in out
+    assert "live tracked bytes by site at the peak" in out
+
+
+def test_limit_memory_counts_only_the_call_not_class_or_module_fixtures(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_fixtures="""
+        import pytest, torch
+
+        @pytest.fixture(scope="module")
+        def weights():
+            return torch.zeros(1_000_000)       # 4 MB, made in setup
+
+        class TestInClass:
+            @pytest.fixture(scope="class")
+            def table(self):
+                return torch.ones(500_000)      # 2 MB
+
+            @pytest.mark.limit_memory("100 kB")
+            @pytest.mark.parametrize("n", [10, 20_000])
+            def test_small(self, weights, table, n):
+                x = torch.zeros(n)
+                assert x.numel() == n
+        """
+    )
+    r = pytester.runpytest("-p", "no:cacheprovider", "--memlord", "--memlord-json", "o.json")
+    r.assert_outcomes(passed=2)
+    doc = json.loads((pytester.path / "o.json").read_text())
+    peaks = {t["nodeid"].split("::")[-1]: t["peak"] for t in doc["tests"]}
+    assert peaks == {"test_small[10]": {"cpu": 40}, "test_small[20000]": {"cpu": 80_000}}
+
+
+LEAK = """
+import pytest, torch
+
+CACHE = []
+RUNS = []
+
+@pytest.mark.limit_leaks("1 KB", warmups={warmups})
+def test_fills_a_cache_once():
+    RUNS.append(1)
+    if not CACHE:
+        CACHE.append(torch.ones(1000))          # ONCE
+
+@pytest.mark.limit_leaks({limit!r})
+def test_keeps_adding():
+    CACHE.append(torch.zeros(500))              # EVERY
+
+def test_runs():
+    assert len(RUNS) == {warmups} + 1
+"""
+
+
+def test_limit_leaks_finds_what_the_test_leaves_alive_by_site_and_warmups_settle_caches(
+    pytester: pytest.Pytester,
+) -> None:
+    src = LEAK.format(warmups=0, limit="1 kB")
+    pytester.makepyfile(test_leak=src)
+    r = pytester.runpytest("-p", "no:cacheprovider")
+    r.assert_outcomes(failed=2, passed=1)
+    out = r.stdout.str()
+    assert "limit_leaks exceeded: 1 storage(s), 3.9 KiB (4000 B)" in out
+    assert f"3.9 KiB     1 x  test_leak.py:{line_of(src, '# ONCE')}" in out
+    assert f"2.0 KiB     1 x  test_leak.py:{line_of(src, '# EVERY')}" in out
+    assert "torch.float32 [500]" in out
+
+    # one warm-up run fills the cache before the measured run: nothing left by the latter
+    pytester.makepyfile(test_leak=LEAK.format(warmups=2, limit=2000))
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=3)
+
+
+def test_no_cuda_leaks_is_skipped_with_a_reason_without_cuda(pytester: pytest.Pytester) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the skip is for machines without it")
+    pytester.makepyfile(
+        """
+        import pytest
+        @pytest.mark.no_cuda_leaks
+        def test_gpu():
+            pass
+        """
+    )
+    r = pytester.runpytest("-p", "no:cacheprovider", "-rs")
+    r.assert_outcomes(skipped=1)
+    r.stdout.fnmatch_lines(["*no_cuda_leaks: CUDA is not available*"])
+
+
+def test_no_cuda_leaks_compares_the_allocated_bytes_per_device_before_and_after(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The comparison and its message, with memlord's reading of
+    torch.cuda.memory_allocated replaced (this machine may have no CUDA)."""
+    from memlord import pytest_plugin as heavy
+
+    readings = iter(
+        [{"cuda:0": 512, "cuda:1": 0}, {"cuda:0": 512, "cuda:1": 0}]  # test_kept
+        + [{"cuda:0": 512, "cuda:1": 0}, {"cuda:0": 512, "cuda:1": 2048}]  # test_leaks
+    )
+    monkeypatch.setattr(heavy, "cuda_available", lambda: True)
+    monkeypatch.setattr(heavy, "cuda_allocated", lambda: next(readings))
+    pytester.makepyfile(
+        """
+        import pytest
+        @pytest.mark.no_cuda_leaks
+        def test_kept():
+            pass
+        @pytest.mark.no_cuda_leaks
+        def test_leaks():
+            pass
+        """
+    )
+    r = pytester.runpytest("-p", "no:cacheprovider")
+    r.assert_outcomes(passed=1, failed=1)
+    r.stdout.fnmatch_lines(
+        [
+            "*memlord: no_cuda_leaks: torch.cuda.memory_allocated changed:",
+            "*cuda:1: 0 B before, 2048 B after (+2048 B)",
+        ]
+    )
+    assert "cuda:0: 512 B before" not in r.stdout.str()
+
+
+def test_the_memlord_fixture_has_both_hooks_on_and_they_are_off_after_the_test(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        """
+        import torch
+        ORIGINAL_TO = torch.Tensor.to
+        LORDS = []
+
+        def test_uses(memlord):
+            LORDS.append(memlord)
+            x = torch.zeros(100)                    # a factory: lifetime tracking
+            y = x.to(torch.float64)                 # a conversion: the torch hooks
+            assert memlord.allocated("cpu")[0] == 400 + 800
+            assert torch.Tensor.to is not ORIGINAL_TO
+            del x, y
+            assert memlord.allocated("cpu")[0] == 0
+
+        def test_fails_inside(memlord):
+            LORDS.append(memlord)
+            keep = torch.zeros(10)
+            raise RuntimeError("boom")
+
+        def test_after():
+            assert torch.Tensor.to is ORIGINAL_TO
+            for lord in LORDS:
+                before = lord.allocated()[0]
+                t = torch.zeros(1000).to(torch.float64)
+                assert lord.allocated()[0] == before
+        """
+    )
+    r = pytester.runpytest("-p", "no:cacheprovider")
+    r.assert_outcomes(passed=2, failed=1)
+    r.stdout.fnmatch_lines(["*RuntimeError: boom*"])
+
+
+def test_a_failing_test_under_x_stops_the_run_with_its_lord_unhooked(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memlord import pytest_plugin as heavy
+
+    made: list[heavy.Measurement] = []
+
+    class Kept(heavy.Measurement):
+        def start(self) -> None:
+            made.append(self)
+            super().start()
+
+    monkeypatch.setattr(heavy, "Measurement", Kept)
+    pytester.makepyfile(
+        test_a="""
+        import pytest, torch
+
+        @pytest.mark.limit_memory("1 GB")
+        @pytest.mark.limit_leaks("1 GB", warmups=0)
+        def test_raises():
+            x = torch.zeros(10).to(torch.float64)
+            raise ValueError("inside")
+
+        def test_not_run():
+            pass
+        """
+    )
+    r = pytester.runpytest("-p", "no:cacheprovider", "-x")
+    r.assert_outcomes(failed=1)
+    r.stdout.fnmatch_lines(["*ValueError: inside*"])
+    assert "memlord:" not in r.stdout.str()  # the test's own error, not a limit's
+    [m] = made
+    assert m.lord is not None and m.peak == {"cpu": 40 + 80}
+    before = m.lord.allocated()[0]
+    kept = torch.zeros(1000).to(torch.float64)  # neither hook counts for it any more
+    assert m.lord.allocated()[0] == before and kept.numel() == 1000
+
+
+def test_json_and_the_baseline_fail_a_test_whose_peak_grew(pytester: pytest.Pytester) -> None:
+    suite = """
+    import torch
+    def test_grows():
+        x = torch.zeros({n})
+    def test_same():
+        x = torch.zeros(1000)
+    def test_none():
+        pass
+    """
+    pytester.makepyfile(test_suite=suite.format(n=1000))
+    r = pytester.runpytest("-p", "no:cacheprovider", "--memlord-json", "base.json")
+    r.assert_outcomes(passed=3)
+    doc = json.loads((pytester.path / "base.json").read_text())
+    assert doc["version"] == 1
+    by_id = {t["nodeid"]: t for t in doc["tests"]}
+    assert by_id["test_suite.py::test_grows"]["peak"] == {"cpu": 4000}
+    assert by_id["test_suite.py::test_same"]["top_site"] == {"cpu": "test_suite.py:5"}
+    assert by_id["test_suite.py::test_none"]["peak"] == {}
+    assert [p.name for p in pytester.path.iterdir() if p.name.endswith(".tmp")] == []
+
+    pytester.makepyfile(test_suite=suite.format(n=1150))  # +15 %
+    args = ("-p", "no:cacheprovider", "--memlord-baseline", "base.json")
+    r = pytester.runpytest(*args, "--memlord-fail-on-increase")  # default 10 %
+    r.assert_outcomes(failed=1, passed=2)
+    r.stdout.fnmatch_lines(
+        ["*peak grew more than 10% over the baseline:*", "*cpu: 4.5 KiB (4600 B), baseline 4000 B*"]
+    )
+    pytester.runpytest(*args, "--memlord-fail-on-increase=20").assert_outcomes(passed=3)
+    r = pytester.runpytest(*args)  # no failure, the growth is listed
+    r.assert_outcomes(passed=3)
+    r.stdout.fnmatch_lines(["*test_suite.py::test_grows cpu: 4000 B -> 4600 B*"])
+
+
+def test_the_table_lists_the_highest_peaks_with_their_site(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_table="""
+        import pytest, torch
+        @pytest.mark.parametrize("n", [1, 2, 3])
+        def test_n(n):
+            x = torch.zeros(n * 1000)
+        """
+    )
+    r = pytester.runpytest("-p", "no:cacheprovider", "--memlord", "--memlord-top", "2")
+    r.assert_outcomes(passed=3)
+    r.stdout.fnmatch_lines(
+        [
+            "*memlord: 3 tests measured*",
+            "cpu: the 2 highest peaks",
+            "*11.7 KiB  test_table.py::test_n[[]3[]]  (test_table.py:4)",
+            "*7.8 KiB  test_table.py::test_n[[]2[]]  (test_table.py:4)",
+        ]
+    )
+    assert "test_n[1]" not in r.stdout.str()
+
+
+@pytest.mark.parametrize(
+    ("mark", "message"),
+    [
+        ('limit_memory("24 XB")', "limit_memory: size: expected a size like '24 MB'"),
+        ('limit_leaks("1 MB", warmups=-1)', "warmups: expected an int >= 0, got -1"),
+    ],
+)
+def test_a_bad_marker_argument_is_a_usage_error_naming_the_test(
+    pytester: pytest.Pytester, mark: str, message: str
+) -> None:
+    pytester.makepyfile(
+        test_bad=f"""
+        import pytest
+        def test_fine():
+            pass
+        @pytest.mark.{mark}
+        def test_wrong():
+            pass
+        """
+    )
+    r = pytester.runpytest("-p", "no:cacheprovider")
+    assert r.ret == pytest.ExitCode.USAGE_ERROR
+    r.stderr.fnmatch_lines([f"*test_bad.py::test_wrong: *{message}*"])
+
+
+class _Marked:
+    """What read_markers reads of a test item: its node id and its markers."""
+
+    nodeid = "test_x.py::test_y"
+
+    def __init__(self, mark: pytest.MarkDecorator) -> None:
+        self.mark = mark.mark
+
+    def get_closest_marker(self, name: str) -> pytest.Mark | None:
+        return self.mark if self.mark.name == name else None
+
+
+@pytest.mark.parametrize(
+    ("mark", "message"),
+    [
+        (pytest.mark.limit_memory(), "limit_memory: missing the size"),
+        (pytest.mark.limit_memory("1 MB", "cuda", 3), "takes at most 2 positional arguments"),
+        (pytest.mark.limit_memory("1 MB", device="gpu"), "device: expected 'cpu', 'cuda'"),
+        (pytest.mark.limit_memory(b"1 MB"), "size: expected a size (an int, a float or"),
+        (pytest.mark.limit_leaks("1 MB", colour=1), "unexpected argument 'colour'"),
+        (pytest.mark.limit_leaks(1, size=2), "argument 'size' given twice"),
+        (pytest.mark.limit_leaks(1, warmups=True), "warmups: expected an int >= 0, got True"),
+        (pytest.mark.no_cuda_leaks(1), "no_cuda_leaks: takes no arguments"),
+    ],
+)
+def test_each_bad_marker_argument_is_named(mark: pytest.MarkDecorator, message: str) -> None:
+    import pytest_memlord
+
+    with pytest.raises(pytest.UsageError, match=re.escape("test_x.py::test_y: @pytest.mark.")):
+        pytest_memlord.read_markers(_Marked(mark))  # type: ignore[arg-type]
+    with pytest.raises(pytest.UsageError, match=re.escape(message)):
+        pytest_memlord.read_markers(_Marked(mark))  # type: ignore[arg-type]
+
+
+def test_good_marker_arguments_are_read_as_bytes() -> None:
+    import pytest_memlord
+
+    read = pytest_memlord.read_markers
+    assert read(_Marked(pytest.mark.limit_memory("1.5GiB", device="cuda:1"))) == {  # type: ignore[arg-type]
+        "limit_memory": (3 * 2**29, "cuda:1")
+    }
+    assert read(_Marked(pytest.mark.limit_leaks(size="2 kB", warmups=0))) == {  # type: ignore[arg-type]
+        "limit_leaks": (2000, None, 0)
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("24 MB", 24_000_000),
+        ("24MiB", 24 * 2**20),
+        ("1.5GiB", 3 * 2**29),
+        ("512KiB", 512 * 1024),
+        ("2 kB", 2000),
+        ("10 B", 10),
+        ("100", 100),
+        (4096, 4096),
+        (1.5e3, 1500),
+    ],
+)
+def test_sizes_are_decimal_or_binary(text: object, expected: int) -> None:
+    import pytest_memlord
+
+    assert pytest_memlord.parse_size(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        (-1, ValueError, "expected a size >= 0, got -1"),
+        (float("nan"), ValueError, "expected a size >= 0"),
+        ("1.5 GB!", ValueError, "expected a size like '24 MB'"),
+        ("MB", ValueError, "expected a size like '24 MB'"),
+        (True, TypeError, "got bool"),
+        (None, TypeError, "got NoneType"),
+    ],
+)
+def test_a_bad_size_says_what_was_expected(value: object, error: type, message: str) -> None:
+    import pytest_memlord
+
+    with pytest.raises(error, match=re.escape(message)):
+        pytest_memlord.parse_size(value)
+
+
+def test_without_memlord_the_plugin_imports_neither_torch_nor_memlord(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        """
+        import sys
+        def test_nothing_heavy():
+            assert "pytest_memlord" in sys.modules       # the plugin is loaded ...
+            assert "torch" not in sys.modules            # ... and imports nothing heavy
+            assert "memlord" not in sys.modules
+        """
+    )
+    r = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    r.assert_outcomes(passed=1)
+
+
+def test_with_memlord_off_no_lord_is_made(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memlord import pytest_plugin as heavy
+
+    made: list[object] = []
+    real = heavy.Measurement
+
+    class Counting(real):  # type: ignore[misc,valid-type]
+        def start(self) -> None:
+            made.append(self)
+            super().start()
+
+    monkeypatch.setattr(heavy, "Measurement", Counting)
+    pytester.makepyfile("def test_a():\n    pass\n")
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    assert made == []
+    pytester.runpytest("-p", "no:cacheprovider", "--memlord").assert_outcomes(passed=1)
+    assert len(made) == 1
+
+
+def test_xdist_workers_results_are_merged_into_one_table_and_json(
+    pytester: pytest.Pytester,
+) -> None:
+    pytest.importorskip("xdist")
+    pytester.makepyfile(
+        """
+        import pytest, torch
+        @pytest.mark.parametrize("n", range(1, 7))
+        def test_n(n):
+            x = torch.zeros(n * 1000)
+
+        @pytest.mark.limit_memory("1 kB")
+        def test_over():
+            x = torch.zeros(1000)
+
+        @pytest.mark.limit_leaks("1 XB")
+        def test_bad_size():
+            pass
+        """
+    )
+    r = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "-n", "2", "--memlord", "--memlord-json", "x.json"
+    )
+    # a bad marker argument cannot stop an xdist run at collection: the test errors
+    r.assert_outcomes(passed=6, failed=1, errors=1)
+    r.stdout.fnmatch_lines(
+        [
+            "*UsageError: test_*.py::test_bad_size: @pytest.mark.limit_leaks: size:*",
+            "*limit_memory exceeded on cpu*",
+            "*memlord: 7 tests measured*",
+        ]
+    )
+    doc = json.loads((pytester.path / "x.json").read_text())
+    peaks = {t["nodeid"].split("::")[-1]: t["peak"].get("cpu") for t in doc["tests"]}
+    assert peaks == {**{f"test_n[{n}]": 4000 * n for n in range(1, 7)}, "test_over": 4000}
+
+
+def test_op_outputs_are_switched_on_by_the_ops_keyword_once_hook_into_python_has_it() -> None:
+    """Today's hook_into_python has no ``ops`` keyword: the plugin hooks without it. A
+    hook_into_python that takes it (here a subclass standing in for issue #27's) gets
+    ``ops=True`` from the plugin, with no version check."""
+    from memlord import MemLord
+    from memlord import pytest_plugin as heavy
+
+    lord = MemLord(auto_gc_bytes=None)
+    assert not heavy.python_hooks_accept_ops(lord)
+    with heavy.hook_python(lord):
+        x = torch.zeros(10)
+        assert lord.allocated("cpu")[0] == 40
+    del x
+
+    calls: list[bool] = []
+
+    class WithOps(MemLord):
+        def hook_into_python(  # type: ignore[override]
+            self,
+            enable_factory_wrappers: bool = True,
+            enable_deep_autowrap: bool = True,
+            ops: bool = False,
+        ) -> object:
+            calls.append(ops)
+            return super().hook_into_python(enable_factory_wrappers, enable_deep_autowrap)
+
+    newer = WithOps(auto_gc_bytes=None)
+    assert heavy.python_hooks_accept_ops(newer)
+    heavy.hook_python(newer).disable()
+    assert calls == [True]
