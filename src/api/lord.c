@@ -97,7 +97,7 @@ static PyObject *record_object(MemLordObject *self, PyObject *obj, int is_free)
     }
     if (track) {
         /* storages the lord tracks already add nothing */
-        if (ml_life_count_walk(&self->book, &w, ML_REC_SUMMARY, &site, NULL, what) < 0) {
+        if (ml_life_count_walk(&self->book, &w, ML_REC_SUMMARY, &site, ML_SRC_EXPLICIT, what) < 0) {
             goto done;
         }
         result = Py_NewRef(Py_None);

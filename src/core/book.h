@@ -84,13 +84,12 @@ static inline ml_state *ml_lord_state(const ml_book *self)
 int ml_record(ml_book *lord, int kind, int source, const ml_delta *d, int n, const ml_site *site,
               const ml_emit_ctx *ctx);
 
-/* The same, with the source named by its DEBUG label ("(hook)", "(factory)",
- * "(del)", "(hook, deferred)"; NULL for explicit calls). */
+/* The same, kind and flags from ML_REC_* (what: the summary's verb). */
 int ml_lord_record(ml_book *self, int flags, const ml_delta *d, int n, const ml_site *site,
-                   const char *label, const char *what);
+                   enum ml_ev_source source, const char *what);
 /* The same, about one tensor (borrowed, held by the caller; NULL for none):
  * the DEBUG line shows its dtype and shape. */
 int ml_lord_record_about(ml_book *self, int flags, const ml_delta *d, int n, const ml_site *site,
-                         const char *label, const char *what, PyObject *subject);
+                         enum ml_ev_source source, const char *what, PyObject *subject);
 
 #endif

@@ -17,9 +17,24 @@ int64_t ml_now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-static const char *const kind_names[ML_EV_NKINDS] = {"alloc", "free", "gc", "reset"};
-static const char *const source_names[ML_SRC_NSOURCES] = {"explicit", "convert", "factory", "death",
-                                                          "deferred", "policy",  "param"};
+/* The tables of event.h's lists, indexed by the enums they make. */
+#define KIND_NAME_(e, name) [ML_EV_##e] = name,
+#define SOURCE_NAME_(e, name, label) [ML_SRC_##e] = name,
+#define SOURCE_LABEL_(e, name, label) [ML_SRC_##e] = label,
+static const char *const kind_names[] = {ML_EV_KIND_LIST(KIND_NAME_)};
+static const char *const source_names[] = {ML_EV_SOURCE_LIST(SOURCE_NAME_)};
+static const char *const source_labels[] = {ML_EV_SOURCE_LIST(SOURCE_LABEL_)};
+#undef KIND_NAME_
+#undef SOURCE_NAME_
+#undef SOURCE_LABEL_
+_Static_assert(sizeof(kind_names) / sizeof(kind_names[0]) == ML_EV_NKINDS,
+               "one name per event kind");
+_Static_assert(sizeof(source_names) / sizeof(source_names[0]) == ML_SRC_NSOURCES,
+               "one name per event source");
+_Static_assert(sizeof(source_labels) / sizeof(source_labels[0]) == ML_SRC_NSOURCES,
+               "one label per event source");
+/* the ring stores kind and source in one byte each */
+_Static_assert(ML_EV_NKINDS <= 256 && ML_SRC_NSOURCES <= 256, "codes fit the ring's bytes");
 
 const char *ml_ev_kind_name(int kind)
 {
@@ -29,6 +44,11 @@ const char *ml_ev_kind_name(int kind)
 const char *ml_ev_source_name(int source)
 {
     return source >= 0 && source < ML_SRC_NSOURCES ? source_names[source] : "?";
+}
+
+const char *ml_ev_source_label(int source)
+{
+    return source >= 0 && source < ML_SRC_NSOURCES ? source_labels[source] : "?";
 }
 
 int ml_sink_add(ml_book *lord, const ml_sink *sink)
@@ -284,26 +304,6 @@ static void notify_deferred(ml_book *lord, const ml_event *ev, int n)
 /* events of one call held without allocating */
 #define ML_DELTAS_INLINE 8
 
-static int source_of_label(const char *label)
-{
-    if (label == NULL) {
-        return ML_SRC_EXPLICIT;
-    }
-    if (strcmp(label, "(factory)") == 0) {
-        return ML_SRC_FACTORY;
-    }
-    if (strcmp(label, "(del)") == 0) {
-        return ML_SRC_DEATH;
-    }
-    if (strcmp(label, "(hook, deferred)") == 0) {
-        return ML_SRC_DEFERRED;
-    }
-    if (strcmp(label, "(param)") == 0) {
-        return ML_SRC_PARAM;
-    }
-    return ML_SRC_CONVERT;
-}
-
 ML_HOT int ml_record(ml_book *lord, int kind, int source, const ml_delta *d, int n,
                      const ml_site *site, const ml_emit_ctx *ctx)
 {
@@ -332,15 +332,15 @@ ML_HOT int ml_record(ml_book *lord, int kind, int source, const ml_delta *d, int
 }
 
 int ml_lord_record(ml_book *self, int flags, const ml_delta *d, int n, const ml_site *site,
-                   const char *label, const char *what)
+                   enum ml_ev_source source, const char *what)
 {
-    return ml_lord_record_about(self, flags, d, n, site, label, what, NULL);
+    return ml_lord_record_about(self, flags, d, n, site, source, what, NULL);
 }
 
 int ml_lord_record_about(ml_book *self, int flags, const ml_delta *d, int n, const ml_site *site,
-                         const char *label, const char *what, PyObject *subject)
+                         enum ml_ev_source source, const char *what, PyObject *subject)
 {
     ml_emit_ctx ctx = {subject, (flags & ML_REC_SUMMARY) ? what : NULL};
-    return ml_record(self, (flags & ML_REC_FREE) ? ML_EV_FREE : ML_EV_ALLOC, source_of_label(label),
-                     d, n, site, &ctx);
+    return ml_record(self, (flags & ML_REC_FREE) ? ML_EV_FREE : ML_EV_ALLOC, source, d, n, site,
+                     &ctx);
 }

@@ -22,24 +22,35 @@
 
 #include "base/memlord.h"
 
-enum ml_ev_kind {
-    ML_EV_ALLOC = 0,
-    ML_EV_FREE = 1,
-    ML_EV_GC = 2,    /* an auto-GC run was decided for the device */
-    ML_EV_RESET = 3, /* the ledger was cleared */
-    ML_EV_NKINDS
-};
+/* The one list of event kinds and sources: each drives its enum (values in
+ * list order: the event ring stores them, keep them stable, add at the end),
+ * its name (the ring decoders, the DEBUG log's records, _core.EVENT_KINDS /
+ * EVENT_SOURCES) and, for sources, the label of a DEBUG [allocate]/[free]
+ * line (_core.SOURCE_LABELS).  Defined nowhere else, in C or in Python.
+ *
+ *   X(ENUM, name)         for kinds
+ *   X(ENUM, name, label)  for sources */
+#define ML_EV_KIND_LIST(X)                                                                         \
+    X(ALLOC, "alloc")                                                                              \
+    X(FREE, "free")                                                                                \
+    X(GC, "gc")       /* an auto-GC run was decided for the device */                              \
+    X(RESET, "reset") /* the ledger was cleared */
 
-enum ml_ev_source {
-    ML_SRC_EXPLICIT = 0, /* lord.allocate() / lord.free() */
-    ML_SRC_CONVERT = 1,  /* a hooked Tensor.to / cast / Module.to */
-    ML_SRC_FACTORY = 2,  /* a hooked factory (torch.empty, ...) */
-    ML_SRC_DEATH = 3,    /* lifetime tracking: the last reference died */
-    ML_SRC_DEFERRED = 4, /* a non_blocking copy's CUDA event completed */
-    ML_SRC_POLICY = 5,   /* auto-GC bookkeeping, reset */
-    ML_SRC_PARAM = 6,    /* nn.Parameter(data) holding a storage nothing counted yet */
-    ML_SRC_NSOURCES
-};
+#define ML_EV_SOURCE_LIST(X)                                                                       \
+    X(EXPLICIT, "explicit", "")                 /* lord.allocate() / lord.free() */                \
+    X(CONVERT, "convert", "(hook)")             /* a hooked Tensor.to / cast / Module.to */        \
+    X(FACTORY, "factory", "(factory)")          /* a hooked factory (torch.empty, ...) */          \
+    X(DEATH, "death", "(del)")                  /* lifetime tracking: the last reference died */   \
+    X(DEFERRED, "deferred", "(hook, deferred)") /* a non_blocking copy's CUDA event completed */   \
+    X(POLICY, "policy", "")                     /* auto-GC bookkeeping, reset */                   \
+    X(PARAM, "param", "(param)") /* nn.Parameter(data) holding a storage nothing counted yet */
+
+#define ML_EV_KIND_ENUM_(e, name) ML_EV_##e,
+#define ML_EV_SOURCE_ENUM_(e, name, label) ML_SRC_##e,
+enum ml_ev_kind { ML_EV_KIND_LIST(ML_EV_KIND_ENUM_) ML_EV_NKINDS };
+enum ml_ev_source { ML_EV_SOURCE_LIST(ML_EV_SOURCE_ENUM_) ML_SRC_NSOURCES };
+#undef ML_EV_KIND_ENUM_
+#undef ML_EV_SOURCE_ENUM_
 
 typedef struct {
     int64_t t_ns;        /* monotonic clock, set by ml_emit (ML_NEED_CLOCK) */
@@ -153,7 +164,10 @@ int ml_sink_add(struct ml_book *lord, const ml_sink *sink);
 /* Monotonic nanoseconds. */
 int64_t ml_now_ns(void);
 
+/* The names of the one list above ("?" out of range); the label of a source
+ * is what a DEBUG line says after its tag ("(factory)"; "" for none). */
 const char *ml_ev_kind_name(int kind);
 const char *ml_ev_source_name(int source);
+const char *ml_ev_source_label(int source);
 
 #endif

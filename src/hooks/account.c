@@ -78,13 +78,13 @@ static int storages_of(ml_state *st, PyObject *t, ml_walk *w)
 }
 
 static void track_items(const ml_lords *lords, const ml_life_item *items, Py_ssize_t n,
-                        const ml_site *site, const char *label, int deep_only);
+                        const ml_site *site, enum ml_ev_source source, int deep_only);
 
 /* A new tensor seen by a tracked source (a factory, nn.Parameter): count and
  * track its storages for every lord of lords with lifetime tracking on.  A
  * plain tensor's storage is read in C, without a walk.  -1 only when memory
  * runs out. */
-int ml_track_new_tensor(ml_state *st, const ml_lords *lords, PyObject *t, const char *label)
+int ml_track_new_tensor(ml_state *st, const ml_lords *lords, PyObject *t, enum ml_ev_source source)
 {
     ml_life_item item;
     uintptr_t ptr;
@@ -106,7 +106,7 @@ int ml_track_new_tensor(ml_state *st, const ml_lords *lords, PyObject *t, const 
         if (ml_any_tracks_callsite(lords)) {
             ml_site_capture(st, &site);
         }
-        track_items(lords, &item, 1, &site, label, 0);
+        track_items(lords, &item, 1, &site, source, 0);
         ml_site_clear(&site);
         Py_DECREF(item.key);
         return 0;
@@ -119,7 +119,7 @@ int ml_track_new_tensor(ml_state *st, const ml_lords *lords, PyObject *t, const 
         if (ml_any_tracks_callsite(lords)) {
             ml_site_capture(st, &site);
         }
-        ml_track_for(lords, &w, &site, label, 0);
+        ml_track_for(lords, &w, &site, source, 0);
         ml_site_clear(&site);
     }
     ml_walk_clear(&w);
@@ -127,7 +127,7 @@ int ml_track_new_tensor(ml_state *st, const ml_lords *lords, PyObject *t, const 
 }
 
 static void track_items(const ml_lords *lords, const ml_life_item *items, Py_ssize_t n,
-                        const ml_site *site, const char *label, int deep_only)
+                        const ml_site *site, enum ml_ev_source source, int deep_only)
 {
     for (Py_ssize_t i = 0; i < lords->n; i++) {
         ml_book *lord = (ml_book *)lords->v[i];
@@ -135,7 +135,7 @@ static void track_items(const ml_lords *lords, const ml_life_item *items, Py_ssi
             continue;
         }
         ml_site none = {0};
-        if (ml_life_count(lord, items, n, 0, lord->track_callsite ? site : &none, label, NULL) <
+        if (ml_life_count(lord, items, n, 0, lord->track_callsite ? site : &none, source, NULL) <
             0) {
             PyErr_WriteUnraisable((PyObject *)lord);
         }
@@ -144,8 +144,8 @@ static void track_items(const ml_lords *lords, const ml_life_item *items, Py_ssi
 
 /* Count and track the storages of a walk for every lord of lords that
  * tracks conversions (only): what a lord tracks already adds nothing. */
-void ml_track_for(const ml_lords *lords, const ml_walk *w, const ml_site *site, const char *label,
-                  int deep_only)
+void ml_track_for(const ml_lords *lords, const ml_walk *w, const ml_site *site,
+                  enum ml_ev_source source, int deep_only)
 {
     for (Py_ssize_t i = 0; i < lords->n; i++) {
         ml_book *lord = (ml_book *)lords->v[i];
@@ -153,7 +153,7 @@ void ml_track_for(const ml_lords *lords, const ml_walk *w, const ml_site *site, 
             continue;
         }
         ml_site none = {0};
-        if (ml_life_count_walk(lord, w, 0, lord->track_callsite ? site : &none, label, NULL) < 0) {
+        if (ml_life_count_walk(lord, w, 0, lord->track_callsite ? site : &none, source, NULL) < 0) {
             PyErr_WriteUnraisable((PyObject *)lord);
         }
     }
@@ -271,7 +271,7 @@ ML_HOT int ml_account_conversion(ml_state *st, const ml_hook_tls *tl, const ml_l
     ml_site site;
     ml_conversion_site(st, tl, lords, &site);
     if (ndeep > 0) {
-        ml_track_for(lords, &dw, &site, "(hook)", 1);
+        ml_track_for(lords, &dw, &site, ML_SRC_CONVERT, 1);
     }
     walk_clear_if(&dw, ndeep > 0);
     int queued = 0;

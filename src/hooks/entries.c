@@ -146,7 +146,8 @@ static PyObject *hook_module_to(PyObject *callable, PyObject *const *args, size_
 /* The end of a factory or parameter hook: a tensor result (not fake or
  * functional) is counted and tracked for every lord of the python hooks;
  * result is returned unchanged whatever happens. */
-static PyObject *track_result(PyObject *callable, ml_state *st, PyObject *result, const char *label)
+static PyObject *track_result(PyObject *callable, ml_state *st, PyObject *result,
+                              enum ml_ev_source source)
 {
     /* Only real tensors: a tensor-like result (an FX Proxy while
      * symbolic_trace runs, any __torch_function__ object) would record every
@@ -160,7 +161,7 @@ static PyObject *track_result(PyObject *callable, ml_state *st, PyObject *result
         return result;
     }
     PyObject *guard = ml_read_in_c(st, result) && !ml_tf_mode_active() ? NULL : ml_quiet_enter();
-    if (ml_track_new_tensor(st, &lords, result, label) < 0) {
+    if (ml_track_new_tensor(st, &lords, result, source) < 0) {
         ml_report_failure(callable);
     }
     ml_quiet_exit(guard);
@@ -189,7 +190,7 @@ static PyObject *hook_factory(PyObject *callable, PyObject *const *args, size_t 
     if (out != NULL && out != Py_None) {
         return result;
     }
-    return track_result(callable, ml_disp.st, result, "(factory)");
+    return track_result(callable, ml_disp.st, result, ML_SRC_FACTORY);
 }
 
 /* nn.Parameter(data): a parameter is memory the model holds.  Its storage
@@ -204,7 +205,7 @@ static PyObject *hook_param(PyObject *callable, PyObject *const *args, size_t na
     if (result == NULL || ml_disp.py_lord_refs == NULL || ml_disp.module == NULL) {
         return result;
     }
-    return track_result(callable, ml_disp.st, result, "(param)");
+    return track_result(callable, ml_disp.st, result, ML_SRC_PARAM);
 }
 
 /* Module._apply (to, half, float, double, bfloat16, cuda, cpu, type,
@@ -260,7 +261,7 @@ static PyObject *hook_module_apply(PyObject *callable, PyObject *const *args, si
     } else if (w.n > 0) {
         ml_site site;
         ml_conversion_site(st, tl, &lords, &site);
-        ml_track_for(&lords, &w, &site, "(hook)", 1);
+        ml_track_for(&lords, &w, &site, ML_SRC_CONVERT, 1);
         ml_site_clear(&site);
     }
     ml_walk_clear(&w);

@@ -336,7 +336,7 @@ static PyObject *registry_vectorcall(PyObject *callable, PyObject *const *args, 
          * forgot this storage: nothing to credit */
         // cppcheck-suppress knownConditionTrueFalse ; the capture may run a reset
         if (reg->lord == lord &&
-            ml_lord_record(lord, ML_REC_FREE, &d, 1, &site, "(del)", NULL) < 0) {
+            ml_lord_record(lord, ML_REC_FREE, &d, 1, &site, ML_SRC_DEATH, NULL) < 0) {
             PyErr_WriteUnraisable((PyObject *)lord);
         }
         ml_site_clear(&site);
@@ -458,7 +458,7 @@ static int add_delta(ml_delta *d, int *nd, ml_dev dev, int64_t bytes, uintptr_t 
 }
 
 int ml_life_count(ml_book *lord, const ml_life_item *items, Py_ssize_t n, int flags,
-                  const ml_site *site, const char *label, const char *what)
+                  const ml_site *site, enum ml_ev_source source, const char *what)
 {
     TrackerObject *tr_inline[ML_LIFE_INLINE] = {NULL};
     ml_delta d_inline[ML_LIFE_INLINE];
@@ -572,7 +572,7 @@ int ml_life_count(ml_book *lord, const ml_life_item *items, Py_ssize_t n, int fl
     /* 4. Count them.  The caller holds every key, so no tracked storage can
      * die (and be credited) before it is counted. */
     if ((nd > 0 || what != NULL) &&
-        ml_lord_record_about(lord, flags, d, nd, site, label, what, subject) < 0) {
+        ml_lord_record_about(lord, flags, d, nd, site, source, what, subject) < 0) {
         /* nothing was counted: nothing may be credited */
         for (Py_ssize_t i = 0; i < n; i++) {
             if (state[i] == IT_NEW && table_remove(reg, trs[i])) {
@@ -594,7 +594,7 @@ done:
 }
 
 int ml_life_count_walk(ml_book *lord, const ml_walk *w, int flags, const ml_site *site,
-                       const char *label, const char *what)
+                       enum ml_ev_source source, const char *what)
 {
     ml_life_item inline_items[ML_LIFE_INLINE] = {{NULL, NULL, 0, 0, 0}};
     ml_life_item *items = inline_items;
@@ -610,7 +610,7 @@ int ml_life_count_walk(ml_book *lord, const ml_walk *w, int flags, const ml_site
                                   w->blocks[i].dev, w->blocks[i].nbytes, w->blocks[i].ptr};
     }
     /* the walk holds every key until it is cleared */
-    int rc = ml_life_count(lord, items, w->n, flags, site, label, what);
+    int rc = ml_life_count(lord, items, w->n, flags, site, source, what);
     if (items != inline_items) {
         PyMem_Free(items);
     }

@@ -36,15 +36,15 @@ typedef struct {
 } ml_life_item;
 
 /* Count as allocated those items lord does not track yet, in one
- * ml_lord_record call (flags, label, what as there), and track them: each
+ * ml_lord_record call (flags, source, what as there), and track them: each
  * is credited when its storage dies.  Items lord already tracks add
  * nothing; items without a key that weak references reach are counted and
  * not tracked.  The caller holds a reference to lord and to every key. */
 int ml_life_count(ml_book *lord, const ml_life_item *items, Py_ssize_t n, int flags,
-                  const ml_site *site, const char *label, const char *what);
+                  const ml_site *site, enum ml_ev_source source, const char *what);
 /* ml_life_count over the blocks of a walk made with collect_keys. */
 int ml_life_count_walk(ml_book *lord, const ml_walk *w, int flags, const ml_site *site,
-                       const char *label, const char *what);
+                       enum ml_ev_source source, const char *what);
 /* 1 when lord tracks the storage key identifies.  Runs no Python. */
 int ml_life_tracks(const ml_book *lord, const PyObject *key);
 /* Stop tracking key (its free was just credited some other way); 1 when it

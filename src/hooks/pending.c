@@ -1,12 +1,12 @@
 /* The CUDA pending-free queue (its storage is the dispatcher's). */
 #include "hooks/pending.h"
 
-static void credit(ml_pending *p, const char *label)
+static void credit(ml_pending *p, enum ml_ev_source source)
 {
     ml_delta d = {p->dev, p->bytes, 1, p->ptr, 0};
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(p->lords); i++) {
         ml_book *lord = (ml_book *)PyTuple_GET_ITEM(p->lords, i);
-        if (ml_lord_record(lord, ML_REC_FREE, &d, 1, &p->site, label, NULL) < 0) {
+        if (ml_lord_record(lord, ML_REC_FREE, &d, 1, &p->site, source, NULL) < 0) {
             PyErr_WriteUnraisable((PyObject *)lord);
         }
     }
@@ -43,7 +43,7 @@ static void pending_append(ml_pending *items, Py_ssize_t n)
         if (ml_disp.npending < ml_disp.cap) {
             ml_disp.pending[ml_disp.npending++] = items[i];
         } else {
-            credit(&items[i], "(hook, deferred)"); /* no memory to wait in: credit early */
+            credit(&items[i], ML_SRC_DEFERRED); /* no memory to wait in: credit early */
             pending_dispose(&items[i]);
         }
     }
@@ -104,7 +104,7 @@ ML_COLD void ml_pending_drain(int wait, PyObject *only, int head_only)
     for (Py_ssize_t i = 0; i < ndone; i++) {
         ml_pending *p = &done[i];
         if (only == NULL || PyTuple_GET_SIZE(p->lords) <= 1) {
-            credit(p, "(hook, deferred)");
+            credit(p, ML_SRC_DEFERRED);
             pending_dispose(p);
             continue;
         }
@@ -115,7 +115,7 @@ ML_COLD void ml_pending_drain(int wait, PyObject *only, int head_only)
         if (rest == NULL) {
             PyErr_Clear();
             Py_XDECREF(one);
-            credit(p, "(hook, deferred)"); /* no memory to split: every lord now */
+            credit(p, ML_SRC_DEFERRED); /* no memory to split: every lord now */
             pending_dispose(p);
             continue;
         }
@@ -126,7 +126,7 @@ ML_COLD void ml_pending_drain(int wait, PyObject *only, int head_only)
             }
         }
         Py_SETREF(p->lords, one);
-        credit(p, "(hook, deferred)");
+        credit(p, ML_SRC_DEFERRED);
         Py_SETREF(p->lords, rest);
         pending_append(p, 1);
     }
