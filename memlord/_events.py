@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _core
 from ._errors import type_name
 from ._sites import site_text
 
@@ -39,23 +40,19 @@ EVENT_DTYPE = np.dtype(
     }
 )
 
-# The names of event kinds and sources, the one Python copy of the C core's
-# (``kind_names`` and ``source_names`` in src/core/emit.c, what the DEBUG log's records
-# carry): the ring decoders, the DEBUG log and the reports read them from here.
+# The names of event kinds and sources are the C core's (one X-macro list each in
+# src/core/event.h, exported by ``_core``): the ring decoders, the DEBUG log and the reports
+# read them from here, and no Python spells them again.
 
 #: ``kind`` codes, by value.
-EVENT_KINDS = ("alloc", "free", "gc", "reset")
+EVENT_KINDS: tuple[str, ...] = _core.EVENT_KINDS
 #: ``source`` codes, by value.
-EVENT_SOURCES = ("explicit", "convert", "factory", "death", "deferred", "policy", "param")
-#: What a DEBUG ``[allocate]``/``[free]`` line says after its tag, per source.
-SOURCE_LABELS = {
-    "explicit": "",
-    "convert": " (hook)",
-    "factory": " (factory)",
-    "death": " (del)",
-    "deferred": " (hook, deferred)",
-    "policy": "",
-    "param": " (param)",
+EVENT_SOURCES: tuple[str, ...] = _core.EVENT_SOURCES
+#: What a DEBUG ``[allocate]``/``[free]`` line says after its tag, per source name
+#: (``_core.SOURCE_LABELS``, by code, with the space that separates it from the tag).
+SOURCE_LABELS: dict[str, str] = {
+    name: f" {label}" if label else ""
+    for name, label in zip(EVENT_SOURCES, _core.SOURCE_LABELS, strict=True)
 }
 
 

@@ -160,6 +160,9 @@ static int core_exec(PyObject *module)
     if (st->region_type == NULL || PyModule_AddType(module, st->region_type) < 0) {
         return -1;
     }
+    if (ml_ev_add_names(module) < 0) { /* EVENT_KINDS, EVENT_SOURCES, SOURCE_LABELS */
+        return -1;
+    }
     return 0;
 }
 

@@ -51,6 +51,38 @@ const char *ml_ev_source_label(int source)
     return source >= 0 && source < ML_SRC_NSOURCES ? source_labels[source] : "?";
 }
 
+/* A tuple of the n strings of table. */
+static PyObject *names_tuple(const char *const *table, int n)
+{
+    PyObject *t = PyTuple_New(n);
+    for (int i = 0; t != NULL && i < n; i++) {
+        PyObject *s = PyUnicode_FromString(table[i]);
+        if (s == NULL) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, i, s);
+    }
+    return t;
+}
+
+int ml_ev_add_names(PyObject *module)
+{
+    PyObject *kinds = names_tuple(kind_names, ML_EV_NKINDS);
+    PyObject *sources = names_tuple(source_names, ML_SRC_NSOURCES);
+    PyObject *labels = names_tuple(source_labels, ML_SRC_NSOURCES);
+    int rc = kinds != NULL && sources != NULL && labels != NULL &&
+                     PyModule_AddObjectRef(module, "EVENT_KINDS", kinds) == 0 &&
+                     PyModule_AddObjectRef(module, "EVENT_SOURCES", sources) == 0 &&
+                     PyModule_AddObjectRef(module, "SOURCE_LABELS", labels) == 0
+                 ? 0
+                 : -1;
+    Py_XDECREF(kinds);
+    Py_XDECREF(sources);
+    Py_XDECREF(labels);
+    return rc;
+}
+
 int ml_sink_add(ml_book *lord, const ml_sink *sink)
 {
     if (lord->nsinks >= ML_MAX_SINKS) {

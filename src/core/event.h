@@ -169,5 +169,9 @@ int64_t ml_now_ns(void);
 const char *ml_ev_kind_name(int kind);
 const char *ml_ev_source_name(int source);
 const char *ml_ev_source_label(int source);
+/* Add the lists to the module as tuples of str indexed by code: EVENT_KINDS,
+ * EVENT_SOURCES, SOURCE_LABELS (memlord/_events.py reads them); 0, or -1
+ * with an exception set. */
+int ml_ev_add_names(PyObject *module);
 
 #endif

@@ -15,6 +15,7 @@ import logging
 import re
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 from conftest import fake_cuda
@@ -134,3 +135,35 @@ def test_c_log_names_a_deferred_credit_as_python_does(
     ring = Counter((EVENT_KINDS[k], EVENT_SOURCES[s]) for k, s in codes)
     assert ring[("free", "deferred")] == 1
     assert Counter(c_records) == ring
+
+
+def test_python_names_are_the_c_cores_for_every_code() -> None:
+    # memlord's names are _core's tuples themselves (one list in src/core/event.h), and
+    # every code the C core can store decodes to a distinct, non-empty name
+    assert memlord.EVENT_KINDS is _core.EVENT_KINDS
+    assert memlord.EVENT_SOURCES is _core.EVENT_SOURCES
+    for names in (_core.EVENT_KINDS, _core.EVENT_SOURCES):
+        assert isinstance(names, tuple) and names
+        assert all(isinstance(n, str) and n for n in names)
+        assert len(set(names)) == len(names)
+    assert len(_core.SOURCE_LABELS) == len(_core.EVENT_SOURCES)
+    for code, name in enumerate(_core.EVENT_SOURCES):
+        label = _core.SOURCE_LABELS[code]
+        assert SOURCE_LABELS[name] == (f" {label}" if label else "")
+    # the labels the log has always printed, by source (what users grep for)
+    assert SOURCE_LABELS == {
+        "explicit": "",
+        "convert": " (hook)",
+        "factory": " (factory)",
+        "death": " (del)",
+        "deferred": " (hook, deferred)",
+        "policy": "",
+        "param": " (param)",
+    }
+
+
+def test_the_ring_dtype_holds_every_code() -> None:
+    # kind and source are one byte each in a ring record
+    assert len(_core.EVENT_KINDS) <= 256 and len(_core.EVENT_SOURCES) <= 256
+    assert memlord.EVENT_DTYPE["kind"] == np.dtype("u1")
+    assert memlord.EVENT_DTYPE["source"] == np.dtype("u1")
