@@ -118,7 +118,10 @@ def _debug_env_changed(value: object) -> None:
 
 # the kinds the log tells apart, looked up in the C core's list (an error at import if
 # one is renamed there); kinds it does not name are not unpacked, so a new kind adds here
-_ALLOC, _FREE, _RESET = (EVENT_KINDS[EVENT_KINDS.index(k)] for k in ("alloc", "free", "reset"))
+_ALLOC, _FREE, _RESET, _RESET_PEAK, _RESET_ACCUMULATED = (
+    EVENT_KINDS[EVENT_KINDS.index(k)]
+    for k in ("alloc", "free", "reset", "reset_peak", "reset_accumulated")
+)
 
 
 def _site_text(site: int) -> str:
@@ -146,6 +149,16 @@ def _event(lord, records, subject, what) -> None:
     for kind, source, dev, nbytes, count, site, total in records:
         if kind == _RESET:
             logger.debug("[reset] counters and hotspots cleared", extra={"color": _MAGENTA})
+            continue
+        if kind == _RESET_PEAK or kind == _RESET_ACCUMULATED:
+            logger.debug(
+                "[%s] %s peak set to %s allocated%s",
+                kind,
+                dev,
+                human_bytes(nbytes),
+                ", cumulative counters cleared" if kind == _RESET_ACCUMULATED else "",
+                extra={"color": _MAGENTA},
+            )
             continue
         free = kind == _FREE
         tag = "[free]" if free else "[allocate]"

@@ -36,8 +36,9 @@ from ._model import KNOWN_KINDS, Events, Profile, SampleBuilder, Span
 from ._source import _snapshot_section, build_snapshot, lord_counters, lord_hotspots, lord_totals
 
 #: The document's kind for each ring kind code (memlord._events.EVENT_KINDS order:
-#: alloc, free, gc, reset).
-_KINDS = (*KNOWN_KINDS, "reset")
+#: alloc, free, gc, reset, reset_peak, reset_accumulated): the document's known kinds,
+#: then the ring's others under their own names.
+_KINDS = (*KNOWN_KINDS, *(k for k in EVENT_KINDS if k not in KNOWN_KINDS))
 _RING_KIND = np.array([_KINDS.index(k) for k in EVENT_KINDS], np.int16)
 _ALLOC, _FREE, _RESET = (EVENT_KINDS.index(k) for k in ("alloc", "free", "reset"))
 

@@ -225,6 +225,15 @@ static void apply(ml_book *lord, const ml_sink_plan *p, ml_event *ev, int n)
             ml_ledger_gc_done(l, slot);
             e->count = slot->gc_runs;
             break;
+        case ML_EV_RESET_PEAK:
+        case ML_EV_RESET_ACCUMULATED:
+            /* no slot is reserved for these: the source emits them only for
+             * slots the ledger has, and nothing runs in between */
+            slot = ml_ledger_find(l, e->dev);
+            if (slot != NULL) {
+                ml_ledger_reset_slot(l, slot, e->kind == ML_EV_RESET_ACCUMULATED);
+            }
+            break;
         case ML_EV_RESET:
             ml_ledger_reset(l);
             ml_hotspots_clear(&lord->alloc_sites);

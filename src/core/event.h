@@ -34,7 +34,11 @@
     X(ALLOC, "alloc")                                                                              \
     X(FREE, "free")                                                                                \
     X(GC, "gc")       /* an auto-GC run was decided for the device */                              \
-    X(RESET, "reset") /* the ledger was cleared */
+    X(RESET, "reset") /* the ledger was cleared */                                                 \
+    /* the memory API: one device's peak became its allocated bytes (bytes) */                     \
+    X(RESET_PEAK, "reset_peak")                                                                    \
+    /* the same, and its cumulative counters were zeroed */                                        \
+    X(RESET_ACCUMULATED, "reset_accumulated")
 
 #define ML_EV_SOURCE_LIST(X)                                                                       \
     X(EXPLICIT, "explicit", "")                 /* lord.allocate() / lord.free() */                \

@@ -117,6 +117,19 @@ int64_t ml_ledger_sum_freed(const ml_ledger *l, const ml_selector *s)
     return total;
 }
 
+void ml_ledger_reset_slot(ml_ledger *l, ml_slot *slot, int accumulated)
+{
+    slot->peak_allocated = slot->allocated;
+    if (accumulated) {
+        slot->allocated_total = 0;
+        slot->freed_total = 0;
+        slot->allocs = 0;
+        slot->frees = 0;
+        l->gc_total -= slot->gc_runs;
+        slot->gc_runs = 0;
+    }
+}
+
 void ml_ledger_gc_done(ml_ledger *l, ml_slot *slot)
 {
     slot->freed = 0;

@@ -70,5 +70,10 @@ int64_t ml_ledger_sum_allocated(const ml_ledger *l, const ml_selector *s);
 int64_t ml_ledger_sum_freed(const ml_ledger *l, const ml_selector *s);
 /* The GC bookkeeping of one run on one device. */
 void ml_ledger_gc_done(ml_ledger *l, ml_slot *slot);
+/* The memory API's resets of one slot: its peak becomes its allocated bytes;
+ * with accumulated, its cumulative counters (allocated_total, freed_total,
+ * allocs, frees, gc_runs) are zeroed too.  Live bytes and the since-GC
+ * counters that drive auto-GC are kept. */
+void ml_ledger_reset_slot(ml_ledger *l, ml_slot *slot, int accumulated);
 
 #endif

@@ -448,24 +448,61 @@ static int parse_sel(PyObject *self, const char *fname, PyObject *const *args, P
     return ml_selector_parse(ml_lord_state((ml_book *)self), arg, sel);
 }
 
-/* _reset_peak(device=None): each selected device's peak becomes its
- * allocated bytes now.  Open regions keep their own peaks. */
-PyObject *ml_lord_reset_peak(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
-                             PyObject *kwnames)
+/* The memory API's resets: one event of kind (ML_EV_RESET_PEAK or
+ * ML_EV_RESET_ACCUMULATED) per selected device the ledger has, through the
+ * seam (the ledger applies them; the ring records them, the log prints
+ * them).  Open regions keep their own peaks. */
+static PyObject *reset_selected(PyObject *self, const char *fname, int kind, PyObject *const *args,
+                                Py_ssize_t nargs, PyObject *kwnames)
 {
     ml_book *lord = (ml_book *)self;
     ml_selector sel;
-    if (parse_sel(self, "reset_peak_memory_stats", args, nargs, kwnames, &sel) < 0) {
+    if (parse_sel(self, fname, args, nargs, kwnames, &sel) < 0) {
         return NULL;
     }
+    int n = 0;
     for (int i = 0; i < lord->ledger.n; i++) {
-        ml_slot *s = &lord->ledger.slots[i];
+        n += ml_selector_match(&sel, lord->ledger.slots[i].dev);
+    }
+    if (n == 0) {
+        lord->version++; /* as before: nothing else changes */
+        Py_RETURN_NONE;
+    }
+    ml_event inline_ev[4];
+    ml_event *ev = n <= 4 ? inline_ev : PyMem_Calloc((size_t)n, sizeof(ml_event));
+    if (ev == NULL) {
+        return PyErr_NoMemory();
+    }
+    /* the slots are read here and applied in the same call, with no Python
+     * in between: the ledger cannot change under the events */
+    int k = 0;
+    for (int i = 0; i < lord->ledger.n && k < n; i++) {
+        const ml_slot *s = &lord->ledger.slots[i];
         if (ml_selector_match(&sel, s->dev)) {
-            s->peak_allocated = s->allocated;
+            ev[k] = (ml_event){0};
+            ev[k].kind = (uint8_t)kind;
+            ev[k].source = ML_SRC_EXPLICIT;
+            ev[k].dev = s->dev;
+            ev[k].bytes = s->allocated; /* the new peak */
+            k++;
         }
     }
-    lord->version++;
+    int rc = ml_emit(lord, ev, k, &(ml_emit_ctx){NULL, NULL});
+    if (ev != inline_ev) {
+        PyMem_Free(ev);
+    }
+    if (rc < 0) {
+        return NULL;
+    }
     Py_RETURN_NONE;
+}
+
+/* _reset_peak(device=None): each selected device's peak becomes its
+ * allocated bytes now. */
+PyObject *ml_lord_reset_peak(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *kwnames)
+{
+    return reset_selected(self, "reset_peak_memory_stats", ML_EV_RESET_PEAK, args, nargs, kwnames);
 }
 
 /* _reset_accumulated(device=None): zero the cumulative counters
@@ -475,25 +512,8 @@ PyObject *ml_lord_reset_peak(PyObject *self, PyObject *const *args, Py_ssize_t n
 PyObject *ml_lord_reset_accumulated(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                     PyObject *kwnames)
 {
-    ml_book *lord = (ml_book *)self;
-    ml_selector sel;
-    if (parse_sel(self, "reset_memory_stats", args, nargs, kwnames, &sel) < 0) {
-        return NULL;
-    }
-    for (int i = 0; i < lord->ledger.n; i++) {
-        ml_slot *s = &lord->ledger.slots[i];
-        if (ml_selector_match(&sel, s->dev)) {
-            s->peak_allocated = s->allocated;
-            s->allocated_total = 0;
-            s->freed_total = 0;
-            s->allocs = 0;
-            s->frees = 0;
-            lord->ledger.gc_total -= s->gc_runs;
-            s->gc_runs = 0;
-        }
-    }
-    lord->version++;
-    Py_RETURN_NONE;
+    return reset_selected(self, "reset_memory_stats", ML_EV_RESET_ACCUMULATED, args, nargs,
+                          kwnames);
 }
 
 /* ---- the Region object: lord.region(name) ----------------------------------- */
