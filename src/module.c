@@ -48,7 +48,7 @@ static int load_interned(ml_state *st)
  * then take the generic attribute path.  Cannot fail. */
 static void load_descriptor(PyObject *type, PyObject *name, PyObject **out)
 {
-    PyObject *d = _PyType_Lookup((PyTypeObject *)type, name); /* borrowed */
+    PyObject *d = ml_type_lookup((PyTypeObject *)type, name); /* borrowed */
     if (d != NULL && (Py_IS_TYPE(d, &PyMethodDescr_Type) || Py_IS_TYPE(d, &PyGetSetDescr_Type))) {
         *out = Py_NewRef(d);
     }
@@ -151,7 +151,7 @@ static int core_exec(PyObject *module)
         return -1;
     }
     st->tracker_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_tracker_spec,
-                                                                (PyObject *)&_PyWeakref_RefType);
+                                                                (PyObject *)ML_WEAKREF_REF_TYPE);
     st->registry_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_registry_spec, NULL);
     if (st->tracker_type == NULL || st->registry_type == NULL) {
         return -1;
@@ -565,12 +565,7 @@ static void core_free(void *module)
 
 static PyModuleDef_Slot core_slots[] = {
     {Py_mod_exec, core_exec},
-#if PY_VERSION_HEX >= 0x030C0000
-    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
-#endif
-#if PY_VERSION_HEX >= 0x030D0000
-    {Py_mod_gil, Py_MOD_GIL_USED},
-#endif
+    ML_COMPAT_MODULE_SLOTS /* one interpreter, the GIL: base/compat.h */
     {0, NULL},
 };
 
