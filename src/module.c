@@ -48,7 +48,7 @@ static int load_interned(ml_state *st)
  * then take the generic attribute path.  Cannot fail. */
 static void load_descriptor(PyObject *type, PyObject *name, PyObject **out)
 {
-    PyObject *d = _PyType_Lookup((PyTypeObject *)type, name); /* borrowed */
+    PyObject *d = ml_type_lookup((PyTypeObject *)type, name); /* borrowed */
     if (d != NULL && (Py_IS_TYPE(d, &PyMethodDescr_Type) || Py_IS_TYPE(d, &PyGetSetDescr_Type))) {
         *out = Py_NewRef(d);
     }
@@ -111,6 +111,8 @@ static int load_torch(ml_state *st)
  * torch, the dispatcher, the safe-point queue): one per process. */
 static PyInterpreterState *owner_interp;
 
+static int add_testing(PyObject *module);
+
 static int core_exec(PyObject *module)
 {
     PyInterpreterState *interp = PyInterpreterState_Get();
@@ -151,7 +153,7 @@ static int core_exec(PyObject *module)
         return -1;
     }
     st->tracker_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_tracker_spec,
-                                                                (PyObject *)&_PyWeakref_RefType);
+                                                                (PyObject *)ML_WEAKREF_REF_TYPE);
     st->registry_type = (PyTypeObject *)PyType_FromModuleAndSpec(module, &ml_registry_spec, NULL);
     if (st->tracker_type == NULL || st->registry_type == NULL) {
         return -1;
@@ -163,7 +165,7 @@ static int core_exec(PyObject *module)
     if (ml_ev_add_names(module) < 0) { /* EVENT_KINDS, EVENT_SOURCES, SOURCE_LABELS */
         return -1;
     }
-    return 0;
+    return add_testing(module);
 }
 
 /* _configure(release_cache, torch_prefix, memlord_prefix): wiring done by
@@ -209,7 +211,7 @@ static PyObject *core_cuda_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED
         "events_pooled", (Py_ssize_t)ml_cuda_events_pooled());
 }
 
-/* _cuda_driver(path): testing aid.  Forget the CUDA driver loaded so far and
+/* _testing.cuda_driver(path): testing aid.  Forget the CUDA driver loaded so far and
  * load `path` (None: the usual search) at its next use, as in a fresh
  * process.  Refused while a free waits for an event of the old one. */
 static PyObject *core_cuda_driver(PyObject *Py_UNUSED(module), PyObject *path)
@@ -221,7 +223,7 @@ static PyObject *core_cuda_driver(PyObject *Py_UNUSED(module), PyObject *path)
     if (ml_hooks_npending() > 0) {
         Py_XDECREF(bytes);
         PyErr_SetString(PyExc_RuntimeError,
-                        "_cuda_driver(): frees are waiting for CUDA events; poll() first");
+                        "cuda_driver(): frees are waiting for CUDA events; poll() first");
         return NULL;
     }
     int rc = ml_cuda_use_library(bytes ? PyBytes_AS_STRING(bytes) : NULL);
@@ -305,13 +307,13 @@ static PyObject *core_site_stack(PyObject *module, PyObject *arg)
     return ml_site_stack(&ml_state_of_module(module)->sites, (uint32_t)id);
 }
 
-/* _sites_info(): (stacks, locations, raw slots in use) of the site table. */
+/* _testing.sites_info(): (stacks, locations, raw slots in use) of the site table. */
 static PyObject *core_sites_info(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     return ml_sites_info(&ml_state_of_module(module)->sites);
 }
 
-/* _capture_site(): the site id a capture here gets (0: none).  A test probe. */
+/* _testing.capture_site(): the site id a capture here gets (0: none).  A test probe. */
 static PyObject *core_capture_site(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     ml_site s;
@@ -345,7 +347,7 @@ static PyObject *core_set_library_paths(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
-/* _capture_sites(): ((code, offset) as the hooks capture the caller's site,
+/* _testing.capture_sites(): ((code, offset) as the hooks capture the caller's site,
  * the same through the public frame API only, whether the first read
  * CPython's frames in place).  A test probe: the two must agree. */
 static PyObject *core_capture_sites(PyObject *module, PyObject *Py_UNUSED(ignored))
@@ -362,7 +364,7 @@ static PyObject *core_capture_sites(PyObject *module, PyObject *Py_UNUSED(ignore
     return r;
 }
 
-/* _safe_point(): run what waits for a safe point (deferred notifications,
+/* _testing.safe_point(): run what waits for a safe point (deferred notifications,
  * cache releases) now. */
 static PyObject *core_safe_point(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(ignored))
 {
@@ -370,14 +372,14 @@ static PyObject *core_safe_point(PyObject *Py_UNUSED(module), PyObject *Py_UNUSE
     Py_RETURN_NONE;
 }
 
-/* _set_cache_type(name, has_cache): whether auto-GC treats a device type as
+/* _testing.set_cache_type(name, has_cache): whether auto-GC treats a device type as
  * having a cache to release.  A test probe: on a machine without a GPU it
  * lets the suite drive auto-GC with cpu tensors. */
 static PyObject *core_set_cache_type(PyObject *module, PyObject *args)
 {
     const char *name;
     int on;
-    if (!PyArg_ParseTuple(args, "sp:_set_cache_type", &name, &on)) {
+    if (!PyArg_ParseTuple(args, "sp:set_cache_type", &name, &on)) {
         return NULL;
     }
     ml_state *st = ml_state_of_module(module);
@@ -391,11 +393,11 @@ static PyObject *core_set_cache_type(PyObject *module, PyObject *args)
             return PyBool_FromLong(was);
         }
     }
-    PyErr_Format(PyExc_ValueError, "_set_cache_type(): unknown device type %s", name);
+    PyErr_Format(PyExc_ValueError, "set_cache_type(): unknown device type %s", name);
     return NULL;
 }
 
-/* _busy_epoch(add=0): the seam's busy epoch after adding add to it.  A
+/* _testing.busy_epoch(add=0): the seam's busy epoch after adding add to it.  A
  * test probe: it stands for that many busy-word changes without an event. */
 static PyObject *core_busy_epoch(PyObject *Py_UNUSED(module), PyObject *add)
 {
@@ -408,25 +410,11 @@ static PyObject *core_busy_epoch(PyObject *Py_UNUSED(module), PyObject *add)
 }
 
 static PyMethodDef core_methods[] = {
-    {"_set_cache_type", (PyCFunction)core_set_cache_type, METH_VARARGS,
-     "Test probe: whether auto-GC treats a device type as having a cache; returns the old "
-     "value."},
     {"_site", (PyCFunction)core_site, METH_O, "(filename, line) of a site id, or None."},
     {"_site_stack", (PyCFunction)core_site_stack, METH_O,
      "((filename, line, name, is_user), ...), elided of a site id, or None."},
-    {"_sites_info", (PyCFunction)core_sites_info, METH_NOARGS,
-     "(stacks, locations, raw slots in use) of the site table."},
-    {"_capture_site", (PyCFunction)core_capture_site, METH_NOARGS,
-     "The site id a capture here gets (0: none)."},
     {"_set_library_paths", (PyCFunction)core_set_library_paths, METH_VARARGS,
      "File name prefixes and parts of library code (tuples of str)."},
-    {"_capture_sites", (PyCFunction)core_capture_sites, METH_NOARGS,
-     "Test probe: the caller's site as captured, the same through the public frame API, and "
-     "whether the capture read CPython's frames in place."},
-    {"_busy_epoch", (PyCFunction)core_busy_epoch, METH_O,
-     "Test probe: add n to the seam's busy epoch (n busy-word changes); returns it."},
-    {"_safe_point", (PyCFunction)core_safe_point, METH_NOARGS,
-     "Run deferred notifications and cache releases now."},
     {"format_bytes", (PyCFunction)ml_format_bytes_py, METH_O,
      "format_bytes(n, /)\n--\n\nA byte count as a human string with binary units: '1.5 KiB'."},
     {"_configure", (PyCFunction)(void (*)(void))core_configure, METH_VARARGS | METH_KEYWORDS,
@@ -436,12 +424,6 @@ static PyMethodDef core_methods[] = {
     {"_cuda_info", (PyCFunction)core_cuda_info, METH_NOARGS,
      "What the CUDA driver API reports: driver loaded, the library's path or why none was, "
      "device count, smallest total, event pool counts.  Loads the driver on first use."},
-    {"_cuda_driver", (PyCFunction)core_cuda_driver, METH_O,
-     "Testing aid: forget the CUDA driver and load the given library (None: libcuda) at "
-     "its next use, as a fresh process would."},
-    {"_cuda_standin", (PyCFunction)ml_hooks_cuda_standin, METH_O,
-     "Testing aid: a stream source(index) -> handle that the next install of the torch hooks "
-     "uses as torch's current stream, patching torch.cuda's synchronize stand-ins; None: off."},
     {"_tensor_abi", (PyCFunction)(void (*)(void))core_tensor_abi, METH_FASTCALL,
      "Whether tensor metadata is read through torch's stable C ABI; switches it for tests."},
     {"_gc_objects_of", (PyCFunction)(void (*)(void))ml_gc_objects_of, METH_FASTCALL,
@@ -451,6 +433,62 @@ static PyMethodDef core_methods[] = {
      "(device, nbytes) of a tensor as the hooks size it: its storage bytes."},
     {NULL, NULL, 0, NULL},
 };
+
+/* ---- _core._testing: the probes of tests and benchmarks ------------------
+ * Not API: functions that exist only so that tests and benchmarks can look
+ * inside (the site table, the seam's busy epoch, the safe point, the CUDA
+ * driver and stream stand-ins).  They live in their own namespace,
+ * memlord._core._testing, out of the production table above; like the module
+ * functions they are bound to the _core module, whose state they read. */
+static PyMethodDef testing_methods[] = {
+    {"set_cache_type", (PyCFunction)core_set_cache_type, METH_VARARGS,
+     "Whether auto-GC treats a device type as having a cache; returns the old "
+     "value."},
+    {"sites_info", (PyCFunction)core_sites_info, METH_NOARGS,
+     "(stacks, locations, raw slots in use) of the site table."},
+    {"capture_site", (PyCFunction)core_capture_site, METH_NOARGS,
+     "The site id a capture here gets (0: none)."},
+    {"capture_sites", (PyCFunction)core_capture_sites, METH_NOARGS,
+     "The caller's site as captured, the same through the public frame API, and "
+     "whether the capture read CPython's frames in place."},
+    {"busy_epoch", (PyCFunction)core_busy_epoch, METH_O,
+     "Add n to the seam's busy epoch (n busy-word changes); returns it."},
+    {"safe_point", (PyCFunction)core_safe_point, METH_NOARGS,
+     "Run deferred notifications and cache releases now."},
+    {"cuda_driver", (PyCFunction)core_cuda_driver, METH_O,
+     "Forget the CUDA driver and load the given library (None: libcuda) at "
+     "its next use, as a fresh process would."},
+    {"cuda_standin", (PyCFunction)ml_hooks_cuda_standin, METH_O,
+     "A stream source(index) -> handle that the next install of the torch hooks "
+     "uses as torch's current stream, patching torch.cuda's synchronize stand-ins; None: off."},
+    {NULL, NULL, 0, NULL},
+};
+
+/* memlord._core._testing: a module object holding testing_methods, each
+ * bound to module (as PyModule_AddFunctions would bind it to its own). */
+static const char testing_doc[] =
+    "Probes for memlord's tests and benchmarks only: not API, may change in any release.";
+
+static int add_testing(PyObject *module)
+{
+    PyObject *testing = PyModule_New("memlord._core._testing");
+    if (testing == NULL) {
+        return -1;
+    }
+    PyObject *name = PyModule_GetNameObject(testing);
+    int rc = name == NULL || PyModule_SetDocString(testing, testing_doc) < 0 ? -1 : 0;
+    for (PyMethodDef *def = testing_methods; rc == 0 && def->ml_name != NULL; def++) {
+        PyObject *func = PyCFunction_NewEx(def, module, name);
+        rc = func != NULL ? PyModule_AddObjectRef(testing, def->ml_name, func) : -1;
+        Py_XDECREF(func);
+    }
+    Py_XDECREF(name);
+    if (rc == 0) {
+        rc = PyModule_AddObjectRef(module, "_testing", testing);
+    }
+    Py_DECREF(testing);
+    return rc;
+}
 
 /* Every object the state holds, in one list, so that traverse and clear
  * cannot disagree: a field missing here is a leak or a crash waiting. */
@@ -568,12 +606,7 @@ static void core_free(void *module)
 
 static PyModuleDef_Slot core_slots[] = {
     {Py_mod_exec, core_exec},
-#if PY_VERSION_HEX >= 0x030C0000
-    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
-#endif
-#if PY_VERSION_HEX >= 0x030D0000
-    {Py_mod_gil, Py_MOD_GIL_USED},
-#endif
+    ML_COMPAT_MODULE_SLOTS /* one interpreter, the GIL: base/compat.h */
     {0, NULL},
 };
 

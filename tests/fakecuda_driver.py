@@ -14,9 +14,9 @@
     context popped, no driver rule broken, and memlord back to its usual driver search.
   - ``fake_torch_cuda``: stand-ins for torch's current stream, ``torch.cuda.synchronize``,
     ``Stream`` and ``Event`` (CPU torch has none that work) tied to the fake's events, and
-    memlord told to use them (``_core._cuda_standin``) when its torch hooks install.
+    memlord told to use them (``_core._testing.cuda_standin``) when its torch hooks install.
 
-memlord's driver state is process-wide; ``_core._cuda_driver(path)`` resets it, so every
+memlord's driver state is process-wide; ``_core._testing.cuda_driver(path)`` resets it, so every
 test starts as a fresh process would, whatever ran before in this one.  The library itself
 is loaded once per process (ctypes and memlord's dlopen share it) and reset per test.
 """
@@ -237,7 +237,7 @@ def fakecuda(fakecuda_lib, monkeypatch):
     monkeypatch.delenv("MEMLORD_DISABLE_CUDA", raising=False)
     monkeypatch.setenv("MEMLORD_CUDA_DRIVER", str(fakecuda_lib))  # for subprocesses
     drv = FakeCuda(fakecuda_lib)
-    _core._cuda_driver(str(fakecuda_lib))
+    _core._testing.cuda_driver(str(fakecuda_lib))
     drv.reset()
     try:
         yield drv
@@ -250,7 +250,7 @@ def fakecuda(fakecuda_lib, monkeypatch):
         _hooks_left()
         drv.heal()
         drv.complete()
-        _core._cuda_driver(None)
+        _core._testing.cuda_driver(None)
 
 
 class _Streams:
@@ -346,12 +346,12 @@ def fake_torch_cuda(fakecuda, monkeypatch):
     streams, names = make_standins(fakecuda)
     for name, value in names.items():
         monkeypatch.setattr(torch.cuda, name, value)
-    _core._cuda_standin(streams.source)
+    _core._testing.cuda_standin(streams.source)
     try:
         yield streams
     finally:
         _hooks_left()
-        _core._cuda_standin(None)
+        _core._testing.cuda_standin(None)
 
 
 def run_fresh(lib: Path | str, body: str, env: dict | None = None, timeout: int = 120):

@@ -11,6 +11,8 @@
 #include <Python.h>
 #include <stdint.h>
 
+#include "base/compat.h" /* every version gate and private CPython name */
+
 /* ---- device keys -------------------------------------------------------
  * A device is a small integer: the c10 DeviceType code in the high bits and
  * index + 1 in the low byte (cpu, which has no index, gets 0).  The
@@ -244,35 +246,5 @@ static inline int ml_dev_has_cache(const ml_state *st, ml_dev d)
 #define ML_FMT_BYTES_MAX 48
 int ml_format_bytes(long long n, char *buf, size_t size);
 PyObject *ml_format_bytes_py(PyObject *module, PyObject *arg);
-
-/* The object a weak reference points to (borrowed, for comparison or a
- * Py_NewRef at once: no reference is kept), or NULL once it is dead.  3.13
- * deprecates the borrowed read, so there the reference taken is given back
- * at once (the object lives: someone else holds it). */
-static inline PyObject *ml_referent(PyObject *ref)
-{
-#if PY_VERSION_HEX >= 0x030D0000
-    PyObject *obj = NULL;
-    if (PyWeakref_GetRef(ref, &obj) != 1) {
-        PyErr_Clear();
-        return NULL;
-    }
-    Py_DECREF(obj);
-    return obj;
-#else
-    PyObject *obj = PyWeakref_GET_OBJECT(ref);
-    return obj == Py_None ? NULL : obj;
-#endif
-}
-
-/* 1 while the interpreter is shutting down (no Python may be called then). */
-static inline int ml_finalizing(void)
-{
-#if PY_VERSION_HEX >= 0x030D0000
-    return Py_IsFinalizing();
-#else
-    return _Py_IsFinalizing();
-#endif
-}
 
 #endif

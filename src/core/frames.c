@@ -4,10 +4,6 @@
  * what a walk kept. */
 #include "core/frames.h"
 
-#if PY_VERSION_HEX < 0x030B0000
-#include <frameobject.h> /* PyFrame_GetBack and f_lasti on 3.10 */
-#endif
-
 #include <string.h>
 
 ML_COLD static int is_internal(ml_state *st, PyObject *filename)
@@ -134,11 +130,7 @@ static void capture_public(ml_walker *w)
     PyFrameObject *owned = NULL; /* frames further out are new references */
     while (frame != NULL) {
         PyCodeObject *code = PyFrame_GetCode(frame);
-#if PY_VERSION_HEX >= 0x030B0000
-        int offset = PyFrame_GetLasti(frame);
-#else
-        int offset = frame->f_lasti * 2;
-#endif
+        int offset = ml_frame_lasti(frame);
         /* the frame holds its code object while it runs */
         Py_DECREF(code);
         if (walk_frame(w, code, offset)) {
@@ -155,120 +147,18 @@ static void capture_public(ml_walker *w)
 }
 
 /* CPython 3.11 to 3.13: the interpreter's own frames, read in place, so that
- * a call site costs no frame object.  ml_iframe mirrors the head of the
- * version's _PyInterpreterFrame (Include/internal/pycore_frame.h, which
- * needs Py_BUILD_CORE and is not included); the fields read here have the
- * same names in every version's mirror (f_code, previous, instr, owner), so
- * that one walk serves them all.  The first capture checks the layout
- * against the public API on the live stack (frames_check) and, on any
- * mismatch, every capture goes through capture_public.  CPython 3.10 (whose
- * frame objects are the frames), 3.14 and later, free-threaded builds and
- * the limited API read through the public API only.  No public API walks
- * the stack without frame objects: 3.12's PyUnstable_InterpreterFrame_*
- * functions read a frame's code and offset given the frame, but the frame
- * before it and whether it is complete are internal, so they serve here as
- * one more check of the layout. */
-#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030E0000 && !defined(Py_LIMITED_API) &&     \
-    !defined(Py_GIL_DISABLED)
-#define ML_FRAMES_IN_PLACE 1
-#endif
-
+ * a call site costs no frame object.  The frame's layout (ml_iframe) and the
+ * version's readings of it are in base/compat.h.  The first capture checks
+ * the layout against the public API on the live stack (frames_check) and, on
+ * any mismatch, every capture goes through capture_public.  Where
+ * ML_FRAMES_IN_PLACE is not defined (3.10, 3.14 and later, free-threaded
+ * builds, the limited API) every capture reads through the public API.  No
+ * public API walks the stack without frame objects: 3.12's
+ * PyUnstable_InterpreterFrame_* functions read a frame's code and offset
+ * given the frame, but the frame before it and whether it is complete are
+ * internal, so they serve only as one more check of the layout. */
 #ifdef ML_FRAMES_IN_PLACE
-#define ML_OWNED_BY_GENERATOR 1 /* FRAME_OWNED_BY_GENERATOR, 3.11 to 3.13 */
-#define ML_OWNED_BY_CSTACK 3    /* FRAME_OWNED_BY_CSTACK, 3.12 and 3.13 */
-
-#if PY_VERSION_HEX < 0x030C0000
-typedef struct ml_iframe { /* 3.11 */
-    // cppcheck-suppress unusedStructMember ; layout only
-    PyObject *f_func;
-    PyObject *f_globals;
-    PyObject *f_builtins;
-    // cppcheck-suppress unusedStructMember ; layout only
-    PyObject *f_locals;
-    PyCodeObject *f_code;
-    PyFrameObject *frame_obj;
-    struct ml_iframe *previous;
-    const uint16_t *instr; /* prev_instr */
-    int stacktop;          /* -1 while the frame runs */
-    char is_entry;         /* a bool */
-    char owner;
-} ml_iframe;
-#else
-typedef struct ml_iframe { /* 3.12 and 3.13 */
-    /* 3.13's f_executable: the code object of every frame but the entry
-     * frames the C stack owns, which are incomplete (below) */
-    PyCodeObject *f_code;
-    struct ml_iframe *previous;
-    // cppcheck-suppress unusedStructMember ; layout only
-    PyObject *f_funcobj;
-    PyObject *f_globals;
-    PyObject *f_builtins;
-    // cppcheck-suppress unusedStructMember ; layout only
-    PyObject *f_locals;
-    PyFrameObject *frame_obj;
-    const uint16_t *instr; /* 3.12's prev_instr, 3.13's instr_ptr */
-    int stacktop;          /* -1 while the frame runs */
-    // cppcheck-suppress unusedStructMember ; layout only
-    uint16_t return_offset;
-    char owner;
-} ml_iframe;
-#endif
-
 static int frames_direct = -1; /* -1 not checked yet, 0 no, 1 yes */
-
-static inline const ml_iframe *innermost(void)
-{
-#if PY_VERSION_HEX >= 0x030D0000
-    return (const ml_iframe *)PyThreadState_Get()->current_frame;
-#else
-    return (const ml_iframe *)PyThreadState_Get()->cframe->current_frame;
-#endif
-}
-
-/* The code units (_Py_CODEUNIT, two bytes) of a code object. */
-static inline const uint16_t *code_units(const PyCodeObject *code)
-{
-    return (const uint16_t *)(const void *)code->co_code_adaptive;
-}
-
-/* 1 when f is still being set up, or an entry frame of the C stack
- * (_PyFrame_IsIncomplete of the version): the public API skips such frames,
- * and so does this reader. */
-static inline int incomplete(const ml_iframe *f)
-{
-#if PY_VERSION_HEX >= 0x030D0000
-    if (f->owner == ML_OWNED_BY_CSTACK) {
-        return 1;
-    }
-#endif
-    return f->owner != ML_OWNED_BY_GENERATOR &&
-           f->instr < code_units(f->f_code) + f->f_code->_co_firsttraceable;
-}
-
-/* The byte offset of f's instruction, as PyFrame_GetLasti gives it. */
-static inline int offset_of(const ml_iframe *f)
-{
-    return (int)(f->instr - code_units(f->f_code)) * 2;
-}
-
-/* What the public API cannot tell about a complete frame f looks sane; from
- * 3.12 on, CPython's own reading of f (PyUnstable_InterpreterFrame_*, which
- * takes the frame itself) gives the same code object and offset.  Nothing
- * here allocates: the code object's reference is the frame's too. */
-ML_COLD static int plausible(const ml_iframe *f)
-{
-#if PY_VERSION_HEX < 0x030C0000
-    return f->stacktop >= -1 && (f->is_entry == 0 || f->is_entry == 1) &&
-           (f->owner >= 0 && f->owner <= 2);
-#else
-    struct _PyInterpreterFrame *real = (struct _PyInterpreterFrame *)(uintptr_t)f;
-    PyObject *code = PyUnstable_InterpreterFrame_GetCode(real);
-    int same = code == (PyObject *)f->f_code;
-    Py_XDECREF(code);
-    return same && PyUnstable_InterpreterFrame_GetLasti(real) == offset_of(f) &&
-           f->stacktop >= -1 && f->owner >= 0 && f->owner <= ML_OWNED_BY_CSTACK;
-#endif
-}
 
 #define ML_CHECK_DEPTH 4
 
@@ -297,18 +187,18 @@ ML_COLD static int frames_check(void)
     Py_XDECREF(cur);
     int ok = n > 0 && !PyErr_Occurred();
     PyErr_Clear();
-    const ml_iframe *f = innermost();
+    const ml_iframe *f = ml_iframe_innermost();
     for (int k = 0; ok && k < n; k++) {
-        while (f != NULL && incomplete(f)) {
+        while (f != NULL && ml_iframe_incomplete(f)) {
             f = f->previous;
         }
         ok = f != NULL && (PyObject *)f->f_code == code[k] && f->frame_obj == fo[k] &&
-             offset_of(f) == lasti[k] && f->f_globals == globals[k] &&
-             f->f_builtins == builtins[k] && plausible(f);
+             ml_iframe_offset(f) == lasti[k] && f->f_globals == globals[k] &&
+             f->f_builtins == builtins[k] && ml_iframe_plausible(f);
         f = ok ? f->previous : NULL;
     }
     if (ok && ended) {
-        while (f != NULL && incomplete(f)) {
+        while (f != NULL && ml_iframe_incomplete(f)) {
             f = f->previous;
         }
         ok = f == NULL;
@@ -333,8 +223,8 @@ ML_HOT static int capture_direct(ml_walker *w)
     /* No Python runs and nothing is allocated during the walk (a verdict's
      * old file name is released by the caller, after it); the frames from
      * here out are all waiting on the call in progress. */
-    for (const ml_iframe *f = innermost(); f != NULL; f = f->previous) {
-        if (!incomplete(f) && walk_frame(w, f->f_code, offset_of(f))) {
+    for (const ml_iframe *f = ml_iframe_innermost(); f != NULL; f = f->previous) {
+        if (!ml_iframe_incomplete(f) && walk_frame(w, f->f_code, ml_iframe_offset(f))) {
             break;
         }
     }

@@ -6,12 +6,6 @@
 
 /* ---- the site table ------------------------------------------------------ */
 
-#if PY_VERSION_HEX >= 0x030B0000
-#define CODE_NAME(c) ((c)->co_qualname)
-#else
-#define CODE_NAME(c) ((c)->co_name)
-#endif
-
 static inline uint32_t mix(uint64_t x)
 {
     x *= 0x9E3779B97F4A7C15ULL;
@@ -173,7 +167,7 @@ static inline uint32_t raw_slot(const PyCodeObject *code, int offset)
 ML_HOT static inline int raw_is(const ml_raw *e, const PyCodeObject *code, int offset)
 {
     return e->offset == offset && e->linetable == code->co_linetable &&
-           e->filename == code->co_filename && e->name == CODE_NAME(code) &&
+           e->filename == code->co_filename && e->name == ML_CODE_NAME(code) &&
            e->firstlineno == code->co_firstlineno;
 }
 
@@ -221,7 +215,7 @@ static uint32_t stack_id(ml_sitetab *t, const ml_walker *w, PyObject **old)
         ml_raw *e = &t->raw[j];
         if (!raw_is(e, code, w->offset[i])) {
             int line = PyCode_Addr2Line(code, w->offset[i]);
-            uint32_t loc = loc_intern(t, code->co_filename, CODE_NAME(code), line);
+            uint32_t loc = loc_intern(t, code->co_filename, ML_CODE_NAME(code), line);
             if (loc == 0) {
                 return 0;
             }
@@ -230,7 +224,7 @@ static uint32_t stack_id(ml_sitetab *t, const ml_walker *w, PyObject **old)
             old[3 * i + 2] = e->name;
             *e = (ml_raw){Py_NewRef(code->co_linetable),
                           Py_NewRef(code->co_filename),
-                          Py_NewRef(CODE_NAME(code)),
+                          Py_NewRef(ML_CODE_NAME(code)),
                           code->co_firstlineno,
                           w->offset[i],
                           loc,

@@ -84,6 +84,6 @@ PyObject *ml_call_direct(const HookObject *self, PyObject *const *args, size_t n
     }
     Py_DECREF(tuple);
     Py_XDECREF(kwargs);
-    return _Py_CheckFunctionResult(PyThreadState_Get(), self->original, result, NULL);
+    return ml_check_function_result(self->original, result);
 }
 #endif

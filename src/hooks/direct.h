@@ -7,13 +7,8 @@
 #include "hooks/hook.h"
 
 /* Calling the original's C function directly needs CPython's own check of a
- * call's result, _Py_CheckFunctionResult, declared for extensions up to 3.12;
- * later versions call through PyObject_Vectorcall. */
-#if PY_VERSION_HEX < 0x030D0000
-#define ML_DIRECT_CALL 1
-#else
-#define ML_DIRECT_CALL 0
-#endif
+ * call's result, there for extensions up to 3.12; later versions call through
+ * PyObject_Vectorcall (ML_DIRECT_CALL: base/compat.h). */
 
 /* Whether hook may call original's C function itself (sets hook->direct,
  * direct_self, direct_type; NULL when not). */

@@ -70,7 +70,7 @@ typedef struct {
     PyObject *current_stream;   /* torch.cuda.current_stream, or NULL */
     PyObject *raw_stream;       /* torch._C._cuda_getCurrentRawStream (an int), or NULL */
     PyObject *s_cuda_stream;
-    PyObject *standin_stream; /* _cuda_standin(): a test's stream source, or NULL */
+    PyObject *standin_stream; /* _testing.cuda_standin(): a test's stream source, or NULL */
     ml_pending *pending;
     Py_ssize_t cap;
 } ml_dispatcher;

@@ -200,13 +200,13 @@ PyObject *ml_hooks_cuda_standin(PyObject *Py_UNUSED(module), PyObject *source)
 {
     if (source != Py_None && !PyCallable_Check(source)) {
         PyErr_Format(PyExc_TypeError,
-                     "_cuda_standin(): argument 'source' must be callable or None, got %.100s",
+                     "cuda_standin(): argument 'source' must be callable or None, got %.100s",
                      Py_TYPE(source)->tp_name);
         return NULL;
     }
     if (ml_group_installed(G_TORCH)) {
         PyErr_SetString(PyExc_RuntimeError,
-                        "_cuda_standin(): the torch hooks are installed; disable them first");
+                        "cuda_standin(): the torch hooks are installed; disable them first");
         return NULL;
     }
     Py_XSETREF(ml_disp.standin_stream, source == Py_None ? NULL : Py_NewRef(source));

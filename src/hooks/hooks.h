@@ -25,7 +25,7 @@ int64_t ml_hooks_pending_bytes(const ml_book *lord, const ml_selector *sel);
 PyObject *ml_hooks_info(PyObject *module, PyObject *unused);
 /* Frees now waiting for a CUDA event, every lord's. */
 Py_ssize_t ml_hooks_npending(void);
-/* Testing aid (_core._cuda_standin): with a callable source(index) -> stream
+/* Testing aid (_core._testing.cuda_standin): with a callable source(index) -> stream
  * handle (an int), the next install of the torch hooks takes it as torch's
  * current-stream source and patches whatever torch.cuda.synchronize,
  * Stream.synchronize and Event.synchronize are then, as with a CUDA build of

@@ -116,18 +116,14 @@ static inline int trackable_size(ml_dev dev, int64_t bytes)
  * tracker itself before 3.13 (the walk of every tracker touches no storage). */
 static inline int tracker_alive(const TrackerObject *tr)
 {
-#if PY_VERSION_HEX >= 0x030D0000
-    return ml_referent((PyObject *)tr) != NULL;
-#else
-    return tr->base.wr_object != Py_None;
-#endif
+    return ml_weakref_alive(&tr->base);
 }
 
 static void tracker_dealloc(PyObject *self)
 {
     PyTypeObject *tp = Py_TYPE(self);
     PyObject *shape = tracker_shape_obj((TrackerObject *)self);
-    _PyWeakref_RefType.tp_dealloc(self);
+    ML_WEAKREF_REF_TYPE->tp_dealloc(self);
     Py_XDECREF(shape); /* a tuple of ints: nothing runs */
     Py_DECREF(tp);
 }
@@ -151,7 +147,7 @@ static int tracker_traverse(PyObject *self, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(tracker_shape_obj((TrackerObject *)self));
-    return _PyWeakref_RefType.tp_traverse(self, visit, arg);
+    return ML_WEAKREF_REF_TYPE->tp_traverse(self, visit, arg);
 }
 
 static PyType_Slot tracker_slots[] = {
@@ -421,7 +417,7 @@ static TrackerObject *tracker_new(RegistryObject *reg, PyObject *key, ml_dev dev
         Py_CLEAR(m->shape_obj);
         return NULL;
     }
-    TrackerObject *tr = (TrackerObject *)_PyWeakref_RefType.tp_new(reg->tracker_type, args, NULL);
+    TrackerObject *tr = (TrackerObject *)ML_WEAKREF_REF_TYPE->tp_new(reg->tracker_type, args, NULL);
     Py_DECREF(args);
     if (tr == NULL) {
         Py_CLEAR(m->shape_obj);

@@ -54,7 +54,7 @@ typedef CUresult (*fn_ev_sync)(CUevent);
 static struct ml_driver {
     int state; /* 0 untried, 1 ready, -1 unavailable */
     void *lib;
-    char *override;  /* _cuda_driver(path): the library to load instead, or NULL */
+    char *override;  /* _testing.cuda_driver(path): the library to load instead, or NULL */
     char path[1024]; /* the library loaded, as the loader resolved it */
     char why[1024];  /* why none was */
     fn_init init;

@@ -15,7 +15,7 @@ int ml_cuda_ready(void);
 const char *ml_cuda_library(void);
 /* Why no driver was loaded ("cuInit failed with code 100", ...), or NULL. */
 const char *ml_cuda_why_not(void);
-/* Testing aid (_core._cuda_driver): forget the driver, its pooled events and
+/* Testing aid (_core._testing.cuda_driver): forget the driver, its pooled events and
  * its contexts (none destroyed), and load `path` (NULL: the usual search) at
  * the next use.  Only when no event is pending.  0, or -1 out of memory. */
 int ml_cuda_use_library(const char *path);

@@ -121,29 +121,11 @@ static PyObject *cached_answer(const ml_state *st, int level)
     return ans;
 }
 
-/* A number that changes whenever the dict d changes, or 0 when none can be
- * read cheaply.  CPython 3.10 and 3.11 keep one in every dict (PEP 509's
- * ma_version_tag, bumped by every insert, delete and clear); it is
- * deprecated from 3.12, where the answers are not kept (ask every time). */
-static int dict_version(PyObject *d, uint64_t *out)
-{
-#if PY_VERSION_HEX < 0x030C0000 && !defined(Py_LIMITED_API)
-    if (d != NULL && PyDict_CheckExact(d)) {
-        *out = ((PyDictObject *)d)->ma_version_tag;
-        return 1;
-    }
-#else
-    (void)d;
-#endif
-    *out = 0;
-    return 0;
-}
-
 /* Both versions the answers depend on; 0 when they cannot be read. */
 static int log_versions(const ml_state *st, uint64_t *env, uint64_t *cache)
 {
-    return st->env_data != NULL && st->log_cache != NULL && dict_version(st->env_data, env) &&
-           dict_version(st->log_cache, cache);
+    return st->env_data != NULL && st->log_cache != NULL && ml_dict_version(st->env_data, env) &&
+           ml_dict_version(st->log_cache, cache);
 }
 
 static int ask_wants(ml_state *st, int level);

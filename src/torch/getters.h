@@ -33,7 +33,7 @@ static inline int fast_ok(ml_fast *f, PyObject *obj, PyObject *name, const PyObj
             return 1;
         }
     }
-    if (descr == NULL || _PyType_Lookup(tp, name) != descr) {
+    if (descr == NULL || ml_type_lookup(tp, name) != descr) {
         return 0;
     }
     valid = PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG); /* the lookup may assign one */

@@ -274,24 +274,6 @@ static int walk_sparse(ml_state *st, ml_walk *w, PyObject *t, PyObject *names[3]
     return 0;
 }
 
-/* The pending exception, normalised (PyErr_GetRaisedException before 3.12). */
-static PyObject *PyErr_GetRaisedException_compat(void)
-{
-#if PY_VERSION_HEX >= 0x030C0000
-    return PyErr_GetRaisedException();
-#else
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    if (tb != NULL && value != NULL) {
-        PyException_SetTraceback(value, tb);
-    }
-    Py_XDECREF(type);
-    Py_XDECREF(tb);
-    return value;
-#endif
-}
-
 /* Make cause the __cause__ of the exception now pending (steals cause). */
 static void chain_cause(PyObject *cause)
 {
@@ -672,7 +654,7 @@ static void name_failure(ml_state *st, const ml_walk *w, PyObject *root, const m
     if (!PyErr_ExceptionMatches(PyExc_Exception) || PyErr_ExceptionMatches(PyExc_MemoryError)) {
         return;
     }
-    PyObject *cause = PyErr_GetRaisedException_compat();
+    PyObject *cause = ml_err_get_raised();
     PyObject *place = arg_name(w);
     if (place != NULL && at != NULL && at->module != NULL) {
         PyObject *path = module_path(st, root, at->module, 0);

@@ -53,11 +53,11 @@ def release_spy():
         )
 
     configure(spy)
-    was = _core._set_cache_type("cpu", True)
+    was = _core._testing.set_cache_type("cpu", True)
     try:
         yield calls, state
     finally:
-        _core._set_cache_type("cpu", was)
+        _core._testing.set_cache_type("cpu", was)
         configure(_backend.release_cache)
 
 
@@ -72,7 +72,7 @@ def test_release_runs_after_the_dying_storage_is_gone(release_spy):
         storage = weakref.ref(t.untyped_storage())
         state["check"] = lambda: storage() is None
         del t  # the death is credited in the deallocator; the release waits
-        _core._safe_point()
+        _core._testing.safe_point()
     assert lord.gc_runs == 1
     assert calls == [("cpu", -1, True)], calls  # the storage was already gone
 
@@ -93,7 +93,7 @@ def test_release_not_inside_the_deallocator(release_spy):
         h = Holder()
         h.t = torch.ones(1000)
         del h
-        _core._safe_point()
+        _core._testing.safe_point()
     assert [c[2] for c in calls] == [0]  # not while the finalizer ran
 
 
@@ -154,7 +154,7 @@ def test_dropped_lord_is_collected_and_torch_restored():
 
     w = scope()
     gc.collect()
-    _core._safe_point()
+    _core._testing.safe_point()
     assert w() is None
     assert torch.Tensor.to is orig_to and torch.empty is orig_empty
     info = _core._hooks_info()
@@ -193,7 +193,7 @@ def test_other_lord_keeps_hooks_when_one_is_dropped():
 
     w = scope()
     gc.collect()
-    _core._safe_point()
+    _core._testing.safe_point()
     assert w() is None
     assert _core._hooks_info()["subscribers"] == 1
     torch.ones(2).double()
@@ -455,11 +455,11 @@ from memlord import MemLord, _core
 lord = MemLord(auto_gc_bytes=1)
 t = torch.ones(100)
 lord.allocate(t); lord.free(t)  # cpu has no cache: auto-GC has nothing to do
-_core._safe_point()
+_core._testing.safe_point()
 before = lord.gc_runs
-_core._set_cache_type("cpu", True)  # now it has: the seam must plan auto-GC in
+_core._testing.set_cache_type("cpu", True)  # now it has: the seam must plan auto-GC in
 lord.allocate(t); lord.free(t)
-_core._safe_point()
+_core._testing.safe_point()
 print(before, lord.gc_runs)
 """
 

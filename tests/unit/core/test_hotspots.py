@@ -223,7 +223,7 @@ def test_user_code_in_directories_named_memlord_and_torch(tmp_path):
 # ---- how a site is read off the stack ---------------------------------------
 # On CPython 3.11 to 3.13 the hooks read the interpreter's frames in place (no
 # frame object is made for the caller); the layout is checked against the
-# public frame API at the first capture.  _capture_sites() returns the capture,
+# public frame API at the first capture.  _testing.capture_sites() returns the capture,
 # the same through the public API only, and whether the first read in place.
 
 import sysconfig  # noqa: E402
@@ -247,7 +247,7 @@ def _line_of(site):
 
 def test_capture_in_place_agrees_with_the_public_frame_api():
     line = here() + 1
-    fast, public, direct = _core._capture_sites()
+    fast, public, direct = _core._testing.capture_sites()
     assert direct is DIRECT_EXPECTED
     assert fast == public
     assert fast[0] is test_capture_in_place_agrees_with_the_public_frame_api.__code__
@@ -256,10 +256,10 @@ def test_capture_in_place_agrees_with_the_public_frame_api():
 
 def test_capture_in_a_generator_and_a_coroutine():
     def gen():
-        yield _core._capture_sites()
+        yield _core._testing.capture_sites()
 
     async def coro():
-        return _core._capture_sites()
+        return _core._testing.capture_sites()
 
     fast, public, _ = next(gen())
     assert fast == public and fast[0] is gen.__code__
@@ -274,7 +274,12 @@ def test_capture_in_a_generator_and_a_coroutine():
 def test_capture_skips_torch_and_memlord_frames_to_the_callers_line():
     # a function whose code says it lives in torch: an internal frame
     ns = {"_core": _core}
-    exec(compile("def inner():\n    return _core._capture_sites()\n", torch.__file__, "exec"), ns)
+    exec(
+        compile(
+            "def inner():\n    return _core._testing.capture_sites()\n", torch.__file__, "exec"
+        ),
+        ns,
+    )
     line = here() + 1
     fast, public, _ = ns["inner"]()
     assert fast == public
@@ -288,7 +293,7 @@ def test_capture_on_a_fresh_thread_and_deep_in_recursion():
     out = []
 
     def deep(n):
-        return deep(n - 1) if n else _core._capture_sites()
+        return deep(n - 1) if n else _core._testing.capture_sites()
 
     th = threading.Thread(target=lambda: out.append(deep(50)))
     th.start()
@@ -310,8 +315,8 @@ def test_capture_in_place_is_on_for_this_interpreter():
     # CPython 3.11, 3.12 and 3.13 each have their own frame layout: a capture on any
     # of them reads in place once the first capture checked it (the probe above runs
     # the check if nothing captured before)
-    _core._capture_sites()
-    assert _core._capture_sites()[2] is DIRECT_EXPECTED, sys.version
+    _core._testing.capture_sites()
+    assert _core._testing.capture_sites()[2] is DIRECT_EXPECTED, sys.version
 
 
 # The shapes a stack takes between the user's line and the hooked call: frames
@@ -324,23 +329,23 @@ def test_capture_in_place_is_on_for_this_interpreter():
 
 def _via_sorted_key():
     out = []
-    sorted([0], key=lambda _: out.append(_core._capture_sites()))
+    sorted([0], key=lambda _: out.append(_core._testing.capture_sites()))
     return out[0], "<lambda>"
 
 
 def _via_map():
-    return list(map(lambda _: _core._capture_sites(), [0]))[0], "<lambda>"
+    return list(map(lambda _: _core._testing.capture_sites(), [0]))[0], "<lambda>"
 
 
 def _via_comprehension():
-    return [_core._capture_sites() for _ in range(1)][0], (
+    return [_core._testing.capture_sites() for _ in range(1)][0], (
         "_via_comprehension" if sys.version_info >= (3, 12) else "<listcomp>"
     )
 
 
 def _via_nested_generators():
     def inner():
-        yield _core._capture_sites()
+        yield _core._testing.capture_sites()
 
     def outer():
         yield from inner()
@@ -351,7 +356,7 @@ def _via_nested_generators():
 def _via_generator_send():
     def gen():
         got = yield
-        yield got, _core._capture_sites()
+        yield got, _core._testing.capture_sites()
 
     g = gen()
     next(g)
@@ -363,7 +368,7 @@ def _via_nested_coroutines():
 
     async def inner():
         await asyncio.sleep(0)
-        return _core._capture_sites()
+        return _core._testing.capture_sites()
 
     async def outer():
         return await inner()
@@ -373,14 +378,14 @@ def _via_nested_coroutines():
 
 def _via_class_body():
     class Body:
-        got = _core._capture_sites()
+        got = _core._testing.capture_sites()
 
     return Body.got, "Body"
 
 
 def _via_exec():
     ns = {"_core": _core}
-    exec("got = _core._capture_sites()", ns)
+    exec("got = _core._testing.capture_sites()", ns)
     return ns["got"], "<module>"
 
 
@@ -388,7 +393,7 @@ def _via_property_from_c():
     class P:
         @property
         def got(self):
-            return _core._capture_sites()
+            return _core._testing.capture_sites()
 
     return P().got, "got"
 
@@ -398,14 +403,19 @@ def _via_torch_frame_from_c():
     # user's lambda is the site, and the walk goes through both kinds of frame
     ns = {}
     exec(compile("def each(f, xs):\n    return list(map(f, xs))\n", torch.__file__, "exec"), ns)
-    return ns["each"](lambda _: _core._capture_sites(), [0])[0], "<lambda>"
+    return ns["each"](lambda _: _core._testing.capture_sites(), [0])[0], "<lambda>"
 
 
 def _via_c_calling_a_torch_frame():
     # the other way round: user code -> C (map) -> a torch-named function capturing:
     # the walk skips the torch frame and the entry frame C pushed below it
     ns = {"_core": _core}
-    exec(compile("def each(_):\n    return _core._capture_sites()\n", torch.__file__, "exec"), ns)
+    exec(
+        compile(
+            "def each(_):\n    return _core._testing.capture_sites()\n", torch.__file__, "exec"
+        ),
+        ns,
+    )
     return list(map(ns["each"], [0]))[0], "_via_c_calling_a_torch_frame"
 
 
@@ -417,7 +427,7 @@ def _via_settrace():
         return tracer
 
     def traced():
-        return _core._capture_sites()
+        return _core._testing.capture_sites()
 
     sys.settrace(tracer)
     try:

@@ -400,17 +400,17 @@ def test_threads_moving_concurrently_are_exact(lord, hooks, fakecuda):
 
 def test_standin_source_must_be_callable(fakecuda):
     with pytest.raises(TypeError, match="argument 'source' must be callable or None"):
-        _core._cuda_standin(42)
+        _core._testing.cuda_standin(42)
 
 
 def test_standin_refused_while_hooks_are_installed(hooks):
     with pytest.raises(RuntimeError, match="disable them first"):
-        _core._cuda_standin(None)
+        _core._testing.cuda_standin(None)
 
 
 def test_driver_switch_refused_while_frees_wait(lord, hooks, fakecuda):
     fake_cuda(64).to("cpu", non_blocking=True)
     with pytest.raises(RuntimeError, match="waiting for CUDA events"):
-        _core._cuda_driver(None)
+        _core._testing.cuda_driver(None)
     assert _core._cuda_info()["library"] == fakecuda.path  # unchanged
     torch.cuda.synchronize()

@@ -51,7 +51,7 @@ from fakecuda_driver import make_standins
 streams, names = make_standins(fake)
 for name, value in names.items():
     setattr(torch.cuda, name, value)
-_core._cuda_standin(streams.source)
+_core._testing.cuda_standin(streams.source)
 from conftest import fake_cuda
 """
 
@@ -195,7 +195,7 @@ def test_info_first_names_the_library(fakecuda_lib, monkeypatch):
     assert "cuda:0" in out and "4 GiB used of" in out and "16 GiB (25.0%)" in out
 
 
-# --info's reasons, in this process: _cuda_driver() starts over as a fresh process would.
+# --info's reasons, in this process: _testing.cuda_driver() starts over as a fresh process would.
 
 
 def _info_here(capsys) -> str:
@@ -208,7 +208,7 @@ def _info_here(capsys) -> str:
 
 def test_info_says_why_none_missing_library(fakecuda, tmp_path, capsys):
     missing = tmp_path / "nope.so"
-    _core._cuda_driver(str(missing))
+    _core._testing.cuda_driver(str(missing))
     out = _info_here(capsys)
     assert f"CUDA driver: not available (cannot load {missing}:" in out
     assert "cuda:0" not in out
@@ -216,7 +216,7 @@ def test_info_says_why_none_missing_library(fakecuda, tmp_path, capsys):
 
 def test_info_says_why_none_disabled(fakecuda, monkeypatch, capsys):
     monkeypatch.setenv("MEMLORD_DISABLE_CUDA", "1")
-    _core._cuda_driver(fakecuda.path)
+    _core._testing.cuda_driver(fakecuda.path)
     assert "CUDA driver: not available (MEMLORD_DISABLE_CUDA is set)" in _info_here(capsys)
     assert fakecuda.calls() == 0  # not even loaded
 
@@ -252,13 +252,13 @@ h.disable()
     assert str(missing) in out["info"]["reason"]
 
 
-# ---- in-process: _cuda_driver(path) starts over as a fresh process would -----------------
+# ---- in-process: _testing.cuda_driver(path) starts over as a fresh process would --------
 
 
 def test_not_a_library_is_no_driver(fakecuda, tmp_path):
     bogus = tmp_path / "libcuda.so.1"
     bogus.write_text("not an ELF file\n")
-    _core._cuda_driver(str(bogus))
+    _core._testing.cuda_driver(str(bogus))
     info = _core._cuda_info()
     assert info["driver"] is False and info["device_count"] == 0
     assert info["reason"].startswith(f"cannot load {bogus}:")
@@ -266,7 +266,7 @@ def test_not_a_library_is_no_driver(fakecuda, tmp_path):
 
 
 def test_a_directory_is_no_driver(fakecuda, tmp_path):
-    _core._cuda_driver(str(tmp_path))
+    _core._testing.cuda_driver(str(tmp_path))
     assert _core._cuda_info()["driver"] is False
 
 
@@ -275,7 +275,7 @@ def test_missing_symbol(fakecuda, symbol):
     """Every entry point memlord calls is required but cuCtxGetCurrent, which only saves the
     context push: without it memlord pushes, balanced, every time."""
     lib = build(omit=(symbol,))
-    _core._cuda_driver(str(lib))
+    _core._testing.cuda_driver(str(lib))
     info = _core._cuda_info()
     if symbol == "cuEventQuery":
         assert info["driver"] is False and info["reason"] == "missing symbol cuEventQuery"
@@ -287,6 +287,6 @@ def test_missing_symbol(fakecuda, symbol):
 
 def test_path_is_decoded_like_a_file_name(fakecuda):
     with pytest.raises(TypeError):
-        _core._cuda_driver(42)
-    _core._cuda_driver(Path(fakecuda.path))
+        _core._testing.cuda_driver(42)
+    _core._testing.cuda_driver(Path(fakecuda.path))
     assert _core._cuda_info()["library"] == fakecuda.path

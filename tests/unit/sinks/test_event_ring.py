@@ -109,7 +109,7 @@ def test_recording_starts_after_any_number_of_other_busy_changes():
     lord = MemLord()
     lord.allocate(u8(1))  # the plan is made: no ring
     lord.record_events(8)  # one busy change
-    _core._busy_epoch(2**32 - 1)  # and 2**32 - 1 more, with no event on this lord
+    _core._testing.busy_epoch(2**32 - 1)  # and 2**32 - 1 more, with no event on this lord
     lord.allocate(u8(2))
     e = lord.events()
     assert list(e["bytes"]) == [2]
