@@ -79,6 +79,13 @@ def compiler() -> str:
     return cc
 
 
+# The compiler and nm run without what a sanitized test run preloads: under tox's asan
+# environment LD_PRELOAD carries the ASan runtime, whose leak check fails gcc at exit
+# (its report goes to ASan's log file, so the compile "fails" with nothing on stderr).
+_NOT_FOR_TOOLS = ("LD_PRELOAD", "ASAN_OPTIONS", "LSAN_OPTIONS", "UBSAN_OPTIONS")
+TOOL_ENV = {k: v for k, v in os.environ.items() if k not in _NOT_FOR_TOOLS}
+
+
 def build_objects(src: Path, out: Path) -> dict[str, Path]:
     """src-relative path of each .c -> its object, compiled into out."""
     cc = compiler()
@@ -89,7 +96,10 @@ def build_objects(src: Path, out: Path) -> dict[str, Path]:
         rel = path.relative_to(src).as_posix()
         obj = out / (rel.replace("/", "__") + ".o")
         r = subprocess.run(
-            [cc, *flags, "-c", str(path), "-o", str(obj)], capture_output=True, text=True
+            [cc, *flags, "-c", str(path), "-o", str(obj)],
+            capture_output=True,
+            text=True,
+            env=TOOL_ENV,
         )
         return rel, obj, r
 
@@ -97,7 +107,10 @@ def build_objects(src: Path, out: Path) -> dict[str, Path]:
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         for rel, obj, r in pool.map(one, sources):
             if r.returncode != 0:
-                raise SystemExit(f"check_links: src/{rel} does not compile:\n{r.stderr}")
+                raise SystemExit(
+                    f"check_links: src/{rel} does not compile (exit status {r.returncode}):"
+                    f"\n{r.stderr}"
+                )
             objects[rel] = obj
     return objects
 
@@ -107,7 +120,9 @@ def symbols(obj: Path) -> tuple[set[str], set[str]]:
     nm = shutil.which("nm")
     if nm is None:
         raise SystemExit("check_links: nm not found (binutils)")
-    r = subprocess.run([nm, "-P", str(obj)], capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        [nm, "-P", str(obj)], capture_output=True, text=True, check=True, env=TOOL_ENV
+    )
     defined, undefined = set(), set()
     for line in r.stdout.splitlines():
         parts = line.split()
