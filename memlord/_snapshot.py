@@ -18,7 +18,8 @@ and an entry (largest first) is::
 
     {"nbytes": int, "shape": tuple | None, "dtype": "torch.float32" | None,
      "device": "cpu", "requires_grad": bool, "site": "file:line" | None,
-     "region": str | None, "age_s": float | None, "tracked": bool}
+     "region": str | None, "age_s": float | None, "tracked": bool,
+     "category": str}   # memlord.CATEGORIES
 
 See docs/api.md#live-snapshots for every field.
 """
@@ -81,7 +82,7 @@ class _Decoder:
         return name
 
     def entry(self, raw: tuple) -> dict[str, Any]:
-        dev, nbytes, _ptr, born_ns, site, region, dtype, requires_grad, shape = raw
+        dev, nbytes, _ptr, born_ns, site, region, dtype, requires_grad, shape, category = raw
         names = self._names
         return {
             "nbytes": nbytes,
@@ -93,6 +94,7 @@ class _Decoder:
             "region": (names[region] or None) if 0 < region < len(names) else None,
             "age_s": max(self._now - born_ns, 0) / 1e9,
             "tracked": True,
+            "category": category,
         }
 
 
@@ -177,6 +179,7 @@ def _untracked_storages(lord: Any) -> list[dict[str, Any]]:
                 "region": None,
                 "age_s": None,
                 "tracked": False,
+                "category": "parameter" if isinstance(obj, torch.nn.Parameter) else "other",
             }
         except Exception:  # noqa: BLE001 - a tensor without a readable storage (sparse, ...)
             continue

@@ -70,3 +70,9 @@ class DeviceStats(TypedDict):
     allocs: int  # storages counted as allocated
     frees: int  # storages counted as freed
     gc_runs: int  # auto-GC runs of this device
+    # live bytes by category (memlord.CATEGORIES; they add up to `allocated`)
+    categories: dict[str, int]
+    # the categories of `allocated` when `peak_allocated` was reached
+    peak_categories: dict[str, int]
+    # each category's own highest live bytes (since reset() or reset_peak_memory_stats())
+    category_peaks: dict[str, int]

@@ -13,6 +13,7 @@
 #include "sinks/log.h"
 #include "core/sites.h"
 #include "hooks/lifetime.h"
+#include "hooks/ops.h"
 #include "platform/ml_cuda.h"
 #include "torch/tensorabi.h"
 #include "torch/sizing.h"
@@ -162,6 +163,12 @@ static int core_exec(PyObject *module)
     if (st->region_type == NULL || PyModule_AddType(module, st->region_type) < 0) {
         return -1;
     }
+    PyObject *mode_base = PyType_FromModuleAndSpec(module, &ml_ops_mode_base_spec, NULL);
+    if (mode_base == NULL || PyModule_AddType(module, (PyTypeObject *)mode_base) < 0) {
+        Py_XDECREF(mode_base);
+        return -1;
+    }
+    Py_DECREF(mode_base);
     if (ml_ev_add_names(module) < 0) { /* EVENT_KINDS, EVENT_SOURCES, SOURCE_LABELS */
         return -1;
     }
@@ -429,6 +436,16 @@ static PyMethodDef core_methods[] = {
     {"_gc_objects_of", (PyCFunction)(void (*)(void))ml_gc_objects_of, METH_FASTCALL,
      "The objects of gc.get_objects() of a type, less those of the skipped types, found "
      "in one C call that no other thread can interleave with."},
+    {"_torch_dispatch", (PyCFunction)(void (*)(void))ml_ops_dispatch, METH_FASTCALL,
+     "_torch_dispatch(func, types, args=(), kwargs=None)\n--\n\n"
+     "The __torch_dispatch__ of memlord's dispatch mode (hook_into_python(ops=True)): runs the "
+     "operator and counts the outputs it creates."},
+    {"_categorize", (PyCFunction)(void (*)(void))ml_ops_categorize, METH_FASTCALL,
+     "_categorize(objs, category, source, from_mask)\n--\n\n"
+     "The category sources: storages tracked become of category; others are counted (source "
+     "-1: not)."},
+    {"_optimizer_step", (PyCFunction)ml_ops_optimizer_step, METH_O,
+     "_optimizer_step(begin)\n--\n\nThis thread's optimizer.step() begins or ends."},
     {"_tensor_meta", (PyCFunction)core_tensor_meta, METH_O,
      "(device, nbytes) of a tensor as the hooks size it: its storage bytes."},
     {NULL, NULL, 0, NULL},

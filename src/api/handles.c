@@ -13,7 +13,7 @@ ml_handle *ml_handle_new(ml_book *lord, int kind)
     h->lord = (ml_book *)Py_NewRef(lord);
     h->kind = kind;
     h->enabled = 0;
-    h->factories = h->deep = 0;
+    h->factories = h->deep = h->ops = 0;
     PyObject_GC_Track(h);
     return h;
 }
@@ -55,11 +55,11 @@ static int disable_torch(ml_handle *self)
 
 /* ---- the python side ---------------------------------------------------------- */
 
-PyObject *ml_handle_enable_python(ml_book *lord, int factories, int deep)
+PyObject *ml_handle_enable_python(ml_book *lord, int factories, int deep, int ops)
 {
     if (lord->py_handle != NULL) {
         const ml_handle *h = (const ml_handle *)lord->py_handle;
-        if (h->factories != factories || h->deep != deep) {
+        if (h->factories != factories || h->deep != deep || h->ops != ops) {
             PyErr_SetString(PyExc_ValueError,
                             "hook_into_python(): already enabled with other options; "
                             "disable() it first");
@@ -73,7 +73,23 @@ PyObject *ml_handle_enable_python(ml_book *lord, int factories, int deep)
     }
     h->factories = factories;
     h->deep = deep;
+    h->ops = ops;
     if (factories && ml_hooks_py_subscribe(lord) < 0) {
+        Py_DECREF(h);
+        return NULL;
+    }
+    if (ml_hooks_ops_subscribe(lord, ML_HOOKS_SOURCES) < 0) {
+        if (factories) {
+            ml_hooks_py_unsubscribe(lord);
+        }
+        Py_DECREF(h);
+        return NULL;
+    }
+    if (ops && ml_hooks_ops_subscribe(lord, ML_HOOKS_OPS) < 0) {
+        ml_hooks_ops_unsubscribe(lord, ML_HOOKS_SOURCES);
+        if (factories) {
+            ml_hooks_py_unsubscribe(lord);
+        }
         Py_DECREF(h);
         return NULL;
     }
@@ -87,6 +103,10 @@ PyObject *ml_handle_enable_python(ml_book *lord, int factories, int deep)
 static int disable_python(ml_handle *self)
 {
     ml_book *lord = self->lord;
+    if ((self->ops && ml_hooks_ops_unsubscribe(lord, ML_HOOKS_OPS) < 0) ||
+        ml_hooks_ops_unsubscribe(lord, ML_HOOKS_SOURCES) < 0) {
+        return -1;
+    }
     if (self->factories && ml_hooks_py_unsubscribe(lord) < 0) {
         return -1;
     }
@@ -180,6 +200,11 @@ static PyObject *handle_get_kind(ml_handle *self, void *Py_UNUSED(closure))
     return PyUnicode_FromString(self->kind == ML_HANDLE_TORCH ? "torch" : "python");
 }
 
+static PyObject *handle_get_ops(ml_handle *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->kind == ML_HANDLE_PYTHON && self->ops);
+}
+
 static PyObject *handle_get_tracked(ml_handle *self, void *Py_UNUSED(closure))
 {
     return PyLong_FromSsize_t(ml_life_tracked(self->lord));
@@ -191,9 +216,10 @@ static PyObject *handle_repr(ml_handle *self)
         return PyUnicode_FromFormat("<memlord torch hooks %s>",
                                     self->enabled ? "enabled" : "disabled");
     }
-    return PyUnicode_FromFormat("<memlord python hooks %s, factories=%s, deep_autowrap=%s>",
-                                self->enabled ? "enabled" : "disabled",
-                                self->factories ? "on" : "off", self->deep ? "on" : "off");
+    return PyUnicode_FromFormat(
+        "<memlord python hooks %s, factories=%s, deep_autowrap=%s, ops=%s>",
+        self->enabled ? "enabled" : "disabled", self->factories ? "on" : "off",
+        self->deep ? "on" : "off", self->ops ? "on" : "off");
 }
 
 static int handle_traverse(ml_handle *self, visitproc visit, void *arg)
@@ -237,6 +263,9 @@ static PyGetSetDef handle_getset[] = {
     {"enabled", (getter)handle_get_enabled, NULL, "Whether these hooks are on.", NULL},
     {"lord", (getter)handle_get_lord, NULL, "The MemLord this handle belongs to.", NULL},
     {"kind", (getter)handle_get_kind, NULL, "'torch' or 'python'.", NULL},
+    {"ops", (getter)handle_get_ops, NULL,
+     "Whether these hooks count op outputs (hook_into_python(ops=True)); False for torch hooks.",
+     NULL},
     {"tracked", (getter)handle_get_tracked, NULL,
      "Storages the lord tracks that are still alive (their free not yet credited).", NULL},
     {NULL, NULL, NULL, NULL, NULL},

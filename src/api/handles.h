@@ -13,7 +13,7 @@ typedef struct {
     ml_book *lord; /* strong */
     int kind;      /* ML_HANDLE_* */
     int enabled;
-    int factories, deep; /* ML_HANDLE_PYTHON: hook_into_python's options */
+    int factories, deep, ops; /* ML_HANDLE_PYTHON: hook_into_python's options */
 } ml_handle;
 
 extern PyType_Spec ml_handle_spec;
@@ -25,7 +25,7 @@ ml_handle *ml_handle_new(ml_book *lord, int kind);
 PyObject *ml_handle_enable_torch(ml_book *lord);
 /* lord.hook_into_python(...): lifetime tracking on, and with factories the
  * factory wrappers (hooks.c). */
-PyObject *ml_handle_enable_python(ml_book *lord, int factories, int deep);
+PyObject *ml_handle_enable_python(ml_book *lord, int factories, int deep, int ops);
 /* lord._pending_bytes(device=None) (a Lord method, lord.c lists it) */
 PyObject *ml_lord_pending_bytes(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames);

@@ -47,10 +47,10 @@ static void deltas_clear(ml_deltas *ds)
 /* address and lifetime_ns describe one storage: ml_record keeps them only
  * for a device whose delta stays at one storage. */
 static int deltas_add(ml_deltas *ds, ml_dev dev, int64_t bytes, int64_t count, uintptr_t address,
-                      int64_t lifetime_ns)
+                      int64_t lifetime_ns, int cat)
 {
     for (int i = 0; i < ds->n; i++) {
-        if (ds->d[i].dev == dev) {
+        if (ds->d[i].dev == dev && ds->d[i].cat == cat) {
             ds->d[i].bytes += bytes;
             ds->d[i].count += count;
             return 0;
@@ -70,7 +70,7 @@ static int deltas_add(ml_deltas *ds, ml_dev dev, int64_t bytes, int64_t count, u
         ds->d = d;
         ds->cap = cap;
     }
-    ds->d[ds->n++] = (ml_delta){dev, bytes, count, address, lifetime_ns};
+    ds->d[ds->n++] = (ml_delta){dev, bytes, count, address, lifetime_ns, cat};
     return 0;
 }
 
@@ -97,7 +97,8 @@ static PyObject *record_object(MemLordObject *self, PyObject *obj, int is_free)
     }
     if (track) {
         /* storages the lord tracks already add nothing */
-        if (ml_life_count_walk(&self->book, &w, ML_REC_SUMMARY, &site, ML_SRC_EXPLICIT, what) < 0) {
+        if (ml_life_count_walk(&self->book, &w, ML_REC_SUMMARY, &site, ML_SRC_EXPLICIT, what,
+                               ML_CAT_OTHER) < 0) {
             goto done;
         }
         result = Py_NewRef(Py_None);
@@ -111,7 +112,9 @@ static PyObject *record_object(MemLordObject *self, PyObject *obj, int is_free)
         const ml_block *b = &w.blocks[i];
         /* an opaque tensor's block is keyed by the tensor: no data pointer */
         uintptr_t addr = w.collect_keys && w.keys[i] == NULL ? 0 : b->ptr;
-        if (deltas_add(&ds, b->dev, b->nbytes, 1, addr, life) < 0) {
+        /* a tracked storage's free is its category's */
+        int cat = untrack ? ml_life_category(&self->book, w.keys[i]) : ML_CAT_OTHER;
+        if (deltas_add(&ds, b->dev, b->nbytes, 1, addr, life, cat) < 0) {
             goto done;
         }
     }
@@ -265,6 +268,24 @@ static int dict_set_int(PyObject *d, const char *key, int64_t v)
     return rc;
 }
 
+/* {category: bytes} of the ML_NCAT values v */
+static int dict_set_cats(PyObject *d, const char *key, const int64_t *v)
+{
+    PyObject *c = PyDict_New();
+    if (c == NULL) {
+        return -1;
+    }
+    for (int i = 0; i < ML_NCAT; i++) {
+        if (dict_set_int(c, ml_category_name(i), v[i]) < 0) {
+            Py_DECREF(c);
+            return -1;
+        }
+    }
+    int rc = PyDict_SetItemString(d, key, c);
+    Py_DECREF(c);
+    return rc;
+}
+
 static PyObject *slot_dict(const ml_slot *s)
 {
     PyObject *d = PyDict_New();
@@ -276,7 +297,10 @@ static PyObject *slot_dict(const ml_slot *s)
         dict_set_int(d, "freed_total", s->freed_total) < 0 ||
         dict_set_int(d, "peak_allocated", s->peak_allocated) < 0 ||
         dict_set_int(d, "allocs", s->allocs) < 0 || dict_set_int(d, "frees", s->frees) < 0 ||
-        dict_set_int(d, "gc_runs", s->gc_runs) < 0) {
+        dict_set_int(d, "gc_runs", s->gc_runs) < 0 ||
+        dict_set_cats(d, "categories", s->cat) < 0 ||
+        dict_set_cats(d, "peak_categories", s->cat_at_peak) < 0 ||
+        dict_set_cats(d, "category_peaks", s->cat_peak) < 0) {
         Py_DECREF(d);
         return NULL;
     }
@@ -549,15 +573,16 @@ static int parse_bool(PyObject *v, const char *name, int *out)
 
 static PyObject *lord_hook_into_python(MemLordObject *self, PyObject *args, PyObject *kwds)
 {
-    static char *kwlist[] = {"enable_factory_wrappers", "enable_deep_autowrap", NULL};
-    PyObject *fw = Py_True, *deep = Py_True;
-    int f, d;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|OO:hook_into_python", kwlist, &fw, &deep) ||
+    static char *kwlist[] = {"enable_factory_wrappers", "enable_deep_autowrap", "ops", NULL};
+    PyObject *fw = Py_True, *deep = Py_True, *ops = Py_False;
+    int f, d, o;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|OO$O:hook_into_python", kwlist, &fw, &deep,
+                                     &ops) ||
         parse_bool(fw, "enable_factory_wrappers", &f) < 0 ||
-        parse_bool(deep, "enable_deep_autowrap", &d) < 0) {
+        parse_bool(deep, "enable_deep_autowrap", &d) < 0 || parse_bool(ops, "ops", &o) < 0) {
         return NULL;
     }
-    return ml_handle_enable_python(&self->book, f, d);
+    return ml_handle_enable_python(&self->book, f, d, o);
 }
 
 static PyObject *lord_get_auto_gc_bytes(MemLordObject *self, void *Py_UNUSED(closure))
@@ -795,11 +820,13 @@ static PyMethodDef lord_methods[] = {
      "context manager)."},
     {"hook_into_python", (PyCFunction)(void (*)(void))lord_hook_into_python,
      METH_VARARGS | METH_KEYWORDS,
-     "hook_into_python($self, /, enable_factory_wrappers=True, enable_deep_autowrap=True)\n--\n\n"
+     "hook_into_python($self, /, enable_factory_wrappers=True, enable_deep_autowrap=True, *, "
+     "ops=False)\n--\n\n"
      "Lifetime tracking: count each storage once, from the moment a factory, a conversion or "
      "allocate() first sees it, and credit it when the storage dies; count tensors made by "
-     "torch factories and Tensor.clone.  Returns a handle (disable(), "
-     "enabled, tracked; context manager)."},
+     "torch factories and Tensor.clone; gradients, torch.load and optimizer state by category.  "
+     "ops=True also counts every tensor an aten operator creates (a dispatch mode on this "
+     "thread).  Returns a handle (disable(), enabled, ops, tracked; context manager)."},
     {"region", (PyCFunction)ml_lord_region, METH_O,
      "region($self, name, /)\n--\n\nA named region: a context manager and a decorator; after exit "
      "its stats (per device: delta, peak, peak_delta, allocs, frees) and duration_s."},

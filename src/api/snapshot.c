@@ -207,10 +207,10 @@ static PyObject *entry_tuple(ml_state *st, const ml_live *e)
         return NULL;
     }
     PyObject *dtype = ml_dtype_of(st, e->dtype); /* borrowed: a torch singleton */
-    return Py_BuildValue("(ILKLIIONN)", (unsigned int)e->dev, (long long)e->bytes,
+    return Py_BuildValue("(ILKLIIONNs)", (unsigned int)e->dev, (long long)e->bytes,
                          (unsigned long long)e->ptr, (long long)e->born_ns, (unsigned int)e->site,
                          (unsigned int)e->region, dtype != NULL ? dtype : Py_None,
-                         PyBool_FromLong(e->requires_grad), shape);
+                         PyBool_FromLong(e->requires_grad), shape, ml_category_name(e->cat));
 }
 
 /* _live(top, since_ns) -> (now_ns, [(device key, bytes, count)], [entry])
@@ -219,7 +219,7 @@ static PyObject *entry_tuple(ml_state *st, const ml_live *e)
  * device's totals; entries are each device's `top` largest (every storage
  * when top < 0), by device, largest first, each (device key, nbytes, data
  * pointer, born_ns, site id, region index, dtype or None, requires_grad,
- * shape tuple or None). */
+ * shape tuple or None, category name). */
 // cppcheck-suppress constParameterPointer ; a METH_FASTCALL method's signature
 PyObject *ml_lord_live(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {

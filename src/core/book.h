@@ -91,5 +91,9 @@ int ml_lord_record(ml_book *self, int flags, const ml_delta *d, int n, const ml_
  * the DEBUG line shows its dtype and shape. */
 int ml_lord_record_about(ml_book *self, int flags, const ml_delta *d, int n, const ml_site *site,
                          enum ml_ev_source source, const char *what, PyObject *subject);
+/* A tracked storage of bytes on dev moved from one category to another
+ * (core/ledger.h): the seam's one change that is no event (no total moves,
+ * no sink is told).  Pure C: no Python, cannot fail. */
+void ml_recategorize(ml_book *lord, ml_dev dev, int64_t bytes, int from, int to);
 
 #endif

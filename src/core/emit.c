@@ -66,8 +66,23 @@ static PyObject *names_tuple(const char *const *table, int n)
     return t;
 }
 
+#define ML_CAT_NAME_(e, name) name,
+static const char *const cat_names[] = {ML_CAT_LIST(ML_CAT_NAME_)};
+#undef ML_CAT_NAME_
+
+const char *ml_category_name(int cat)
+{
+    return cat >= 0 && cat < ML_NCAT ? cat_names[cat] : "?";
+}
+
 int ml_ev_add_names(PyObject *module)
 {
+    PyObject *cats = names_tuple(cat_names, ML_NCAT);
+    if (cats == NULL || PyModule_AddObjectRef(module, "CATEGORIES", cats) < 0) {
+        Py_XDECREF(cats);
+        return -1;
+    }
+    Py_DECREF(cats);
     PyObject *kinds = names_tuple(kind_names, ML_EV_NKINDS);
     PyObject *sources = names_tuple(source_names, ML_SRC_NSOURCES);
     PyObject *labels = names_tuple(source_labels, ML_SRC_NSOURCES);
@@ -209,13 +224,13 @@ static void apply(ml_book *lord, const ml_sink_plan *p, ml_event *ev, int n)
         ml_slot *slot = NULL;
         switch (e->kind) {
         case ML_EV_ALLOC: {
-            ml_delta d = {e->dev, e->bytes, e->count};
+            ml_delta d = {e->dev, e->bytes, e->count, 0, 0, e->cat};
             ml_ledger_apply_alloc(l, &d, 1);
             slot = ml_ledger_find(l, e->dev);
             break;
         }
         case ML_EV_FREE: {
-            ml_delta d = {e->dev, e->bytes, e->count};
+            ml_delta d = {e->dev, e->bytes, e->count, 0, 0, e->cat};
             ml_ledger_apply_free(l, &d, 1);
             slot = ml_ledger_find(l, e->dev);
             break;
@@ -384,4 +399,13 @@ int ml_lord_record_about(ml_book *self, int flags, const ml_delta *d, int n, con
     ml_emit_ctx ctx = {subject, (flags & ML_REC_SUMMARY) ? what : NULL};
     return ml_record(self, (flags & ML_REC_FREE) ? ML_EV_FREE : ML_EV_ALLOC, source, d, n, site,
                      &ctx);
+}
+
+void ml_recategorize(ml_book *lord, ml_dev dev, int64_t bytes, int from, int to)
+{
+    ml_slot *slot = ml_ledger_find(&lord->ledger, dev);
+    if (slot != NULL && bytes > 0 && from != to) {
+        ml_slot_recategorize(slot, bytes, from, to);
+        lord->version++;
+    }
 }

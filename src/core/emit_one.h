@@ -70,9 +70,9 @@ static inline int ml_emit_one(ml_book *lord, ml_event *e, const ml_emit_ctx *ctx
     }
     /* phase 1: the slot exists now, and no sink's reserve touches the ledger */
     if (e->kind == ML_EV_ALLOC) {
-        ml_slot_alloc(slot, e->bytes, e->count);
+        ml_slot_alloc(slot, e->bytes, e->count, e->cat);
     } else {
-        ml_slot_free(slot, e->bytes, e->count);
+        ml_slot_free(slot, e->bytes, e->count, e->cat);
     }
     e->total_after = slot->allocated;
     if (p->hot_first) {
@@ -104,7 +104,8 @@ static inline ml_event ml_event_of(const ml_delta *d, int kind, int source, uint
                       .site = sid,
                       .dev = d->dev,
                       .kind = (uint8_t)kind,
-                      .source = (uint8_t)source};
+                      .source = (uint8_t)source,
+                      .cat = (uint8_t)ml_cat_clamp(d->cat)};
 }
 
 /* ml_record (book.h) for one delta of kind ML_EV_ALLOC or ML_EV_FREE. */

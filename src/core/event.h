@@ -47,7 +47,12 @@
     X(DEATH, "death", "(del)")                  /* lifetime tracking: the last reference died */   \
     X(DEFERRED, "deferred", "(hook, deferred)") /* a non_blocking copy's CUDA event completed */   \
     X(POLICY, "policy", "")                     /* auto-GC bookkeeping, reset */                   \
-    X(PARAM, "param", "(param)") /* nn.Parameter(data) holding a storage nothing counted yet */
+    X(PARAM, "param", "(param)") /* nn.Parameter(data) holding a storage nothing counted yet */   \
+    X(OP, "op", "(op)")          /* hook_into_python(ops=True): an aten operator's new output */  \
+    X(GRAD, "grad", "(grad)")    /* a parameter's gradient, once accumulated */                   \
+    X(LOAD, "load", "(load)")    /* what torch.load returned */                                   \
+    X(TENSOR, "tensor", "(seen)") /* a storage first seen by a category source (a module's buffer, \
+                                   * optimizer state, a model's input) */
 
 #define ML_EV_KIND_ENUM_(e, name) ML_EV_##e,
 #define ML_EV_SOURCE_ENUM_(e, name, label) ML_SRC_##e,
@@ -70,6 +75,7 @@ typedef struct {
     ml_dev dev;
     uint8_t kind;   /* enum ml_ev_kind */
     uint8_t source; /* enum ml_ev_source */
+    uint8_t cat;    /* enum ml_category (core/ledger.h) of the bytes */
 } ml_event;
 
 /* What a whole emit() call is about, for phase 2 only. */
@@ -173,9 +179,11 @@ int64_t ml_now_ns(void);
 const char *ml_ev_kind_name(int kind);
 const char *ml_ev_source_name(int source);
 const char *ml_ev_source_label(int source);
+/* The name of a category (core/ledger.h), "?" out of range. */
+const char *ml_category_name(int cat);
 /* Add the lists to the module as tuples of str indexed by code: EVENT_KINDS,
- * EVENT_SOURCES, SOURCE_LABELS (memlord/_events.py reads them); 0, or -1
- * with an exception set. */
+ * EVENT_SOURCES, SOURCE_LABELS (memlord/_events.py reads them) and
+ * CATEGORIES (core/ledger.h); 0, or -1 with an exception set. */
 int ml_ev_add_names(PyObject *module);
 
 #endif

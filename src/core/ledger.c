@@ -84,14 +84,43 @@ int ml_ledger_reserve(ml_ledger *l, const ml_delta *d, int n)
 void ml_ledger_apply_alloc(ml_ledger *l, const ml_delta *d, int n)
 {
     for (int i = 0; i < n; i++) {
-        ml_slot_alloc(ml_ledger_find(l, d[i].dev), d[i].bytes, d[i].count);
+        ml_slot_alloc(ml_ledger_find(l, d[i].dev), d[i].bytes, d[i].count, d[i].cat);
     }
 }
 
 void ml_ledger_apply_free(ml_ledger *l, const ml_delta *d, int n)
 {
     for (int i = 0; i < n; i++) {
-        ml_slot_free(ml_ledger_find(l, d[i].dev), d[i].bytes, d[i].count);
+        ml_slot_free(ml_ledger_find(l, d[i].dev), d[i].bytes, d[i].count, d[i].cat);
+    }
+}
+
+void ml_slot_take(ml_slot *s, int64_t bytes, int cat)
+{
+    int64_t own = s->cat[cat] < bytes ? s->cat[cat] : bytes;
+    s->cat[cat] -= own;
+    bytes -= own;
+    for (int c = 0; c < ML_NCAT && bytes > 0; c++) {
+        int64_t part = s->cat[c] < bytes ? s->cat[c] : bytes;
+        s->cat[c] -= part;
+        bytes -= part;
+    }
+}
+
+void ml_slot_recategorize(ml_slot *s, int64_t bytes, int from, int to)
+{
+    from = ml_cat_clamp(from);
+    to = ml_cat_clamp(to);
+    if (from == to) {
+        return;
+    }
+    if (bytes > s->cat[from]) {
+        bytes = s->cat[from];
+    }
+    s->cat[from] -= bytes;
+    s->cat[to] += bytes;
+    if (s->cat[to] > s->cat_peak[to]) {
+        s->cat_peak[to] = s->cat[to];
     }
 }
 
@@ -120,6 +149,8 @@ int64_t ml_ledger_sum_freed(const ml_ledger *l, const ml_selector *s)
 void ml_ledger_reset_slot(ml_ledger *l, ml_slot *slot, int accumulated)
 {
     slot->peak_allocated = slot->allocated;
+    memcpy(slot->cat_peak, slot->cat, sizeof(slot->cat));
+    memcpy(slot->cat_at_peak, slot->cat, sizeof(slot->cat));
     if (accumulated) {
         slot->allocated_total = 0;
         slot->freed_total = 0;

@@ -91,6 +91,7 @@ int ml_track_new_tensor(ml_state *st, const ml_lords *lords, PyObject *t, enum m
     if (ml_tensor_storage_in_c(st, t, &item.dev, &ptr, &item.bytes)) {
         item.tensor = t; /* the caller holds it */
         item.ptr = ptr;
+        item.cat = ML_LIFE_CAT_CONTEXT;
         if (item.bytes <= 0) {
             return 0;
         }
@@ -153,7 +154,8 @@ void ml_track_for(const ml_lords *lords, const ml_walk *w, const ml_site *site,
             continue;
         }
         ml_site none = {0};
-        if (ml_life_count_walk(lord, w, 0, lord->track_callsite ? site : &none, source, NULL) < 0) {
+        if (ml_life_count_walk(lord, w, 0, lord->track_callsite ? site : &none, source, NULL,
+                               ML_LIFE_CAT_CONTEXT) < 0) {
             PyErr_WriteUnraisable((PyObject *)lord);
         }
     }

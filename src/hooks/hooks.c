@@ -15,6 +15,7 @@
 #include "core/safepoint.h"
 #include "hooks/dispatch.h"
 #include "hooks/hook.h"
+#include "hooks/ops.h"
 #include "hooks/patch.h"
 #include "hooks/pending.h"
 
@@ -73,8 +74,9 @@ static Py_ssize_t live_count(PyObject *refs)
  * torch's originals for a group nobody subscribes to any more. */
 static void cleanup_dead_lords(void)
 {
-    PyObject **slots[2] = {&ml_disp.lord_refs, &ml_disp.py_lord_refs};
-    for (int g = 0; g < 2; g++) {
+    PyObject **slots[4] = {&ml_disp.lord_refs, &ml_disp.py_lord_refs, &ml_disp.ops_lord_refs,
+                           &ml_disp.src_lord_refs};
+    for (int g = 0; g < 4; g++) {
         if (*slots[g] == NULL) {
             continue;
         }
@@ -89,8 +91,10 @@ static void cleanup_dead_lords(void)
             if (g == 0) {
                 ml_pending_drain(0, NULL, 0);
                 ml_uninstall_torch();
-            } else {
+            } else if (g == 1) {
                 ml_unpatch_group(G_PY);
+            } else if (ml_ops_install(g == 2 ? "ops" : "sources", 0) < 0) {
+                PyErr_WriteUnraisable(NULL);
             }
         }
     }
@@ -149,6 +153,58 @@ int ml_hooks_py_unsubscribe(ml_book *lord)
         Py_CLEAR(ml_disp.py_lord_refs);
         ml_unpatch_group(G_PY);
     }
+    return 0;
+}
+
+/* ---- hook_into_python()'s op outputs and category sources ---------------------- */
+
+static PyObject **ops_refs(int group)
+{
+    return group == ML_HOOKS_OPS ? &ml_disp.ops_lord_refs : &ml_disp.src_lord_refs;
+}
+
+static const char *ops_name(int group)
+{
+    return group == ML_HOOKS_OPS ? "ops" : "sources";
+}
+
+int ml_hooks_ops_subscribe(ml_book *lord, int group)
+{
+    PyObject **refs = ops_refs(group);
+    if (refs_contain(*refs, (PyObject *)lord)) {
+        return 0;
+    }
+    PyObject *lords = ensure_death_callback() < 0 ? NULL : lords_with(*refs, (PyObject *)lord, 1);
+    if (lords == NULL) {
+        return -1;
+    }
+    if (live_count(*refs) == 0 && ml_ops_install(ops_name(group), 1) < 0) {
+        Py_DECREF(lords);
+        return -1;
+    }
+    Py_XSETREF(*refs, lords);
+    return 0;
+}
+
+int ml_hooks_ops_unsubscribe(ml_book *lord, int group)
+{
+    PyObject **refs = ops_refs(group);
+    if (!refs_contain(*refs, (PyObject *)lord)) {
+        return 0;
+    }
+    PyObject *lords = lords_with(*refs, (PyObject *)lord, 0);
+    if (lords == NULL) {
+        return -1;
+    }
+    if (PyTuple_GET_SIZE(lords) == 0) {
+        Py_DECREF(lords);
+        if (ml_ops_install(ops_name(group), 0) < 0) {
+            return -1;
+        }
+        Py_CLEAR(*refs);
+        return 0;
+    }
+    Py_XSETREF(*refs, lords);
     return 0;
 }
 

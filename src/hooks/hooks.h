@@ -9,6 +9,14 @@
 /* Subscribe lord to the factory wrappers of hook_into_python(). */
 int ml_hooks_py_subscribe(ml_book *lord);
 int ml_hooks_py_unsubscribe(ml_book *lord);
+/* hook_into_python()'s groups beyond the factory wrappers: the op outputs
+ * (ops=True, a dispatch mode) and the category sources (gradients,
+ * torch.load, optimizer state, registrations), installed by memlord._ops
+ * for the first lord and uninstalled after the last: 0, or -1 with an
+ * exception set and nothing changed. */
+enum { ML_HOOKS_OPS = 0, ML_HOOKS_SOURCES = 1 };
+int ml_hooks_ops_subscribe(ml_book *lord, int group);
+int ml_hooks_ops_unsubscribe(ml_book *lord, int group);
 /* Subscribe lord to the torch hooks of hook_into_torch(), installing them
  * for the first lord: 0, or -1 with an exception set and nothing changed. */
 int ml_hooks_torch_subscribe(ml_book *lord);

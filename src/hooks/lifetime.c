@@ -23,6 +23,7 @@
  * removals happen between calls that may allocate (and so run the cyclic
  * GC, finalizers, other threads), never across them. */
 #include "hooks/lifetime.h"
+#include "hooks/context.h"
 #include "sinks/regions.h"
 
 #include <string.h>
@@ -40,6 +41,8 @@
 #define TR_DTYPE_SHIFT (TR_REGION_SHIFT + TR_REGION_BITS)
 #define TR_GRAD_SHIFT (TR_DTYPE_SHIFT + 8)
 #define TR_KIND_SHIFT (TR_GRAD_SHIFT + 1)
+#define TR_CAT_SHIFT (TR_KIND_SHIFT + 3)
+#define TR_CAT_MASK (UINT64_C(15) << TR_CAT_SHIFT)
 
 /* A tracker is 40 bytes beyond weakref.ref's own fields (120 B with the GC
  * header): the storage's table key lives in the weak reference's `hash`
@@ -51,7 +54,7 @@ typedef struct {
     uint64_t packed;      /* device (high 16 bits), bytes (low 48 bits) */
     int64_t born_ns;      /* when the lord first counted the storage (ml_now_ns) */
     uintptr_t ptr;        /* the storage's data pointer then, 0 when unknown */
-    uint64_t meta;        /* site | region | dtype | requires_grad | shape kind */
+    uint64_t meta;        /* site | region | dtype | requires_grad | shape kind | category */
     uint64_t shape;       /* sizes packed (ml_shape_pack), or a tuple (strong) */
 } TrackerObject;
 
@@ -83,6 +86,16 @@ static inline uint32_t meta_region(uint64_t meta)
 static inline int meta_kind(uint64_t meta)
 {
     return (int)((meta >> TR_KIND_SHIFT) & 7);
+}
+
+static inline int meta_cat(uint64_t meta)
+{
+    return (int)((meta >> TR_CAT_SHIFT) & 15);
+}
+
+static inline uint64_t with_cat(uint64_t meta, int cat)
+{
+    return (meta & ~TR_CAT_MASK) | ((uint64_t)ml_cat_clamp(cat) << TR_CAT_SHIFT);
 }
 
 static inline uint64_t pack_meta(uint32_t site, uint32_t region, const ml_tmeta *m)
@@ -323,7 +336,8 @@ static PyObject *registry_vectorcall(PyObject *callable, PyObject *const *args, 
         Py_INCREF(lord); /* before anything that can allocate */
         int64_t now = ml_now_ns();
         ml_delta d = {tracker_dev(tr), tracker_bytes(tr), 1, tr->ptr,
-                      tr->born_ns > 0 && now > tr->born_ns ? now - tr->born_ns : 0};
+                      tr->born_ns > 0 && now > tr->born_ns ? now - tr->born_ns : 0,
+                      meta_cat(tr->meta)};
         ml_site site = {0};
         if (lord->track_callsite) {
             ml_site_capture(ml_lord_state(lord), &site);
@@ -440,16 +454,16 @@ static TrackerObject *tracker_new(RegistryObject *reg, PyObject *key, ml_dev dev
 
 enum { IT_COUNT = 0, IT_SKIP = 1, IT_NEW = 2 };
 
-static int add_delta(ml_delta *d, int *nd, ml_dev dev, int64_t bytes, uintptr_t ptr)
+static int add_delta(ml_delta *d, int *nd, ml_dev dev, int64_t bytes, uintptr_t ptr, int cat)
 {
     for (int i = 0; i < *nd; i++) {
-        if (d[i].dev == dev) {
+        if (d[i].dev == dev && d[i].cat == cat) {
             d[i].bytes += bytes;
             d[i].count += 1;
             return 0;
         }
     }
-    d[(*nd)++] = (ml_delta){dev, bytes, 1, ptr, 0}; /* ml_record keeps ptr at count 1 */
+    d[(*nd)++] = (ml_delta){dev, bytes, 1, ptr, 0, cat}; /* ml_record keeps ptr at count 1 */
     return 0;
 }
 
@@ -459,19 +473,41 @@ int ml_life_count(ml_book *lord, const ml_life_item *items, Py_ssize_t n, int fl
     TrackerObject *tr_inline[ML_LIFE_INLINE] = {NULL};
     ml_delta d_inline[ML_LIFE_INLINE];
     unsigned char state_inline[ML_LIFE_INLINE];
+    unsigned char cat_inline[ML_LIFE_INLINE];
     /* trs[i]: a tracker this function holds a reference to, or NULL */
     TrackerObject **trs = tr_inline;
     ml_delta *d = d_inline;
     unsigned char *state = state_inline;
+    unsigned char *cats = cat_inline;
     int rc = -1;
     if (n > ML_LIFE_INLINE) {
-        trs = PyMem_Calloc((size_t)n, sizeof(TrackerObject *) + sizeof(ml_delta) + 1);
+        trs = PyMem_Calloc((size_t)n, sizeof(TrackerObject *) + sizeof(ml_delta) + 2);
         if (trs == NULL) {
             PyErr_NoMemory();
             return -1;
         }
         d = (ml_delta *)(trs + n);
         state = (unsigned char *)(d + n);
+        cats = state + n;
+    }
+    /* 0. The items' categories, before any table is read (the context may
+     * call torch: it runs Python). */
+    int context_cat = -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int c = items[i].cat;
+        if (c == ML_LIFE_CAT_CONTEXT) {
+            if (items[i].tensor != NULL &&
+                PyObject_TypeCheck(items[i].tensor,
+                                   (PyTypeObject *)ml_lord_state(lord)->parameter_type)) {
+                c = ML_CAT_PARAMETER;
+            } else {
+                if (context_cat < 0) {
+                    context_cat = ml_context_cat(ml_lord_state(lord), source, NULL);
+                }
+                c = context_cat;
+            }
+        }
+        cats[i] = (unsigned char)ml_cat_clamp(c);
     }
     RegistryObject *reg = NULL;
     for (int attempt = 0;; attempt++) {
@@ -539,7 +575,7 @@ int ml_life_count(ml_book *lord, const ml_life_item *items, Py_ssize_t n, int fl
             continue;
         }
         trs[i]->born_ns = born;
-        trs[i]->meta |= birth_meta;
+        trs[i]->meta = with_cat(trs[i]->meta | birth_meta, cats[i]);
         Py_INCREF(trs[i]); /* the table's own reference */
         if (table_insert(reg, trs[i]) < 0) {
             Py_DECREF(trs[i]);
@@ -553,7 +589,7 @@ int ml_life_count(ml_book *lord, const ml_life_item *items, Py_ssize_t n, int fl
     int one_tensor = 1;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (state[i] != IT_SKIP) {
-            add_delta(d, &nd, items[i].dev, items[i].bytes, items[i].ptr);
+            add_delta(d, &nd, items[i].dev, items[i].bytes, items[i].ptr, cats[i]);
             if (subject == NULL && one_tensor) {
                 subject = items[i].tensor;
             }
@@ -590,9 +626,9 @@ done:
 }
 
 int ml_life_count_walk(ml_book *lord, const ml_walk *w, int flags, const ml_site *site,
-                       enum ml_ev_source source, const char *what)
+                       enum ml_ev_source source, const char *what, int cat)
 {
-    ml_life_item inline_items[ML_LIFE_INLINE] = {{NULL, NULL, 0, 0, 0}};
+    ml_life_item inline_items[ML_LIFE_INLINE] = {{NULL, NULL, 0, 0, 0, 0}};
     ml_life_item *items = inline_items;
     if (w->n > ML_LIFE_INLINE) {
         items = PyMem_Malloc((size_t)w->n * sizeof(ml_life_item));
@@ -603,7 +639,8 @@ int ml_life_count_walk(ml_book *lord, const ml_walk *w, int flags, const ml_site
     }
     for (Py_ssize_t i = 0; i < w->n; i++) {
         items[i] = (ml_life_item){w->keys ? w->keys[i] : NULL, w->tensors ? w->tensors[i] : NULL,
-                                  w->blocks[i].dev, w->blocks[i].nbytes, w->blocks[i].ptr};
+                                  w->blocks[i].dev,  w->blocks[i].nbytes,
+                                  w->blocks[i].ptr,  cat};
     }
     /* the walk holds every key until it is cleared */
     int rc = ml_life_count(lord, items, w->n, flags, site, source, what);
@@ -631,6 +668,61 @@ int ml_life_untrack(ml_book *lord, const PyObject *key)
     }
     Py_DECREF(tr); /* unlinks it from the storage: no callback, no Python */
     return 1;
+}
+
+int ml_life_category(const ml_book *lord, const PyObject *key)
+{
+    const RegistryObject *reg = (const RegistryObject *)lord->registry;
+    if (reg == NULL || key == NULL) {
+        return ML_CAT_OTHER;
+    }
+    const TrackerObject *tr = table_find(reg, (uintptr_t)key);
+    return tr != NULL ? meta_cat(tr->meta) : ML_CAT_OTHER;
+}
+
+int ml_life_recategorize(ml_book *lord, const PyObject *key, int cat, unsigned from_mask)
+{
+    RegistryObject *reg = (RegistryObject *)lord->registry;
+    if (reg == NULL || key == NULL) {
+        return 0;
+    }
+    TrackerObject *tr = table_find(reg, (uintptr_t)key);
+    if (tr == NULL || !tracker_alive(tr)) {
+        return 0;
+    }
+    int old = meta_cat(tr->meta);
+    cat = ml_cat_clamp(cat);
+    if (old != cat && (from_mask & (1u << old))) {
+        ml_recategorize(lord, tracker_dev(tr), tracker_bytes(tr), old, cat);
+        tr->meta = with_cat(tr->meta, cat);
+    }
+    return 1;
+}
+
+int ml_life_resize(ml_book *lord, const PyObject *key, int64_t nbytes, const ml_site *site)
+{
+    RegistryObject *reg = (RegistryObject *)lord->registry;
+    if (reg == NULL || key == NULL) {
+        return 0;
+    }
+    TrackerObject *tr = table_find(reg, (uintptr_t)key);
+    if (tr == NULL || !tracker_alive(tr)) {
+        return 0;
+    }
+    int64_t old = tracker_bytes(tr);
+    ml_dev dev = tracker_dev(tr);
+    if (nbytes == old || nbytes < 0 || (uint64_t)nbytes > ML_TR_BYTES_MASK) {
+        return 1;
+    }
+    int grow = nbytes > old;
+    ml_delta d = {dev, grow ? nbytes - old : old - nbytes, 0, 0, 0, meta_cat(tr->meta)};
+    Py_INCREF(tr); /* the record may run anything */
+    int rc = ml_lord_record(lord, grow ? 0 : ML_REC_FREE, &d, 1, site, ML_SRC_OP, NULL);
+    if (rc == 0 && lord->registry == (PyObject *)reg && tracker_alive(tr)) {
+        tr->packed = ((uint64_t)dev << ML_TR_BYTES_BITS) | (uint64_t)nbytes;
+    }
+    Py_DECREF(tr);
+    return rc < 0 ? -1 : 1;
 }
 
 void ml_life_detach(ml_book *lord)
@@ -693,6 +785,7 @@ Py_ssize_t ml_life_each(const ml_book *lord, int64_t since_ns, ml_live_visit vis
         e.dtype = (uint8_t)(tr->meta >> TR_DTYPE_SHIFT);
         e.requires_grad = (uint8_t)((tr->meta >> TR_GRAD_SHIFT) & 1);
         e.shape_kind = (uint8_t)meta_kind(tr->meta);
+        e.cat = (uint8_t)meta_cat(tr->meta);
         e.shape = tr->shape;
         e.shape_obj = tracker_shape_obj(tr);
         visit(ctx, &e);

@@ -33,7 +33,11 @@ typedef struct {
     ml_dev dev;
     int64_t bytes;
     uintptr_t ptr; /* the storage's data pointer, 0 when unknown */
+    int cat;       /* its category (core/ledger.h), or ML_LIFE_CAT_CONTEXT:
+                    * the category the source and the thread give (hooks/context.h) */
 } ml_life_item;
+
+#define ML_LIFE_CAT_CONTEXT (-1)
 
 /* Count as allocated those items lord does not track yet, in one
  * ml_lord_record call (flags, source, what as there), and track them: each
@@ -42,9 +46,22 @@ typedef struct {
  * not tracked.  The caller holds a reference to lord and to every key. */
 int ml_life_count(ml_book *lord, const ml_life_item *items, Py_ssize_t n, int flags,
                   const ml_site *site, enum ml_ev_source source, const char *what);
-/* ml_life_count over the blocks of a walk made with collect_keys. */
+/* ml_life_count over the blocks of a walk made with collect_keys, each of
+ * category cat (ML_LIFE_CAT_CONTEXT: from the source and the thread). */
 int ml_life_count_walk(ml_book *lord, const ml_walk *w, int flags, const ml_site *site,
-                       enum ml_ev_source source, const char *what);
+                       enum ml_ev_source source, const char *what, int cat);
+/* The category of the storage key identifies, ML_CAT_OTHER when lord does
+ * not track it.  Runs no Python. */
+int ml_life_category(const ml_book *lord, const PyObject *key);
+/* The tracked storage key identifies is of category cat from now on, when
+ * its category is one of from_mask (bit 1 << category): its bytes move in
+ * the ledger.  1 when lord tracks it, 0 when not.  Runs no Python. */
+int ml_life_recategorize(ml_book *lord, const PyObject *key, int cat, unsigned from_mask);
+/* The tracked storage key identifies now holds nbytes (resize_, set_): the
+ * difference is counted (allocated or freed, its category's), and its death
+ * credits the new size.  1 when lord tracks it, 0 when not, -1 with an
+ * exception set (nothing changed). */
+int ml_life_resize(ml_book *lord, const PyObject *key, int64_t nbytes, const ml_site *site);
 /* 1 when lord tracks the storage key identifies.  Runs no Python. */
 int ml_life_tracks(const ml_book *lord, const PyObject *key);
 /* Stop tracking key (its free was just credited some other way); 1 when it
@@ -68,6 +85,7 @@ typedef struct {
     uint8_t dtype;   /* index + 1 in the module's dtypes, 0: unknown */
     uint8_t requires_grad;
     uint8_t shape_kind; /* as ml_tmeta's */
+    uint8_t cat;        /* enum ml_category */
     uint64_t shape;
     PyObject *shape_obj; /* borrowed from the tracker: only valid inside the visit */
 } ml_live;

@@ -52,9 +52,9 @@ def test_reset_peak_is_an_event_and_leaves_the_ledger_as_before() -> None:
     after = lord.memory_stats("cpu")
     assert changed(before, after) == {"peak_allocated": (nbytes(a) + nbytes(b), nbytes(b))}
     st = lord.stats("cpu")["cpu"]
-    assert {k: v for k, v in st.items() if stats_before[k] != v} == {
-        k: st[k] for k in st if k.startswith("peak")
-    }
+    peaks = ("peak_allocated", "peak_categories", "category_peaks")
+    assert {k: v for k, v in st.items() if stats_before[k] != v} == {k: st[k] for k in peaks}
+    assert st["peak_categories"] == st["category_peaks"] == st["categories"]
     assert lord.max_memory_allocated("cpu") == nbytes(b)
 
 

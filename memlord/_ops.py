@@ -1,0 +1,287 @@
+"""What ``hook_into_python()`` sees beyond factories and conversions.
+
+Two groups, installed when the first lord subscribes and removed after the last one
+leaves (the C core, ``src/hooks/hooks.c``, calls :func:`_install`):
+
+``"sources"`` (every ``hook_into_python()``): the category sources.
+    - **gradients**: a post-accumulate-grad hook on each parameter a module registers
+      while installed, and on every parameter an optimizer steps (its ``.grad``);
+    - **torch.load**: every storage of what it returns, category ``loaded``;
+    - **optimizer state**: torch.optim's global step hooks; what an optimizer holds in
+      ``state`` after its step, and every storage made during the step, is
+      ``optimizer_state``;
+    - **parameters and buffers** as modules register them (torch's global registration
+      hooks).
+
+``"ops"`` (``hook_into_python(ops=True)``): :class:`OpsMode`, a ``TorchDispatchMode``
+whose ``__torch_dispatch__`` is the C function ``_core._torch_dispatch``, pushed on the
+dispatch-mode stack of the thread that turned it on.  The autograd engine carries it to
+its own threads for backward.
+
+Accounting never raises into the caller: a failing source is reported through
+``sys.unraisablehook``.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import _core
+
+#: the categories, in the order the C core numbers them (src/core/ledger.h)
+CATEGORIES: tuple[str, ...] = tuple(_core.CATEGORIES)
+_CAT = {name: i for i, name in enumerate(CATEGORIES)}
+_SRC = {name: i for i, name in enumerate(_core.EVENT_SOURCES)}
+_ALL = (1 << len(CATEGORIES)) - 1
+_BIT = {name: 1 << i for name, i in _CAT.items()}
+
+
+class OpsMode(_core.OpsModeBase, TorchDispatchMode):
+    """memlord's dispatch mode (``hook_into_python(ops=True)``): runs every operator
+    unchanged and counts the storages of the outputs it creates.
+
+    ``__torch_dispatch__`` is a C method of ``_core.OpsModeBase`` (inherited, so
+    TorchDispatchMode does not wrap it in a Python frame per operator).  Compiled code is
+    left to ``torch.compile`` (``ignore_compile_internals``): while
+    dynamo and inductor trace, the mode is off; the compiled artifact runs under it.
+    Higher-order operators pass through it unchanged."""
+
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return "<memlord ops mode>"
+
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.mode: OpsMode | None = None
+        self.mode_thread: int | None = None
+        self.sources_on = False
+        self.handles: list[Any] = []
+        self.grad_handles: list[Any] = []
+        self.load_patches: list[tuple[Any, str, Any]] = []
+
+
+_state = _State()
+
+
+def _report(where: str) -> None:
+    """A source failed: say so, never raise into the program."""
+    try:
+        sys.unraisablehook(  # type: ignore[call-arg]
+            sys.UnraisableHookArgs(  # type: ignore[attr-defined]
+                (*sys.exc_info()[:3], f"memlord: {where}", None)  # type: ignore[arg-type]
+            )
+        )
+    except Exception:  # noqa: BLE001 - reporting must not fail either
+        pass
+
+
+def _categorize(objs: Any, category: str, source: str | None, from_mask: int = _ALL) -> None:
+    try:
+        _core._categorize(objs, _CAT[category], -1 if source is None else _SRC[source], from_mask)
+    except Exception:  # noqa: BLE001 - accounting never raises into the caller
+        _report(f"categorizing {category}")
+
+
+# ---- the dispatch mode ------------------------------------------------------------------
+
+
+def _push_mode() -> None:
+    mode = OpsMode()
+    torch._C._push_on_torch_dispatch_stack(mode)
+    _state.mode = mode
+    _state.mode_thread = threading.get_ident()
+
+
+def _pop_mode() -> None:
+    """Take memlord's mode off this thread's stack, wherever it sits; the modes above
+    it go back in their order.  From another thread it cannot be reached: it stays on
+    its thread's stack, counting nothing (no lord subscribes)."""
+    mode, _state.mode = _state.mode, None
+    if mode is None or _state.mode_thread != threading.get_ident():
+        return
+    n = torch._C._len_torch_dispatch_stack()
+    stack = [torch._C._get_dispatch_stack_at(i) for i in range(n)]
+    if not any(m is mode for m in stack):
+        return  # a user's mode exit popped it already
+    above = []
+    while True:
+        top = torch._C._pop_torch_dispatch_stack(None)
+        if top is mode:
+            break
+        above.append(top)
+    for m in reversed(above):
+        torch._C._push_on_torch_dispatch_stack(m)
+
+
+# ---- the category sources ---------------------------------------------------------------
+
+
+def _grad_hook(param: torch.Tensor) -> None:
+    if _state.sources_on and param.grad is not None:
+        _categorize(param.grad, "gradient", "grad")
+
+
+def _watch_grad(param: Any) -> None:
+    """Put memlord's post-accumulate-grad hook on a parameter that has none of it."""
+    try:
+        if not isinstance(param, torch.Tensor) or not param.requires_grad or not param.is_leaf:
+            return
+        hooks = param._post_accumulate_grad_hooks
+        if hooks is not None and any(h is _grad_hook for h in hooks.values()):
+            return
+        handle = param.register_post_accumulate_grad_hook(_grad_hook)
+        handles = _state.grad_handles
+        handles.append(handle)
+        if len(handles) > 1024 and len(handles) & (len(handles) - 1) == 0:
+            # drop the handles of parameters that are gone (a power of two: amortised)
+            handles[:] = [h for h in handles if h.hooks_dict_ref() is not None]
+    except Exception:  # noqa: BLE001
+        _report("watching a parameter's gradient")
+
+
+def _param_registered(module: Any, name: str, param: Any) -> None:
+    if param is not None:
+        _categorize(param, "parameter", "param")
+        _watch_grad(param)
+
+
+def _buffer_registered(module: Any, name: str, buffer: Any) -> None:
+    if isinstance(buffer, torch.Tensor):
+        _categorize(buffer, "buffer", "tensor")
+
+
+def _params_of(optimizer: Any) -> list[Any]:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def _optimizer_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
+    _core._optimizer_step(True)
+    try:
+        grads = []
+        for p in _params_of(optimizer):
+            _watch_grad(p)
+            if isinstance(p, torch.Tensor) and p.grad is not None:
+                grads.append(p.grad)
+        if grads:
+            _categorize(grads, "gradient", "grad")
+    except Exception:  # noqa: BLE001
+        _report("an optimizer's step")
+
+
+def _optimizer_post(optimizer: Any, args: Any, kwargs: Any) -> None:
+    _core._optimizer_step(False)
+    try:
+        held = [
+            v
+            for state in optimizer.state.values()
+            for v in state.values()
+            if isinstance(v, torch.Tensor)
+        ]
+        if held:
+            # what the optimizer holds is its state, whatever made it
+            _categorize(held, "optimizer_state", "tensor", _ALL & ~_BIT["parameter"])
+    except Exception:  # noqa: BLE001
+        _report("an optimizer's state")
+
+
+def _tensors_in(obj: Any, out: list[Any], depth: int = 0) -> None:
+    """The tensors of what torch.load returned: nested dicts, lists, tuples, modules."""
+    if depth > 64:
+        return
+    if isinstance(obj, (torch.Tensor, torch.nn.Module)):
+        out.append(obj)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _tensors_in(v, out, depth + 1)
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        for v in obj:
+            _tensors_in(v, out, depth + 1)
+
+
+def _wrap_load(original: Any) -> Any:
+    @functools.wraps(original)
+    def load(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        if _state.sources_on:
+            try:
+                found: list[Any] = []
+                _tensors_in(result, found)
+                if found:
+                    _categorize(found, "loaded", "load")
+            except Exception:  # noqa: BLE001
+                _report("torch.load")
+        return result
+
+    load.__memlord_original__ = original  # type: ignore[attr-defined]
+    return load
+
+
+def _install_sources() -> None:
+    from torch.nn.modules import module as torch_module
+    from torch.optim import optimizer as torch_optimizer
+
+    handles = _state.handles
+    try:
+        handles.append(torch_module.register_module_parameter_registration_hook(_param_registered))
+        handles.append(torch_module.register_module_buffer_registration_hook(_buffer_registered))
+        handles.append(torch_optimizer.register_optimizer_step_pre_hook(_optimizer_pre))
+        handles.append(torch_optimizer.register_optimizer_step_post_hook(_optimizer_post))
+        import torch.serialization as serialization
+
+        original = serialization.load
+        wrapped = _wrap_load(original)
+        for owner in (torch, serialization):
+            if getattr(owner, "load", None) is original:
+                _state.load_patches.append((owner, "load", original))
+                owner.load = wrapped  # type: ignore[attr-defined]
+    except BaseException:
+        _uninstall_sources()
+        raise
+    _state.sources_on = True
+
+
+def _uninstall_sources() -> None:
+    _state.sources_on = False
+    for h in _state.handles:
+        h.remove()
+    _state.handles.clear()
+    for h in _state.grad_handles:
+        h.remove()
+    _state.grad_handles.clear()
+    for owner, name, original in reversed(_state.load_patches):
+        current = getattr(owner, name, None)
+        if getattr(current, "__memlord_original__", None) is original:
+            setattr(owner, name, original)
+    _state.load_patches.clear()
+    _core._optimizer_step(False)
+
+
+def _install(group: str, on: bool) -> None:
+    """Called by the C core: install (on) or remove a group ("ops", "sources")."""
+    with _state.lock:
+        if group == "ops":
+            if on:
+                _push_mode()
+            else:
+                _pop_mode()
+        elif group == "sources":
+            if on:
+                _install_sources()
+            else:
+                _uninstall_sources()
+        else:
+            raise ValueError(f"_install(): unknown group {group!r}")

@@ -1,0 +1,523 @@
+/* Op outputs (hook_into_python(ops=True)) and the category sources. */
+#include "hooks/ops.h"
+#include "core/safepoint.h"
+#include "hooks/context.h"
+#include "hooks/dispatch.h"
+#include "hooks/lifetime.h"
+
+/* What the mode remembers of an operator, per OpOverload (a dict from the
+ * overload to a tuple (callable, fresh, flags)): the callable torch's
+ * OpOverload.__call__ calls (its _op), the bit mask of the returns that are
+ * new (no alias annotation in the schema), and flags. */
+#define OP_RESIZE 1 /* resize_, resize_as_, set_: the storage may change size */
+#define OP_CACHE_MAX 8192
+
+static PyObject *op_cache;   /* dict, strong */
+static PyObject *overload_t; /* torch._ops.OpOverload, strong, or NULL */
+
+int ml_ops_install(const char *group, int on)
+{
+    PyObject *mod = PyImport_ImportModule("memlord._ops");
+    if (mod == NULL) {
+        return -1;
+    }
+    PyObject *r = PyObject_CallMethod(mod, "_install", "sO", group, on ? Py_True : Py_False);
+    Py_DECREF(mod);
+    if (r == NULL) {
+        return -1;
+    }
+    Py_DECREF(r);
+    return 0;
+}
+
+/* The mask of the new returns of func's schema; -1 with an exception set. */
+static long fresh_returns(PyObject *func, int *flags)
+{
+    *flags = 0;
+    PyObject *schema = PyObject_GetAttrString(func, "_schema");
+    if (schema == NULL) {
+        return -1;
+    }
+    long mask = 0;
+    PyObject *name = PyObject_GetAttrString(schema, "name");
+    PyObject *returns = name != NULL ? PyObject_GetAttrString(schema, "returns") : NULL;
+    PyObject *seq = returns != NULL ? PySequence_Fast(returns, "returns") : NULL;
+    if (seq == NULL) {
+        mask = -1;
+        goto done;
+    }
+    const char *n = PyUnicode_AsUTF8(name);
+    if (n == NULL) {
+        mask = -1;
+        goto done;
+    }
+    if (strcmp(n, "aten::resize_") == 0 || strcmp(n, "aten::resize_as_") == 0 ||
+        strcmp(n, "aten::set_") == 0) {
+        *flags |= OP_RESIZE;
+    }
+    Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; i < k && i < 31; i++) {
+        PyObject *alias = PyObject_GetAttrString(PySequence_Fast_GET_ITEM(seq, i), "alias_info");
+        if (alias == NULL) {
+            mask = -1;
+            goto done;
+        }
+        if (alias == Py_None) {
+            mask |= 1L << i;
+        }
+        Py_DECREF(alias);
+    }
+done:
+    Py_XDECREF(seq);
+    Py_XDECREF(returns);
+    Py_XDECREF(name);
+    Py_DECREF(schema);
+    return mask;
+}
+
+/* func's entry (a new reference): (callable, fresh, flags).  An object
+ * without a schema (a higher-order operator) is called as it is and
+ * creates nothing memlord counts here. */
+static PyObject *op_entry(PyObject *func)
+{
+    if (op_cache == NULL) {
+        op_cache = PyDict_New();
+        if (op_cache == NULL) {
+            return NULL;
+        }
+    }
+    PyObject *e = PyDict_GetItemWithError(op_cache, func);
+    if (e != NULL) {
+        return Py_NewRef(e);
+    }
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (overload_t == NULL) {
+        PyObject *ops = PyImport_ImportModule("torch._ops");
+        if (ops != NULL) {
+            overload_t = PyObject_GetAttrString(ops, "OpOverload");
+            Py_DECREF(ops);
+        }
+        if (overload_t == NULL) {
+            return NULL;
+        }
+    }
+    PyObject *call = NULL;
+    long fresh = 0;
+    int flags = 0;
+    if ((PyObject *)Py_TYPE(func) == overload_t) {
+        /* what OpOverload.__call__ does, without its frame */
+        call = PyObject_GetAttrString(func, "_op");
+        if (call == NULL) {
+            return NULL;
+        }
+        fresh = fresh_returns(func, &flags);
+        if (fresh < 0) {
+            PyErr_Clear(); /* counted as creating nothing */
+            fresh = 0;
+        }
+    } else {
+        call = Py_NewRef(func);
+        if (PyObject_HasAttrString(func, "_schema")) {
+            fresh = fresh_returns(func, &flags);
+            if (fresh < 0) {
+                PyErr_Clear();
+                fresh = 0;
+            }
+        }
+    }
+    e = Py_BuildValue("(Nli)", call, fresh, flags);
+    if (e == NULL) {
+        return NULL;
+    }
+    if (PyDict_GET_SIZE(op_cache) >= OP_CACHE_MAX) {
+        PyDict_Clear(op_cache);
+    }
+    if (PyDict_SetItem(op_cache, func, e) < 0) {
+        Py_DECREF(e);
+        return NULL;
+    }
+    return e;
+}
+
+/* A plain tensor's storage as an item to count (1), or 0 when it is not
+ * one memlord counts here (a subclass: fake, functional, a wrapper whose
+ * inner ops are seen on their own; meta; empty); -1 only when memory ran
+ * out. */
+static int item_of(ml_state *st, PyObject *t, ml_life_item *it)
+{
+    const PyTypeObject *tp = Py_TYPE(t);
+    if (tp != (PyTypeObject *)st->tensor_type && tp != (PyTypeObject *)st->parameter_type) {
+        return 0;
+    }
+    uintptr_t ptr = 0;
+    if (!ml_tensor_storage_in_c(st, t, &it->dev, &ptr, &it->bytes) &&
+        ml_tensor_storage(st, t, &it->dev, &ptr, &it->bytes) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_MemoryError)) {
+            return -1;
+        }
+        PyErr_Clear();
+        return 0;
+    }
+    if (it->bytes <= 0) {
+        return 0;
+    }
+    it->key = ml_tensor_untyped_storage(st, t);
+    if (it->key == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_MemoryError)) {
+            return -1;
+        }
+        PyErr_Clear();
+        return 0;
+    }
+    it->tensor = t;
+    it->ptr = ptr;
+    it->cat = ML_LIFE_CAT_CONTEXT;
+    return 1;
+}
+
+#define OPS_ITEMS 8
+
+/* Count result's new outputs for every lord of the ops group. */
+static void count_outputs(ml_state *st, PyObject *result, long fresh, int flags)
+{
+    ml_life_item items[OPS_ITEMS];
+    Py_ssize_t n = 0;
+    PyObject *holder = NULL; /* result's items, held while counted */
+    if (PyObject_TypeCheck(result, (PyTypeObject *)st->tensor_type)) {
+        if ((fresh & 1) || (flags & OP_RESIZE)) {
+            int r = item_of(st, result, &items[0]);
+            if (r < 0) {
+                goto fail;
+            }
+            n = r;
+        }
+    } else if (PyTuple_Check(result) || PyList_Check(result)) {
+        holder = PySequence_Tuple(result); /* a list may change while counted */
+        if (holder == NULL) {
+            goto fail;
+        }
+        Py_ssize_t k = PyTuple_GET_SIZE(holder);
+        /* a Tensor[] return (foreach ops) is one return of many tensors */
+        int list_return = PyList_Check(result);
+        for (Py_ssize_t i = 0; i < k && n < OPS_ITEMS; i++) {
+            int is_fresh = list_return ? (int)(fresh & 1) : i < 31 && ((fresh >> i) & 1);
+            PyObject *t = PyTuple_GET_ITEM(holder, i);
+            if (!is_fresh || !PyObject_TypeCheck(t, (PyTypeObject *)st->tensor_type)) {
+                continue;
+            }
+            int r = item_of(st, t, &items[n]);
+            if (r < 0) {
+                goto fail;
+            }
+            n += r;
+        }
+        if (list_return && PyTuple_GET_SIZE(holder) > OPS_ITEMS) {
+            /* a long Tensor[] (foreach over many parameters): the rest one by one */
+            for (Py_ssize_t i = OPS_ITEMS; i < PyTuple_GET_SIZE(holder); i++) {
+                PyObject *t = PyTuple_GET_ITEM(holder, i);
+                if (!(fresh & 1) || !PyObject_TypeCheck(t, (PyTypeObject *)st->tensor_type)) {
+                    continue;
+                }
+                ml_life_item extra;
+                int r = item_of(st, t, &extra);
+                if (r < 0) {
+                    goto fail;
+                }
+                if (r == 0) {
+                    continue;
+                }
+                ml_lords lords;
+                if (ml_lords_acquire(ml_disp.ops_lord_refs, &lords) == 0) {
+                    ml_site site = {0};
+                    for (Py_ssize_t j = 0; j < lords.n; j++) {
+                        ml_book *lord = (ml_book *)lords.v[j];
+                        if (ml_life_active(lord) &&
+                            ml_life_count(lord, &extra, 1, 0, &site, ML_SRC_OP, NULL) < 0) {
+                            PyErr_WriteUnraisable((PyObject *)lord);
+                        }
+                    }
+                    ml_lords_release(&lords);
+                } else {
+                    PyErr_WriteUnraisable(NULL);
+                }
+                Py_DECREF(extra.key);
+            }
+        }
+    }
+    if (n == 0) {
+        Py_XDECREF(holder);
+        return;
+    }
+    ml_lords lords;
+    if (ml_lords_acquire(ml_disp.ops_lord_refs, &lords) < 0) {
+        goto fail_items;
+    }
+    ml_site site = {0};
+    int captured = 0;
+    for (Py_ssize_t j = 0; j < lords.n; j++) {
+        ml_book *lord = (ml_book *)lords.v[j];
+        if (!ml_life_active(lord)) {
+            continue;
+        }
+        if (lord->track_callsite && !captured) {
+            ml_site_capture(st, &site);
+            captured = 1;
+        }
+        ml_site none = {0};
+        const ml_site *s = lord->track_callsite ? &site : &none;
+        if (flags & OP_RESIZE) {
+            /* a tracked storage that changed size counts the change; one not
+             * tracked yet is counted whole */
+            int r = ml_life_resize(lord, items[0].key, items[0].bytes, s);
+            if (r < 0) {
+                PyErr_WriteUnraisable((PyObject *)lord);
+            }
+            if (r != 0) {
+                continue;
+            }
+        }
+        if (ml_life_count(lord, items, n, 0, s, ML_SRC_OP, NULL) < 0) {
+            PyErr_WriteUnraisable((PyObject *)lord);
+        }
+    }
+    ml_site_clear(&site);
+    ml_lords_release(&lords);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_DECREF(items[i].key);
+    }
+    Py_XDECREF(holder);
+    return;
+fail_items:
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_DECREF(items[i].key);
+    }
+fail:
+    Py_XDECREF(holder);
+    PyErr_WriteUnraisable(NULL);
+}
+
+PyObject *ml_ops_dispatch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 4) {
+        PyErr_Format(PyExc_TypeError,
+                     "_torch_dispatch() takes from 1 to 4 positional arguments (func, types, "
+                     "args, kwargs), got %zd",
+                     nargs);
+        return NULL;
+    }
+    PyObject *func = args[0];
+    PyObject *fargs = nargs > 2 ? args[2] : NULL;
+    PyObject *fkwargs = nargs > 3 && args[3] != Py_None ? args[3] : NULL;
+    if (fargs != NULL && !PyTuple_Check(fargs)) {
+        fargs = NULL; /* a list: PyObject_Call wants a tuple */
+        PyObject *t = PySequence_Tuple(args[2]);
+        if (t == NULL) {
+            return NULL;
+        }
+        fargs = t;
+    } else if (fargs != NULL) {
+        Py_INCREF(fargs);
+    } else {
+        fargs = PyTuple_New(0);
+        if (fargs == NULL) {
+            return NULL;
+        }
+    }
+    if (fkwargs != NULL && !PyDict_Check(fkwargs)) {
+        Py_DECREF(fargs);
+        PyErr_Format(PyExc_TypeError, "_torch_dispatch(): kwargs must be a dict, not %.100s",
+                     Py_TYPE(fkwargs)->tp_name);
+        return NULL;
+    }
+    PyObject *entry = op_entry(func);
+    if (entry == NULL) {
+        /* accounting never raises into the caller: run the operator as it is */
+        PyErr_WriteUnraisable(func);
+        PyObject *r = PyObject_Call(func, fargs, fkwargs);
+        Py_DECREF(fargs);
+        return r;
+    }
+    PyObject *call = PyTuple_GET_ITEM(entry, 0);
+    long fresh = PyLong_AsLong(PyTuple_GET_ITEM(entry, 1));
+    int flags = (int)PyLong_AsLong(PyTuple_GET_ITEM(entry, 2));
+    PyObject *result = PyObject_Call(call, fargs, fkwargs);
+    Py_DECREF(fargs);
+    if (result != NULL && (fresh != 0 || flags != 0) && ml_disp.ops_lord_refs != NULL) {
+        ml_state *st = PyModule_GetState(module);
+        if (st != NULL) {
+            count_outputs(st, result, fresh, flags);
+        }
+        ml_safe_point();
+    }
+    Py_DECREF(entry);
+    return result;
+}
+
+/* ---- the category sources -------------------------------------------------- */
+
+PyObject *ml_ops_categorize(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError,
+                     "_categorize() takes 4 arguments (objs, category, source, from_mask), got %zd",
+                     nargs);
+        return NULL;
+    }
+    int cat = PyLong_AsLong(args[1]);
+    int source = PyLong_AsLong(args[2]);
+    unsigned long from_mask = PyLong_AsUnsignedLongMask(args[3]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (cat < 0 || cat >= ML_NCAT || source < -1 || source >= ML_SRC_NSOURCES) {
+        PyErr_Format(PyExc_ValueError, "_categorize(): category %d or source %d out of range",
+                     cat, source);
+        return NULL;
+    }
+    ml_state *st = PyModule_GetState(module);
+    if (st == NULL || ml_disp.src_lord_refs == NULL) {
+        Py_RETURN_NONE;
+    }
+    ml_walk w;
+    ml_walk_init(&w);
+    w.collect_keys = 1;
+    w.opaque_ok = 1;
+    if (ml_walk_object(st, &w, args[0], "_categorize") < 0) {
+        ml_walk_clear(&w);
+        return NULL;
+    }
+    ml_lords lords;
+    if (ml_lords_acquire(ml_disp.src_lord_refs, &lords) < 0) {
+        ml_walk_clear(&w);
+        return NULL;
+    }
+    ml_site site = {0};
+    int captured = 0;
+    for (Py_ssize_t j = 0; j < lords.n; j++) {
+        ml_book *lord = (ml_book *)lords.v[j];
+        if (!ml_life_active(lord)) {
+            continue;
+        }
+        /* retag what the lord tracks; count what it does not */
+        int any_new = 0;
+        for (Py_ssize_t i = 0; i < w.n; i++) {
+            if (w.keys[i] == NULL ||
+                !ml_life_recategorize(lord, w.keys[i], cat, (unsigned)from_mask)) {
+                any_new = 1;
+            }
+        }
+        if (any_new && source >= 0) {
+            if (lord->track_callsite && !captured) {
+                ml_site_capture(st, &site);
+                captured = 1;
+            }
+            ml_site none = {0};
+            /* storages tracked already add nothing */
+            if (ml_life_count_walk(lord, &w, 0, lord->track_callsite ? &site : &none,
+                                   (enum ml_ev_source)source, NULL, cat) < 0) {
+                PyErr_WriteUnraisable((PyObject *)lord);
+            }
+        }
+    }
+    ml_site_clear(&site);
+    ml_lords_release(&lords);
+    ml_walk_clear(&w);
+    ml_safe_point();
+    Py_RETURN_NONE;
+}
+
+PyObject *ml_ops_optimizer_step(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    int begin = PyObject_IsTrue(arg);
+    if (begin < 0) {
+        return NULL;
+    }
+    ml_context_optimizer(begin);
+    Py_RETURN_NONE;
+}
+
+/* ---- the mode's base type ------------------------------------------------------ */
+
+/* OpsModeBase.__torch_dispatch__(self, func, types, args=(), kwargs=None):
+ * torch wants the mode's __torch_dispatch__ as a method bound to the mode
+ * (not a classmethod, not a bare function), so the C function is a method
+ * of a base type the Python mode class derives from (memlord/_ops.py). */
+static PyObject *base_torch_dispatch(PyObject *Py_UNUSED(self), PyTypeObject *defining_class,
+                                     PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0) {
+        /* keywords (args=, kwargs=): put them in order */
+        PyObject *full[4] = {NULL, NULL, NULL, NULL};
+        if (nargs > 4) {
+            PyErr_SetString(PyExc_TypeError, "__torch_dispatch__() takes at most 4 arguments");
+            return NULL;
+        }
+        for (Py_ssize_t i = 0; i < nargs; i++) {
+            full[i] = args[i];
+        }
+        static const char *const names[4] = {"func", "types", "args", "kwargs"};
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(kwnames); k++) {
+            const char *kn = PyUnicode_AsUTF8(PyTuple_GET_ITEM(kwnames, k));
+            int found = -1;
+            for (int j = 0; kn != NULL && j < 4; j++) {
+                if (strcmp(kn, names[j]) == 0) {
+                    found = j;
+                }
+            }
+            if (found < 0 || full[found] != NULL) {
+                PyErr_Format(PyExc_TypeError, "__torch_dispatch__() got an unexpected keyword %R",
+                             PyTuple_GET_ITEM(kwnames, k));
+                return NULL;
+            }
+            full[found] = args[nargs + k];
+        }
+        if (full[0] == NULL) {
+            PyErr_SetString(PyExc_TypeError, "__torch_dispatch__() missing argument 'func'");
+            return NULL;
+        }
+        Py_ssize_t n = 4;
+        while (n > 1 && full[n - 1] == NULL) {
+            n--;
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (full[i] == NULL) {
+                full[i] = i == 2 ? NULL : Py_None;
+            }
+        }
+        if (n > 2 && full[2] == NULL) {
+            PyObject *empty = PyTuple_New(0);
+            if (empty == NULL) {
+                return NULL;
+            }
+            full[2] = empty;
+            PyObject *r = ml_ops_dispatch(PyType_GetModule(defining_class), full, n);
+            Py_DECREF(empty);
+            return r;
+        }
+        return ml_ops_dispatch(PyType_GetModule(defining_class), full, n);
+    }
+    return ml_ops_dispatch(PyType_GetModule(defining_class), args, nargs);
+}
+
+static PyMethodDef base_methods[] = {
+    {"__torch_dispatch__", (PyCFunction)(void (*)(void))base_torch_dispatch,
+     METH_METHOD | METH_FASTCALL | METH_KEYWORDS,
+     "__torch_dispatch__($self, func, types, args=(), kwargs=None, /)\n--\n\n"
+     "Run the operator unchanged; count the storages of the outputs it creates."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyType_Slot base_slots[] = {
+    {Py_tp_doc, "The C base of memlord's dispatch mode (memlord._ops.OpsMode)."},
+    {Py_tp_methods, base_methods},
+    {0, NULL},
+};
+
+PyType_Spec ml_ops_mode_base_spec = {
+    .name = "memlord._core.OpsModeBase",
+    .basicsize = 0,
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .slots = base_slots,
+};
