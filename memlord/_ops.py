@@ -30,6 +30,7 @@ import threading
 from typing import Any
 
 import torch
+import torch.utils._pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import _core
@@ -60,7 +61,6 @@ class OpsMode(_core.OpsModeBase, TorchDispatchMode):
 
     def __repr__(self) -> str:
         return "<memlord ops mode>"
-
 
 
 class _State:
@@ -94,6 +94,24 @@ def _categorize(objs: Any, category: str, source: str | None, from_mask: int = _
         _core._categorize(objs, _CAT[category], -1 if source is None else _SRC[source], from_mask)
     except Exception:  # noqa: BLE001 - accounting never raises into the caller
         _report(f"categorizing {category}")
+
+
+def categorize_inputs(inputs: Any) -> None:
+    """The tensors a tracked model's outermost forward receives (args and kwargs, nested):
+    those tracked as activation or other become ``input``; nothing new is counted."""
+    if not _state.sources_on:
+        return
+    try:
+        found = [
+            t
+            for t in torch.utils._pytree.tree_leaves(inputs)
+            if type(t) is torch.Tensor or type(t) is torch.nn.Parameter
+        ]
+    except Exception:  # noqa: BLE001
+        _report("a model's inputs")
+        return
+    if found:
+        _categorize(found, "input", None, _BIT["activation"] | _BIT["other"])
 
 
 # ---- the dispatch mode ------------------------------------------------------------------

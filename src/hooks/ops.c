@@ -15,14 +15,34 @@
 static PyObject *op_cache;   /* dict, strong */
 static PyObject *overload_t; /* torch._ops.OpOverload, strong, or NULL */
 
+/* memlord._ops._install, once imported (strong): at exit, when a lord's
+ * death uninstalls a group, nothing can be imported any more. */
+static PyObject *install_fn;
+
 int ml_ops_install(const char *group, int on)
 {
-    PyObject *mod = PyImport_ImportModule("memlord._ops");
-    if (mod == NULL) {
-        return -1;
+    if (ml_finalizing()) {
+        return 0; /* the interpreter is going: nothing to put back */
     }
-    PyObject *r = PyObject_CallMethod(mod, "_install", "sO", group, on ? Py_True : Py_False);
-    Py_DECREF(mod);
+    if (install_fn == NULL) {
+        PyObject *mod = PyImport_ImportModule("memlord._ops");
+        if (mod == NULL) {
+            return -1;
+        }
+        PyObject *fn = PyObject_GetAttrString(mod, "_install");
+        Py_DECREF(mod);
+        if (fn == NULL) {
+            return -1;
+        }
+        if (install_fn == NULL) {
+            install_fn = fn;
+        } else {
+            Py_DECREF(fn); /* the import ran code that set it */
+        }
+    }
+    PyObject *fn = Py_NewRef(install_fn);
+    PyObject *r = PyObject_CallFunction(fn, "sO", group, on ? Py_True : Py_False);
+    Py_DECREF(fn);
     if (r == NULL) {
         return -1;
     }
@@ -372,8 +392,8 @@ PyObject *ml_ops_categorize(PyObject *module, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     if (cat < 0 || cat >= ML_NCAT || source < -1 || source >= ML_SRC_NSOURCES) {
-        PyErr_Format(PyExc_ValueError, "_categorize(): category %d or source %d out of range",
-                     cat, source);
+        PyErr_Format(PyExc_ValueError, "_categorize(): category %d or source %d out of range", cat,
+                     source);
         return NULL;
     }
     ml_state *st = PyModule_GetState(module);
