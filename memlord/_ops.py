@@ -96,11 +96,24 @@ def _categorize(objs: Any, category: str, source: str | None, from_mask: int = _
         _report(f"categorizing {category}")
 
 
-def categorize_inputs(inputs: Any) -> None:
+def categorize_inputs(inputs: Any, module: Any = None) -> None:
     """The tensors a tracked model's outermost forward receives (args and kwargs, nested):
-    those tracked as activation or other become ``input``; nothing new is counted."""
+    those tracked as activation or other become ``input``; nothing new is counted.  The
+    module's parameters and buffers are categorised again (``model.cuda()`` made new
+    storages for them)."""
     if not _state.sources_on:
         return
+    if module is not None:
+        try:
+            params = list(module.parameters())
+            buffers = [b for b in module.buffers() if isinstance(b, torch.Tensor)]
+        except Exception:  # noqa: BLE001
+            _report("a model's parameters")
+        else:
+            if params:
+                _categorize(params, "parameter", None)
+            if buffers:
+                _categorize(buffers, "buffer", None, _ALL & ~_BIT["parameter"])
     try:
         found = [
             t
@@ -189,11 +202,18 @@ def _params_of(optimizer: Any) -> list[Any]:
 def _optimizer_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
     _core._optimizer_step(True)
     try:
-        grads = []
+        params, grads = [], []
         for p in _params_of(optimizer):
+            if not isinstance(p, torch.Tensor):
+                continue
+            params.append(p)
             _watch_grad(p)
-            if isinstance(p, torch.Tensor) and p.grad is not None:
+            if p.grad is not None:
                 grads.append(p.grad)
+        if params:
+            # what an optimizer steps is a parameter, however its storage was made (a
+            # Module.to() under ops=True makes it with an operator)
+            _categorize(params, "parameter", "param")
         if grads:
             _categorize(grads, "gradient", "grad")
     except Exception:  # noqa: BLE001

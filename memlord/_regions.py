@@ -553,7 +553,7 @@ class ModuleSpans:
         stack = self._stack()
         if not stack:
             # the outermost forward on this thread: what it receives is the model's input
-            _ops.categorize_inputs(inputs)
+            _ops.categorize_inputs(inputs, module)
         token = self._open_span(name)
         stack.append((id(module), token, nodes))
 
