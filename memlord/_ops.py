@@ -62,7 +62,6 @@ class OpsMode(_core.OpsModeBase, TorchDispatchMode):
         return "<memlord ops mode>"
 
 
-
 class _State:
     def __init__(self) -> None:
         self.lock = threading.RLock()
@@ -99,9 +98,28 @@ def _categorize(objs: Any, category: str, source: str | None, from_mask: int = _
 # ---- the dispatch mode ------------------------------------------------------------------
 
 
+_INFRA_KEYS = tuple(
+    getattr(torch._C._TorchDispatchModeKey, k)
+    for k in ("FAKE", "PROXY", "FUNCTIONAL")
+    if hasattr(torch._C._TorchDispatchModeKey, k)
+)
+
+
 def _push_mode() -> None:
+    """Put memlord's mode at the bottom of this thread's user modes (above torch's infra
+    modes, which sit below every user mode): a user's mode entered before keeps the top, so
+    its ``__exit__`` (which pops whatever is on top) takes itself off, not memlord's mode;
+    every user mode sees the operators first, as it does bare."""
     mode = OpsMode()
-    torch._C._push_on_torch_dispatch_stack(mode)
+    infra = sum(torch._C._get_dispatch_mode(k) is not None for k in _INFRA_KEYS)
+    above = []
+    try:
+        for _ in range(torch._C._len_torch_dispatch_stack() - infra):
+            above.append(torch._C._pop_torch_dispatch_stack(None))
+        torch._C._push_on_torch_dispatch_stack(mode)
+    finally:
+        for m in reversed(above):
+            torch._C._push_on_torch_dispatch_stack(m)
     _state.mode = mode
     _state.mode_thread = threading.get_ident()
 
@@ -130,6 +148,20 @@ def _pop_mode() -> None:
 # ---- the category sources ---------------------------------------------------------------
 
 
+def _unseen(fn: Any) -> Any:
+    """A source runs with ``__torch_function__`` off (modes and subclasses): a user's
+    ``TorchFunctionMode`` sees none of memlord's own reads of tensors (``.grad``,
+    ``untyped_storage()``, hook registrations), as without memlord."""
+
+    @functools.wraps(fn)
+    def unseen(*args: Any) -> Any:
+        with torch._C.DisableTorchFunction():
+            return fn(*args)
+
+    return unseen
+
+
+@_unseen
 def _grad_hook(param: torch.Tensor) -> None:
     if _state.sources_on and param.grad is not None:
         _categorize(param.grad, "gradient", "grad")
@@ -153,12 +185,14 @@ def _watch_grad(param: Any) -> None:
         _report("watching a parameter's gradient")
 
 
+@_unseen
 def _param_registered(module: Any, name: str, param: Any) -> None:
     if param is not None:
         _categorize(param, "parameter", "param")
         _watch_grad(param)
 
 
+@_unseen
 def _buffer_registered(module: Any, name: str, buffer: Any) -> None:
     if isinstance(buffer, torch.Tensor):
         _categorize(buffer, "buffer", "tensor")
@@ -168,6 +202,7 @@ def _params_of(optimizer: Any) -> list[Any]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
+@_unseen
 def _optimizer_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
     _core._optimizer_step(True)
     try:
@@ -182,6 +217,7 @@ def _optimizer_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
         _report("an optimizer's step")
 
 
+@_unseen
 def _optimizer_post(optimizer: Any, args: Any, kwargs: Any) -> None:
     _core._optimizer_step(False)
     try:
@@ -212,18 +248,23 @@ def _tensors_in(obj: Any, out: list[Any], depth: int = 0) -> None:
             _tensors_in(v, out, depth + 1)
 
 
+@_unseen
+def _loaded(result: Any) -> None:
+    try:
+        found: list[Any] = []
+        _tensors_in(result, found)
+        if found:
+            _categorize(found, "loaded", "load")
+    except Exception:  # noqa: BLE001
+        _report("torch.load")
+
+
 def _wrap_load(original: Any) -> Any:
     @functools.wraps(original)
     def load(*args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
         if _state.sources_on:
-            try:
-                found: list[Any] = []
-                _tensors_in(result, found)
-                if found:
-                    _categorize(found, "loaded", "load")
-            except Exception:  # noqa: BLE001
-                _report("torch.load")
+            _loaded(result)
         return result
 
     load.__memlord_original__ = original  # type: ignore[attr-defined]
