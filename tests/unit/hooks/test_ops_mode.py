@@ -328,16 +328,16 @@ def workload():
     return [y.item(), x.grad.tolist(), m.weight.grad.tolist()]
 
 
-def recorded(order):
-    """What a user's dispatch mode and function mode see of workload(), memlord's mode
+def recorded(order, ops=True):
+    """What a user's dispatch mode and function mode see of workload(), memlord's hooks
     turned on before them ("before"), after them ("after") or not at all ("bare")."""
     lord = MemLord(auto_gc_bytes=None)
     rec, frec = Recorder(), FunctionRecorder()
-    h = lord.hook_into_python(ops=True) if order == "before" else None
+    h = lord.hook_into_python(ops=ops) if order == "before" else None
     try:
         with frec, rec:
             if order == "after":
-                h = lord.hook_into_python(ops=True)
+                h = lord.hook_into_python(ops=ops)
             out = workload()
             if order == "after":
                 h.disable()
@@ -348,11 +348,15 @@ def recorded(order):
     return out, rec.ops, frec.funcs, stack()
 
 
+@pytest.mark.parametrize("ops", [True, False])
 @pytest.mark.parametrize("order", ["before", "after"])
-def test_users_modes_see_what_they_see_bare(order):
+def test_users_modes_see_what_they_see_bare(order, ops):
+    """The user's modes see the same operators and torch functions, in the same order, and
+    the results are the same; ops=False: the category sources (parameter registration,
+    gradient hooks) are not seen by a TorchFunctionMode either."""
     bare = recorded("bare")
     assert bare[1] and bare[2]
-    assert recorded(order) == bare
+    assert recorded(order, ops) == bare
     assert stack() == []
 
 
@@ -481,5 +485,31 @@ def test_dispatch_leaks_no_references(ops_lord):
             mode.__torch_dispatch__(func=func, types=types_, args=args)
         after = [sys.getrefcount(o) for o in objs]
         r = mode.__torch_dispatch__(func, types_, args, kwargs)
+        # an out= overload: the out tensors are held across the call, then released
+        out_func = torch.ops.aten.add.out
+        outs = [torch.empty(0) for _ in range(100)]
+        mode.__torch_dispatch__(out_func, types_, args, {"out": torch.empty(0)})  # cached
+        out_before = [sys.getrefcount(o) for o in (out_func, *outs)]
+        for o in outs:
+            assert mode.__torch_dispatch__(out_func, types_, args, {"out": o}) is o
+        del o
+        out_after = [sys.getrefcount(o) for o in (out_func, *outs)]
     assert after == before
-    assert ledger(ops_lord) == storage_bytes(a, b, r)  # counted while called directly
+    assert out_after == out_before
+    assert ledger(ops_lord) == storage_bytes(a, b, r, *outs)  # counted while called directly
+
+
+# ----------------------------------------------------------------------- known gaps
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a higher-order operator (torch.cond, map, while_loop, flex_attention in eager) "
+    "reaches the mode as one call with the mode taken off the stack, and its dense kernel "
+    "asserts that no mode is on; the aten operators of its subgraphs, and so its outputs, "
+    "are not seen (the fix needs a rule per operator, as torch's FlopCounterMode has)",
+)
+def test_operators_inside_a_higher_order_operator_are_counted(ops_lord):
+    x = torch.randn(1000)
+    out = torch.cond(x.sum() > 0, lambda v: (v * 2).sin(), lambda v: v.cos() + 1, (x,))
+    assert ledger(ops_lord) == storage_bytes(x, out)
