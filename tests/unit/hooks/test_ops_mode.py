@@ -381,6 +381,36 @@ def test_user_mode_exited_while_memlord_is_on_leaves_memlord_on():
     assert stack() == []
 
 
+def test_mode_goes_between_torchs_infra_modes_and_the_users():
+    """Turned on inside FakeTensorMode (an infra mode, kept below every user mode) and a
+    user's mode: memlord's mode goes above the infra mode, below the user's; each exit
+    takes its own mode off, and the fake tensors count nothing."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from memlord._ops import OpsMode
+
+    lord = MemLord(auto_gc_bytes=None)
+    rec = Recorder()
+    with FakeTensorMode() as fake, rec:
+        h = lord.hook_into_python(ops=True)
+        try:
+            assert [type(m) for m in stack()] == [FakeTensorMode, OpsMode, Recorder]
+            x = torch.randn(100, 100)
+            y = x @ x
+            assert ledger(lord) == 0
+        finally:
+            h.disable()
+        assert stack() == [fake, rec]
+        h = lord.hook_into_python(ops=True)
+    try:
+        assert [type(m) for m in stack()] == [OpsMode]
+        assert rec.ops == ["aten.randn.default", "aten.mm.default"]
+        assert type(y).__name__ == "FakeTensor"
+    finally:
+        h.disable()
+    assert stack() == []
+
+
 # ----------------------------------------------------------------------- checkpoint, saved tensors
 
 
