@@ -67,6 +67,8 @@ class _State:
         self.lock = threading.RLock()
         self.mode: OpsMode | None = None
         self.mode_thread: int | None = None
+        #: thread id -> the mode a disable() from another thread left on its stack
+        self.orphans: dict[int, OpsMode] = {}
         self.sources_on = False
         self.handles: list[Any] = []
         self.grad_handles: list[Any] = []
@@ -109,7 +111,13 @@ def _push_mode() -> None:
     """Put memlord's mode at the bottom of this thread's user modes (above torch's infra
     modes, which sit below every user mode): a user's mode entered before keeps the top, so
     its ``__exit__`` (which pops whatever is on top) takes itself off, not memlord's mode;
-    every user mode sees the operators first, as it does bare."""
+    every user mode sees the operators first, as it does bare.  A mode left on this
+    thread's stack by a ``disable()`` from another thread is taken up again, not doubled."""
+    orphan = _state.orphans.pop(threading.get_ident(), None)
+    if orphan is not None and any(m is orphan for m in _stack()):
+        _state.mode = orphan
+        _state.mode_thread = threading.get_ident()
+        return
     mode = OpsMode()
     infra = sum(torch._C._get_dispatch_mode(k) is not None for k in _INFRA_KEYS)
     above = []
@@ -124,16 +132,23 @@ def _push_mode() -> None:
     _state.mode_thread = threading.get_ident()
 
 
+def _stack() -> list[Any]:
+    return [torch._C._get_dispatch_stack_at(i) for i in range(torch._C._len_torch_dispatch_stack())]
+
+
 def _pop_mode() -> None:
     """Take memlord's mode off this thread's stack, wherever it sits; the modes above
     it go back in their order.  From another thread it cannot be reached: it stays on
-    its thread's stack, counting nothing (no lord subscribes)."""
+    its thread's stack, counting nothing (no lord subscribes), until ops are turned on
+    again on that thread (:func:`_push_mode` takes it up) and off there."""
     mode, _state.mode = _state.mode, None
-    if mode is None or _state.mode_thread != threading.get_ident():
+    if mode is None:
         return
-    n = torch._C._len_torch_dispatch_stack()
-    stack = [torch._C._get_dispatch_stack_at(i) for i in range(n)]
-    if not any(m is mode for m in stack):
+    if _state.mode_thread != threading.get_ident():
+        if _state.mode_thread is not None:
+            _state.orphans[_state.mode_thread] = mode
+        return
+    if not any(m is mode for m in _stack()):
         return  # a user's mode exit popped it already
     above = []
     while True:

@@ -292,6 +292,29 @@ def test_disable_removes_the_mode_under_a_users_mode():
     assert rec.ops == ["aten.ones.default", "aten.add.Tensor"]
 
 
+def test_disable_from_another_thread_then_enable_again_leaves_no_mode_behind():
+    """disable() from another thread cannot reach this thread's stack: the mode stays,
+    counting nothing; turned on again here, it is taken up (not doubled), and the next
+    disable() here takes it off."""
+    lord = MemLord(auto_gc_bytes=None)
+    h = lord.hook_into_python(ops=True)
+    t = threading.Thread(target=h.disable)
+    t.start()
+    t.join()
+    try:
+        a = torch.ones(100)
+        b = a * 2
+        assert ledger(lord) == 0  # nothing subscribes: nothing counted
+        h = lord.hook_into_python(ops=True)
+        assert len(stack()) == 1
+        c = a * 3
+        assert ledger(lord) == storage_bytes(c)
+    finally:
+        h.disable()
+    assert stack() == []
+    del b, c
+
+
 def stack():
     return [torch._C._get_dispatch_stack_at(i) for i in range(torch._C._len_torch_dispatch_stack())]
 
