@@ -14,8 +14,11 @@ leaves (the C core, ``src/hooks/hooks.c``, calls :func:`_install`):
       hooks).
 
 ``"ops"`` (``hook_into_python(ops=True)``): :class:`OpsMode`, a ``TorchDispatchMode``
-whose ``__torch_dispatch__`` is the C function ``_core._torch_dispatch``, pushed on the
-dispatch-mode stack of the thread that turned it on.  The autograd engine carries it to
+whose ``__torch_dispatch__`` is the C function ``_core._torch_dispatch``, put on the
+dispatch-mode stack of the thread that turned it on, below that thread's user modes (so
+theirs see every operator first and their exits pop their own mode) and above torch's infra
+modes.  Higher-order operators pass through it as one call: the operators inside their
+subgraphs are not seen.  The autograd engine carries it to
 its own threads for backward.
 
 Accounting never raises into the caller: a failing source is reported through
