@@ -169,14 +169,21 @@ def _pop_mode() -> None:
 def _unseen(fn: Any) -> Any:
     """A source runs with ``__torch_function__`` off (modes and subclasses): a user's
     ``TorchFunctionMode`` sees none of memlord's own reads of tensors (``.grad``,
-    ``untyped_storage()``, hook registrations), as without memlord."""
+    ``untyped_storage()``, hook registrations), as without memlord.  While dynamo traces
+    (a module built inside a compiled function registers its parameters) it does nothing:
+    dynamo folds the test to a constant, so memlord's C calls add no graph break."""
 
     @functools.wraps(fn)
     def unseen(*args: Any) -> Any:
+        if _dynamo_compiling():
+            return None
         with torch._C.DisableTorchFunction():
             return fn(*args)
 
     return unseen
+
+
+_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", lambda: False)
 
 
 @_unseen

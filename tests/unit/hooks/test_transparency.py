@@ -744,6 +744,33 @@ def compile_not_fullgraph_counts_breaks():
 
 
 @row
+def compile_module_built_inside():
+    # a module built inside the compiled function registers its parameters while dynamo
+    # traces (torch's global registration hooks run): the same graphs and graph breaks
+    def f(x):
+        torch.manual_seed(0)
+        return nn.Linear(3, 2)(x).sum()
+
+    return compiled(f, torch.ones(2, 3), fullgraph=False)
+
+
+@row
+def compile_optimizer_step():
+    # torch.optim's global step hooks (memlord's optimizer-state source) run inside the
+    # compiled step: the same graphs and graph breaks (fullgraph: the same error)
+    torch.manual_seed(0)
+    lin = nn.Linear(3, 2)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.5, momentum=0.9)
+    lin(torch.ones(4, 3)).sum().backward()
+    out = compiled(opt.step, fullgraph=False)
+    try:
+        compiled(opt.step)
+    except Exception as e:  # the observation of an error is its type and message
+        out.append([type(e).__name__, str(e)])
+    return [out[1:], list(lin.parameters())]
+
+
+@row
 def compile_inductor_cpu():
     # the one inductor row: a C++ compile is slow, keep it small
     return compiled(
