@@ -389,6 +389,33 @@ def errors_of_the_originals_own_call():
 
 
 @row
+def operator_errors():
+    """Errors raised inside aten operators (under ops=True: inside memlord's dispatch mode)
+    keep their type and message."""
+    return [
+        _error_of(lambda: torch.mm(torch.ones(2, 3), torch.ones(2, 3))),
+        _error_of(lambda: torch.ones(3)[5]),
+        _error_of(lambda: torch.ones(3).view(2, 2)),
+        _error_of(lambda: torch.ones(2, requires_grad=True).add_(1)),
+        _error_of(lambda: torch.cat([torch.ones(2), torch.ones(2, 2)])),
+        _error_of(lambda: torch.ones(2).to(torch.int64).sqrt_()),
+        _error_of(lambda: torch.ones(3).item()),
+        _error_of(lambda: torch.empty(-1)),
+        _error_of(lambda: torch.ones(2, 3) @ torch.ones(4)),
+    ]
+
+
+@row
+def operator_warnings():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        x, y = torch.ones(4), torch.empty(2)
+        torch.add(x, x, out=y)  # torch warns that it resized the out tensor
+        torch.ones(3, requires_grad=True).sum().backward()
+    return [y, [[w.category.__name__, str(w.message)] for w in caught]]
+
+
+@row
 def keyword_spellings():
     return [
         T.to(dtype=torch.float16, copy=True),
