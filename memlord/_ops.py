@@ -375,13 +375,54 @@ def _uninstall_sources() -> None:
     _core._optimizer_step(False)
 
 
+def _wrap_storage_resize(original: Any) -> Any:
+    """``torch.UntypedStorage.resize_`` is no aten operator (the mode never sees it; FSDP2
+    frees and re-allocates parameters with it): a tracked storage counts its new size."""
+
+    @functools.wraps(original)
+    def resize_(self: Any, size: Any) -> Any:
+        result = original(self, size)
+        try:
+            _core._storage_resized(self, self.nbytes())
+        except Exception:  # noqa: BLE001 - accounting never raises into the caller
+            _report("UntypedStorage.resize_")
+        return result
+
+    resize_.__memlord_original__ = original  # type: ignore[attr-defined]
+    return resize_
+
+
+_RESIZE_NOT_OWN = object()  # UntypedStorage had no resize_ of its own (inherited)
+
+
+def _patch_storage_resize(on: bool) -> None:
+    """Wrap ``UntypedStorage.resize_`` (on) or put back what was there (off): the class's
+    own attribute, or none (torch's is inherited from StorageBase).  A wrapper someone
+    put over memlord's meanwhile (MemTracker) is left in place."""
+    owner = torch.UntypedStorage
+    own = owner.__dict__.get("resize_", _RESIZE_NOT_OWN)
+    if on:
+        if getattr(own, "__memlord_original__", None) is None:
+            wrapper = _wrap_storage_resize(owner.resize_)
+            wrapper.__memlord_own__ = own  # type: ignore[attr-defined]
+            owner.resize_ = wrapper  # type: ignore[method-assign]
+    elif getattr(own, "__memlord_original__", None) is not None:
+        before = own.__memlord_own__  # type: ignore[union-attr]
+        if before is _RESIZE_NOT_OWN:
+            del owner.resize_
+        else:
+            owner.resize_ = before  # type: ignore[method-assign]
+
+
 def _install(group: str, on: bool) -> None:
     """Called by the C core: install (on) or remove a group ("ops", "sources")."""
     with _state.lock:
         if group == "ops":
             if on:
                 _push_mode()
+                _patch_storage_resize(True)
             else:
+                _patch_storage_resize(False)
                 _pop_mode()
         elif group == "sources":
             if on:

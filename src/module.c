@@ -444,6 +444,9 @@ static PyMethodDef core_methods[] = {
      "_categorize(objs, category, source, from_mask)\n--\n\n"
      "The category sources: storages tracked become of category; others are counted (source "
      "-1: not)."},
+    {"_storage_resized", (PyCFunction)(void (*)(void))ml_ops_storage_resized, METH_FASTCALL,
+     "_storage_resized(storage, nbytes)\n--\n\nUntypedStorage.resize_ ran: a tracked storage "
+     "counts its change of size."},
     {"_optimizer_step", (PyCFunction)ml_ops_optimizer_step, METH_O,
      "_optimizer_step(begin)\n--\n\nThis thread's optimizer.step() begins or ends."},
     {"_tensor_meta", (PyCFunction)core_tensor_meta, METH_O,

@@ -668,3 +668,51 @@ PyType_Spec ml_ops_mode_base_spec = {
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .slots = base_slots,
 };
+
+/* _core._storage_resized(storage, nbytes): torch.UntypedStorage.resize_ ran
+ * (it is no aten operator: the mode never sees it; FSDP2 frees and
+ * re-allocates parameters with it).  A storage the lords of the ops group
+ * track counts its change of size. */
+PyObject *ml_ops_storage_resized(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError,
+                     "_storage_resized() takes 2 arguments (storage, nbytes), got %zd", nargs);
+        return NULL;
+    }
+    long long nbytes = PyLong_AsLongLong(args[1]);
+    if (nbytes == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    ml_state *st = PyModule_GetState(module);
+    if (st == NULL || ml_disp.ops_lord_refs == NULL || nbytes < 0) {
+        Py_RETURN_NONE;
+    }
+    PyObject *storage = Py_NewRef(args[0]); /* held across the records */
+    ml_lords lords;
+    if (ml_lords_acquire(ml_disp.ops_lord_refs, &lords) < 0) {
+        Py_DECREF(storage);
+        return NULL;
+    }
+    ml_site site = {0};
+    int captured = 0;
+    for (Py_ssize_t j = 0; j < lords.n; j++) {
+        ml_book *lord = (ml_book *)lords.v[j];
+        if (!ml_life_tracks(lord, storage)) {
+            continue;
+        }
+        if (lord->track_callsite && !captured) {
+            ml_site_capture(st, &site);
+            captured = 1;
+        }
+        ml_site none = {0};
+        if (ml_life_resize(lord, storage, nbytes, lord->track_callsite ? &site : &none) < 0) {
+            PyErr_WriteUnraisable((PyObject *)lord);
+        }
+    }
+    ml_site_clear(&site);
+    ml_lords_release(&lords);
+    Py_DECREF(storage);
+    ml_safe_point();
+    Py_RETURN_NONE;
+}
