@@ -417,6 +417,24 @@ int ml_install_py(PyObject *module)
         }
     }
     Py_DECREF(torch);
+    /* the allocations of the code inductor generates (torch.compile): its buffers
+     * come from these, not from an operator, so no dispatch mode sees them; the
+     * generated module binds them when it is loaded */
+    PyObject *guards = PyImport_ImportModule("torch._C._dynamo.guards");
+    if (guards == NULL) {
+        PyErr_Clear(); /* a torch without dynamo: nothing to patch */
+    } else {
+        static const char *const inductor[] = {"_empty_strided_cpu", "_empty_strided_cuda",
+                                               "_empty_strided_cpu_pinned", "_empty_strided_xpu",
+                                               "_empty_strided_mtia"};
+        for (size_t i = 0; i < sizeof(inductor) / sizeof(inductor[0]); i++) {
+            if (patch_one(st, guards, inductor[i], HK_FACTORY) < 0) {
+                Py_DECREF(guards);
+                goto fail;
+            }
+        }
+        Py_DECREF(guards);
+    }
     if (patch_one(st, st->tensor_type, "clone", HK_FACTORY_LIKE) < 0 ||
         patch_one(st, st->parameter_type, "__new__", HK_PARAM) < 0) {
         goto fail;
