@@ -27,6 +27,7 @@ __all__ = [
     "AutoGCMetric",
     "AutoGCStrategy",
     "AutoGCThreshold",
+    "CATEGORIES",
     "CapacitySource",
     "DeviceStats",
     "EVENT_DTYPE",
@@ -48,6 +49,9 @@ __version__: str
 
 EVENT_DTYPE: numpy.dtype[numpy.void]
 EVENT_KINDS: tuple[str, ...]
+# what a tracked storage holds: "other", "parameter", "buffer", "gradient", "activation",
+# "temporary", "optimizer_state", "input", "loaded" (in this order)
+CATEGORIES: tuple[str, ...]
 EVENT_SOURCES: tuple[str, ...]
 
 # ---- argument and result shapes ---------------------------------------------------------
@@ -166,6 +170,8 @@ class MemLord:
     # the device memory API (named as torch.accelerator.memory names things)
     def memory_allocated(self, device: _Device | None = None) -> int: ...
     def max_memory_allocated(self, device: _Device | None = None) -> int: ...
+    # {category: {"current": int, "peak": int, "at_peak": int}}, summed over the devices
+    def categories(self, device: _Device | None = None) -> dict[str, dict[str, int]]: ...
     def memory_reserved(self, device: _Device | None = None) -> int: ...
     def memory_cached(self, device: _Device | None = None) -> int: ...
     def max_memory_cached(self, device: _Device | None = None) -> int: ...
