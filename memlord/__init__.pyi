@@ -256,10 +256,12 @@ class LeakCheck:
 
 # ---- regions and memory profiles --------------------------------------------------------
 
-# r.stats[device]: {"delta", "peak", "peak_delta", "allocs", "frees"}
-RegionStats = dict[str, int]
+# r.stats[device]: {"delta", "peak", "peak_delta", "allocs", "frees": int, "categories":
+#   {category: {"delta", "peak_delta", "at_peak": int}}}
+RegionStats = dict[str, Any]
 # lord.regions()[name]: {"count": int, "total_s": float, "devices": {device: {
-#   "total_delta": int, "avg_delta": float, "max_delta": int, "max_peak_delta": int}}}
+#   "total_delta": int, "avg_delta": float, "max_delta": int, "max_peak_delta": int,
+#   "categories": {category: {"total_delta", "max_delta", "max_peak_delta": int}}}}}
 RegionSummary = dict[str, Any]
 
 @final

@@ -87,14 +87,24 @@ class _Aggregate:
             agg[0] += 1
             agg[1] += duration_ns
             devices = agg[2]
-            for dev, _entry, net, peak_net, _allocs, _frees in rows:
+            for row in rows:
+                dev, net, peak_net = row[0], row[2], row[3]
                 d = devices.get(dev)
                 if d is None:
-                    devices[dev] = [net, net, peak_net]  # total, max, max peak
+                    d = devices[dev] = [net, net, peak_net, {}]  # total, max, max peak, cats
                 else:
                     d[0] += net
                     d[1] = max(d[1], net)
                     d[2] = max(d[2], peak_net)
+                cats = d[3]
+                for cat, cnet, cpeak, _at_peak in row[6]:
+                    c = cats.get(cat)
+                    if c is None:
+                        cats[cat] = [cnet, cnet, cpeak]
+                    else:
+                        c[0] += cnet
+                        c[1] = max(c[1], cnet)
+                        c[2] = max(c[2], cpeak)
 
     def history(self, done: list) -> tuple[list[tuple[str, tuple]], int]:
         """The kept closed regions, oldest first, as ``(name, raw)``, and how many
@@ -130,8 +140,13 @@ class _Aggregate:
                             "avg_delta": total / count,
                             "max_delta": mx,
                             "max_peak_delta": mpeak,
+                            # by category, those some run of the region touched
+                            "categories": {
+                                cat: {"total_delta": t, "max_delta": m, "max_peak_delta": p}
+                                for cat, (t, m, p) in cats.items()
+                            },
                         }
-                        for dev, (total, mx, mpeak) in devs.items()
+                        for dev, (total, mx, mpeak, cats) in devs.items()
                     }
                     out[name] = {"count": count, "total_s": total_ns / 1e9, "devices": devices}
                 if clear:
@@ -673,8 +688,9 @@ class RegionsMixin:
 
     def regions(self, clear: bool = False) -> dict[str, dict[str, Any]]:
         """Every closed region aggregated per name: ``{name: {"count", "total_s",
-        "devices": {device: {"total_delta", "avg_delta", "max_delta",
-        "max_peak_delta"}}}}``; ``clear=True`` empties the aggregate after reading."""
+        "devices": {device: {"total_delta", "avg_delta", "max_delta", "max_peak_delta",
+        "categories": {category: {"total_delta", "max_delta", "max_peak_delta"}}}}}}``;
+        ``clear=True`` empties the aggregate after reading."""
         if not isinstance(clear, bool):
             raise TypeError(
                 "regions(): argument 'clear' must be a bool, not " + type(clear).__name__

@@ -143,16 +143,24 @@ def region_span(name: str, raw: tuple, kind: str = "region") -> Span:
     span: ``delta`` per device is the net bytes its own thread allocated inside,
     ``peak`` the device's allocated bytes at the region's highest point, ``pre_total``
     the devices' allocated bytes when the region first touched them and ``post_total``
-    that plus the deltas, ``tensor_delta`` storages allocated minus freed."""
+    that plus the deltas, ``tensor_delta`` storages allocated minus freed, ``categories``
+    per device the categories its events carried (``{category: {"delta", "peak_delta",
+    "at_peak"}}``, as ``region.stats``)."""
     duration_ns, rows, start_ns, thread, depth = raw[:5]
     delta: dict[str, int] = {}
     peak: dict[str, int] = {}
+    categories: dict[str, dict[str, dict[str, int]]] = {}
     pre = storages = 0
-    for dev, entry, net, peak_net, allocs, frees in rows:
+    for dev, entry, net, peak_net, allocs, frees, cats in rows:
         delta[dev] = net
         peak[dev] = entry + peak_net
         pre += entry
         storages += allocs - frees
+        if cats:
+            categories[dev] = {
+                cat: {"delta": cnet, "peak_delta": cpeak, "at_peak": at_peak}
+                for cat, cnet, cpeak, at_peak in cats
+            }
     return Span(
         name=name,
         start_ns=start_ns,
@@ -165,6 +173,7 @@ def region_span(name: str, raw: tuple, kind: str = "region") -> Span:
         tensor_delta=storages,
         delta=delta,
         peak=peak,
+        categories=categories,
     )
 
 

@@ -254,6 +254,9 @@ class Span:
     delta: dict[str, int] = dataclasses.field(default_factory=dict)
     peak: dict[str, int] = dataclasses.field(default_factory=dict)
     finished: bool = True
+    # per device, {category: {"delta", "peak_delta", "at_peak"}} (regions; empty when
+    # the span's source does not split by category)
+    categories: dict[str, dict[str, dict[str, int]]] = dataclasses.field(default_factory=dict)
 
     @property
     def duration_ns(self) -> int:

@@ -250,6 +250,14 @@ class _Checker:
                     for dev, v in (per_dev or {}).items():
                         self.device(f"{swhere}.{key} key", dev)
                         self.integer(f"{swhere}.{key}.{dev}", v)
+            if "categories" in span:
+                per_dev = self.obj(f"{swhere}.categories", span["categories"])
+                for dev, cats in (per_dev or {}).items():
+                    self.device(f"{swhere}.categories key", dev)
+                    for cat, c in (self.obj(f"{swhere}.categories.{dev}", cats) or {}).items():
+                        c = self.obj(f"{swhere}.categories.{dev}.{cat}", c)
+                        for key, v in (c or {}).items():
+                            self.integer(f"{swhere}.categories.{dev}.{cat}.{key}", v)
             if "finished" in span and not isinstance(span["finished"], bool):
                 self.expected(f"{swhere}.finished", "true or false", span["finished"])
 
