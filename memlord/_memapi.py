@@ -69,7 +69,8 @@ class MemoryProfile:
         return total
 
     def memory_summary(self) -> str:
-        """A table of the block: per device delta, peak, peak delta, allocations, frees."""
+        """A table of the block: per device delta, peak, peak delta, allocations, frees,
+        then per device its delta and peak delta by category."""
         lines = [f"memlord profile_memory: {self._region.duration_s:.6f} s"]
         lines.append(
             f"{'device':<10}{'delta':>14}{'peak':>14}{'peak delta':>14}{'allocs':>9}{'frees':>9}"
@@ -81,6 +82,15 @@ class MemoryProfile:
             )
         if not self._region.stats:
             lines.append("(nothing allocated or freed inside)")
+        for dev, s in sorted(self._region.stats.items()):
+            cats = s.get("categories") or {}
+            if not cats:
+                continue
+            lines.append(f"{dev + ' by category':<26}{'delta':>14}{'peak delta':>14}")
+            for cat, c in cats.items():
+                lines.append(
+                    f"  {cat:<24}{_signed(c['delta']):>14}{format_bytes(c['peak_delta']):>14}"
+                )
         return "\n".join(lines)
 
 

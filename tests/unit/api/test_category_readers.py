@@ -103,3 +103,17 @@ def test_categories_rejects_a_bad_device_naming_it():
         lord.categories(3.5)
     with pytest.raises(ValueError, match="device"):
         lord.categories("nodevice:0")
+
+
+def test_profile_memory_summary_splits_the_block_by_category():
+    lord = MemLord()
+    with lord.hook_into_python(ops=True):
+        m, x = torch.nn.Linear(64, 64), torch.randn(8, 64)
+        with lord.profile_memory() as p:
+            y = m(x).relu()
+    cats = p.stats["cpu"]["categories"]
+    assert list(cats) == ["activation"]
+    assert cats["activation"]["delta"] == y.untyped_storage().nbytes()
+    block = p.memory_summary().split("cpu by category", 1)[1].splitlines()
+    assert block[1].split()[0] == "activation"
+    assert ("+" + memlord.format_bytes(y.nbytes)) in block[1]
