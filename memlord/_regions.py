@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import struct
 import threading
 import weakref
 from collections import deque
@@ -21,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ._core import Region
+from ._core import CATEGORIES, Region
 
 log = logging.getLogger("memlord")
 
@@ -34,6 +35,17 @@ _FOLD_AT = 4096
 #: still counted in ``lord.regions()``.  The default of ``MemLord(region_history=...)``;
 #: ``regions(clear=True)`` empties the history with the aggregate.
 REGION_HISTORY = 100_000
+
+
+_CATS = struct.Struct("=4q")
+iter_cats = _CATS.iter_unpack  # (index in CATEGORIES, delta, peak_delta, at_peak) per category
+
+
+def row_categories(raw: bytes) -> list[tuple[str, int, int, int]]:
+    """A closed region's device row's categories (the C core packs them as bytes, which
+    the cyclic GC does not walk): ``(category, delta, peak_delta, at_peak)`` for each
+    category an event of the region had on the device, in ``CATEGORIES`` order."""
+    return [(CATEGORIES[ix], net, peak, at) for ix, net, peak, at in _CATS.iter_unpack(raw)]
 
 
 def _drain(done: list) -> list:
@@ -96,15 +108,19 @@ class _Aggregate:
                     d[0] += net
                     d[1] = max(d[1], net)
                     d[2] = max(d[2], peak_net)
+                # by category index (named in result()); this runs once per closed
+                # region and device: plain comparisons, no calls
                 cats = d[3]
-                for cat, cnet, cpeak, _at_peak in row[6]:
-                    c = cats.get(cat)
+                for ix, cnet, cpeak, _at_peak in iter_cats(row[6]):
+                    c = cats.get(ix)
                     if c is None:
-                        cats[cat] = [cnet, cnet, cpeak]
+                        cats[ix] = [cnet, cnet, cpeak]
                     else:
                         c[0] += cnet
-                        c[1] = max(c[1], cnet)
-                        c[2] = max(c[2], cpeak)
+                        if cnet > c[1]:
+                            c[1] = cnet
+                        if cpeak > c[2]:
+                            c[2] = cpeak
 
     def history(self, done: list) -> tuple[list[tuple[str, tuple]], int]:
         """The kept closed regions, oldest first, as ``(name, raw)``, and how many
@@ -142,8 +158,12 @@ class _Aggregate:
                             "max_peak_delta": mpeak,
                             # by category, those some run of the region touched
                             "categories": {
-                                cat: {"total_delta": t, "max_delta": m, "max_peak_delta": p}
-                                for cat, (t, m, p) in cats.items()
+                                CATEGORIES[ix]: {
+                                    "total_delta": t,
+                                    "max_delta": m,
+                                    "max_peak_delta": p,
+                                }
+                                for ix, (t, m, p) in sorted(cats.items())
                             },
                         }
                         for dev, (total, mx, mpeak, cats) in devs.items()

@@ -32,6 +32,7 @@ import torch
 
 from memlord._core import CATEGORIES
 from memlord._events import EVENT_KINDS, EVENT_SOURCES
+from memlord._regions import row_categories
 
 from ._model import KNOWN_KINDS, Events, Profile, SampleBuilder, Span
 from ._source import _snapshot_section, build_snapshot, lord_counters, lord_hotspots, lord_totals
@@ -231,7 +232,7 @@ def region_span(name: str, raw: tuple, kind: str = "region") -> Span:
         if cats:
             categories[dev] = {
                 cat: {"delta": cnet, "peak_delta": cpeak, "at_peak": at_peak}
-                for cat, cnet, cpeak, at_peak in cats
+                for cat, cnet, cpeak, at_peak in row_categories(cats)
             }
     return Span(
         name=name,

@@ -400,33 +400,36 @@ const int *ml_regions_busy(const struct ml_regions *r)
 
 /* ---- entering and leaving -------------------------------------------------- */
 
-/* The categories a region's device row touched, as a tuple of (category
- * name, net, own peak of net, net at the row's peak), in category order. */
-static PyObject *cats_tuple(const ml_rdev *d)
+/* The categories a region's device row touched, as bytes: per category, in
+ * category order, four native int64 (its index in _core.CATEGORIES, net,
+ * own peak of net, net at the row's peak).  Bytes, not tuples: the history
+ * keeps 100,000 rows, and nested tuples there are objects the cyclic GC
+ * walks on every collection (memlord/_regions.py's row_categories reads them). */
+static PyObject *cats_bytes(const ml_rdev *d)
 {
     int n = 0;
     for (int c = 0; c < ML_NCAT; c++) {
         n += (d->touched >> c) & 1u;
     }
-    PyObject *t = PyTuple_New(n);
-    for (int c = 0, k = 0; t != NULL && c < ML_NCAT; c++) {
-        if (!((d->touched >> c) & 1u)) {
-            continue;
-        }
-        PyObject *item = Py_BuildValue("(sLLL)", ml_category_name(c), (long long)d->cat_net[c],
-                                       (long long)d->cat_peak[c], (long long)d->cat_at_peak[c]);
-        if (item == NULL) {
-            Py_CLEAR(t);
-            break;
-        }
-        PyTuple_SET_ITEM(t, k++, item);
+    PyObject *b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n * 4 * (Py_ssize_t)sizeof(int64_t));
+    if (b == NULL) {
+        return NULL;
     }
-    return t;
+    int64_t *v = (int64_t *)(void *)PyBytes_AS_STRING(b);
+    for (int c = 0; c < ML_NCAT; c++) {
+        if ((d->touched >> c) & 1u) {
+            *v++ = c;
+            *v++ = d->cat_net[c];
+            *v++ = d->cat_peak[c];
+            *v++ = d->cat_at_peak[c];
+        }
+    }
+    return b;
 }
 
 /* region_close(id) -> (duration_ns, [(device str, entry, net, peak_net,
  * allocs, frees, categories), ...], start_ns, thread, depth), categories
- * as cats_tuple: close region id (any
+ * as cats_bytes: close region id (any
  * thread's; usually the caller's).  start_ns is the monotonic clock at entry
  * (time.monotonic_ns()'s clock), thread the opening thread's ident, depth the
  * number of regions of that thread open around it.  The region is detached
@@ -460,7 +463,7 @@ static PyObject *region_close(ml_book *lord, int64_t id)
             continue; /* reserved for an update that did not happen */
         }
         PyObject *dev = ml_dev_str(st, d->dev);
-        PyObject *cats = dev != NULL ? cats_tuple(d) : NULL;
+        PyObject *cats = dev != NULL ? cats_bytes(d) : NULL;
         PyObject *item = cats != NULL
                              ? Py_BuildValue("(NLLLLLN)", dev, (long long)d->entry,
                                              (long long)d->net, (long long)d->peak_net,
@@ -705,16 +708,23 @@ static PyObject *region_exit(RegionObject *self, PyObject *const *Py_UNUSED(args
     Py_RETURN_NONE;
 }
 
-/* A row's categories (cats_tuple) as {name: {"delta", "peak_delta",
+/* A row's categories (cats_bytes) as {name: {"delta", "peak_delta",
  * "at_peak"}}. */
 static PyObject *cats_dict(PyObject *cats)
 {
+    /* cats: the row's bytes (cats_bytes), which the row holds: no Python runs
+     * that could drop it, and bytes never change */
     PyObject *out = PyDict_New();
-    for (Py_ssize_t i = 0; out != NULL && i < PyTuple_GET_SIZE(cats); i++) {
-        PyObject *c = PyTuple_GET_ITEM(cats, i);
-        PyObject *d = Py_BuildValue("{sOsOsO}", "delta", PyTuple_GET_ITEM(c, 1), "peak_delta",
-                                    PyTuple_GET_ITEM(c, 2), "at_peak", PyTuple_GET_ITEM(c, 3));
-        if (d == NULL || PyDict_SetItem(out, PyTuple_GET_ITEM(c, 0), d) < 0) {
+    if (out == NULL || !PyBytes_Check(cats)) {
+        return out;
+    }
+    Py_ssize_t n = PyBytes_GET_SIZE(cats) / (Py_ssize_t)(4 * sizeof(int64_t));
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        int64_t v[4];
+        memcpy(v, PyBytes_AS_STRING(cats) + i * (Py_ssize_t)sizeof(v), sizeof(v));
+        PyObject *d = Py_BuildValue("{sLsLsL}", "delta", (long long)v[1], "peak_delta",
+                                    (long long)v[2], "at_peak", (long long)v[3]);
+        if (d == NULL || PyDict_SetItemString(out, ml_category_name((int)v[0]), d) < 0) {
             Py_CLEAR(out);
         }
         Py_XDECREF(d);
