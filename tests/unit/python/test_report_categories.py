@@ -142,3 +142,29 @@ def test_malformed_category_fields_are_refused(tmp_path, where):
     path.write_text(json.dumps(data))
     with pytest.raises(ProfileError, match="category_baseline"):
         load(path)
+
+
+def test_trace_has_a_counter_by_category_and_region_deltas_by_category(tmp_path):
+    import json
+
+    lord = MemLord()
+    lord.record_events(1 << 16)
+    with lord.hook_into_python(ops=True):
+        train(lord)
+        path = tmp_path / "p.trace.json"
+        assert lord.export(path) == "trace"
+        stats = lord.stats()["cpu"]
+    events = json.loads(path.read_text())["traceEvents"]
+    counters = [e for e in events if e.get("ph") == "C" and e["name"] == "memory cpu by category"]
+    allocated = [e for e in events if e.get("ph") == "C" and e["name"] == "memory cpu"]
+    assert len(counters) == len(allocated) > 0
+    # at every point the categories add up to allocated; the last is the ledger's
+    for c, a in zip(counters, allocated, strict=True):
+        assert c["ts"] == a["ts"] and sum(c["args"].values()) == a["args"]["allocated"]
+    assert counters[-1]["args"] == {
+        k: v for k, v in stats["categories"].items() if k in counters[-1]["args"]
+    }
+    assert all(v == 0 for k, v in stats["categories"].items() if k not in counters[-1]["args"])
+    step = next(e for e in events if e.get("ph") == "X" and e["name"] == "step")
+    deltas = {k: v for k, v in step["args"].items() if k.startswith("delta cpu ")}
+    assert deltas and sum(deltas.values()) == step["args"]["delta cpu"]
