@@ -326,6 +326,11 @@ def _record(
             ]
             for site, nbytes in m.sites.get(worst, []):
                 lines.append(f"    {format_size(nbytes):>12}  {site or '<unknown site>'}")
+            cats = m.categories.get(worst) or {}
+            if cats:
+                lines.append("  categories at the peak:")
+                for name, nbytes in sorted(cats.items(), key=lambda kv: -kv[1]):
+                    lines.append(f"    {format_size(nbytes):>12}  {name}")
             failures.append("\n".join(lines))
     leaked_json = None
     if m.leaked is not None:
@@ -392,6 +397,7 @@ def _record(
     record = {
         "nodeid": item.nodeid,
         "peak": dict(m.peak),
+        "categories": dict(m.categories),
         "top_site": dict(m.top_site),
         "leaks": leaked_json,
         "limits": limits,

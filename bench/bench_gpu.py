@@ -16,7 +16,8 @@
    ``every layer``; auto-GC's peak reserved against ``never``'s (what it saves).
 2. **A training step with everything on**: a 6-layer transformer encoder (width 512,
    batch 16 x 128 tokens) with AdamW, one step per sample; memlord with both hooks,
-   ``track_modules``, the event ring and ``step()`` against bare torch, interleaved.
+   ``track_modules``, the event ring and ``step()`` against bare torch, interleaved; and
+   the same step with ``hook_into_python(ops=True)`` (every operator's output counted).
 3. The 4 KiB ``non_blocking`` cuda->cpu move hooked against bare lives in bench_hooks.py
    (its ``cuda_rows``); run_all.py and tools/gpu_check.sh run both modules.
 """
@@ -40,6 +41,7 @@ LAYERS, WIDTH, BATCH = 8, 4096, 64
 OFFLOAD_TIME_TARGET = 1.10  # auto-GC's step time against never releasing
 OFFLOAD_RESERVED_TARGET = 0.75  # auto-GC's peak reserved against never releasing
 TRAIN_TARGET = 1.05  # everything on against bare
+OPS_TARGET = 1.02  # hook_into_python(ops=True) against bare (issue #27)
 
 
 def _offload_layers() -> list[nn.Linear]:
@@ -156,9 +158,12 @@ def training_rows(cfg: Config) -> list[Row]:
         _train_step(model, opt, x)
     torch.cuda.synchronize()
 
-    def sample(on: bool) -> float:
+    def sample(on: bool | str) -> float:
         lord = handles = None
-        if on:
+        if on == "ops":
+            lord = memlord.MemLord()
+            handles = [lord.hook_into_python(ops=True)]
+        elif on:
             lord = memlord.MemLord()
             handles = [lord.hook_into_torch(), lord.hook_into_python(), lord.track_modules(model)]
             lord.record_events(1 << 16)
@@ -167,7 +172,7 @@ def training_rows(cfg: Config) -> list[Row]:
         try:
             for _ in range(STEPS_PER_ROUND):
                 _train_step(model, opt, x)
-                if lord is not None:
+                if lord is not None and on is True:
                     lord.step()
             torch.cuda.synchronize()
         finally:
@@ -175,10 +180,11 @@ def training_rows(cfg: Config) -> list[Row]:
                 h.disable()
         return (time.perf_counter() - t0) / STEPS_PER_ROUND * 1e9
 
-    on, off = [], []
+    on, off, ops = [], [], []
+    order = [(True, on), ("ops", ops), (False, off)]
     for i in range(max(cfg.samples // 3, 7)):
-        for flag in (True, False) if i % 2 == 0 else (False, True):
-            (on if flag else off).append(sample(flag))
+        for flag, out in order if i % 2 == 0 else order[::-1]:
+            out.append(sample(flag))
     return [
         Row(
             "6-layer transformer train step, everything on",
@@ -189,7 +195,17 @@ def training_rows(cfg: Config) -> list[Row]:
             note="both hooks, track_modules, the event ring, step(); width 512, 16 x 128",
             samples_ns=on,
             floor_samples_ns=off,
-        )
+        ),
+        Row(
+            "6-layer transformer train step, hook_into_python(ops=True)",
+            statistics.median(ops),
+            "the same step, bare torch",
+            statistics.median(off),
+            OPS_TARGET,
+            note="every operator's output counted (a dispatch mode in C); width 512, 16 x 128",
+            samples_ns=ops,
+            floor_samples_ns=off,
+        ),
     ]
 
 

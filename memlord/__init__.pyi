@@ -164,7 +164,11 @@ class MemLord:
     # hooks
     def hook_into_torch(self) -> Hooks: ...
     def hook_into_python(
-        self, enable_factory_wrappers: bool = True, enable_deep_autowrap: bool = True
+        self,
+        enable_factory_wrappers: bool = True,
+        enable_deep_autowrap: bool = True,
+        *,
+        ops: bool = False,
     ) -> Hooks: ...
 
     # the device memory API (named as torch.accelerator.memory names things)
@@ -230,7 +234,7 @@ class MemLord:
 
 # One live storage: {"nbytes": int, "shape": tuple[int, ...] | None, "dtype": str | None,
 #   "device": str, "requires_grad": bool, "site": str | None, "region": str | None,
-#   "age_s": float | None, "tracked": bool}  (docs/api.md#live-snapshots)
+#   "age_s": float | None, "tracked": bool, "category": str}  (docs/api.md#live-snapshots)
 SnapshotEntry = dict[str, Any]
 # snapshot()[device]: {"total_bytes": int, "count": int, "top": list[SnapshotEntry]}, and
 # "untracked_bytes", "untracked_count" with include_untracked=True
@@ -316,6 +320,8 @@ class Hooks:
     def lord(self) -> MemLord: ...
     @property
     def kind(self) -> Literal["torch", "python"]: ...
+    @property
+    def ops(self) -> bool: ...
     @property
     def tracked(self) -> int: ...
     def disable(self) -> None: ...

@@ -14,8 +14,11 @@ leaves (the C core, ``src/hooks/hooks.c``, calls :func:`_install`):
       hooks).
 
 ``"ops"`` (``hook_into_python(ops=True)``): :class:`OpsMode`, a ``TorchDispatchMode``
-whose ``__torch_dispatch__`` is the C function ``_core._torch_dispatch``, pushed on the
-dispatch-mode stack of the thread that turned it on.  The autograd engine carries it to
+whose ``__torch_dispatch__`` is the C function ``_core._torch_dispatch``, put on the
+dispatch-mode stack of the thread that turned it on, below that thread's user modes (so
+theirs see every operator first and their exits pop their own mode) and above torch's infra
+modes.  Higher-order operators pass through it as one call: the operators inside their
+subgraphs are not seen.  The autograd engine carries it to
 its own threads for backward.
 
 Accounting never raises into the caller: a failing source is reported through
@@ -30,6 +33,7 @@ import threading
 from typing import Any
 
 import torch
+import torch.utils._pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import _core
@@ -62,12 +66,13 @@ class OpsMode(_core.OpsModeBase, TorchDispatchMode):
         return "<memlord ops mode>"
 
 
-
 class _State:
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.mode: OpsMode | None = None
         self.mode_thread: int | None = None
+        #: thread id -> the mode a disable() from another thread left on its stack
+        self.orphans: dict[int, OpsMode] = {}
         self.sources_on = False
         self.handles: list[Any] = []
         self.grad_handles: list[Any] = []
@@ -96,26 +101,89 @@ def _categorize(objs: Any, category: str, source: str | None, from_mask: int = _
         _report(f"categorizing {category}")
 
 
+def categorize_inputs(inputs: Any, module: Any = None) -> None:
+    """The tensors a tracked model's outermost forward receives (args and kwargs, nested):
+    those tracked as activation or other become ``input``; nothing new is counted.  The
+    module's parameters and buffers are categorised again (``model.cuda()`` made new
+    storages for them)."""
+    if not _state.sources_on:
+        return
+    if module is not None:
+        try:
+            params = list(module.parameters())
+            buffers = [b for b in module.buffers() if isinstance(b, torch.Tensor)]
+        except Exception:  # noqa: BLE001
+            _report("a model's parameters")
+        else:
+            if params:
+                _categorize(params, "parameter", None)
+            if buffers:
+                _categorize(buffers, "buffer", None, _ALL & ~_BIT["parameter"])
+    try:
+        found = [
+            t
+            for t in torch.utils._pytree.tree_leaves(inputs)
+            if type(t) is torch.Tensor or type(t) is torch.nn.Parameter
+        ]
+    except Exception:  # noqa: BLE001
+        _report("a model's inputs")
+        return
+    if found:
+        _categorize(found, "input", None, _BIT["activation"] | _BIT["other"])
+
+
 # ---- the dispatch mode ------------------------------------------------------------------
 
 
+_INFRA_KEYS = tuple(
+    getattr(torch._C._TorchDispatchModeKey, k)
+    for k in ("FAKE", "PROXY", "FUNCTIONAL")
+    if hasattr(torch._C._TorchDispatchModeKey, k)
+)
+
+
 def _push_mode() -> None:
+    """Put memlord's mode at the bottom of this thread's user modes (above torch's infra
+    modes, which sit below every user mode): a user's mode entered before keeps the top, so
+    its ``__exit__`` (which pops whatever is on top) takes itself off, not memlord's mode;
+    every user mode sees the operators first, as it does bare.  A mode left on this
+    thread's stack by a ``disable()`` from another thread is taken up again, not doubled."""
+    orphan = _state.orphans.pop(threading.get_ident(), None)
+    if orphan is not None and any(m is orphan for m in _stack()):
+        _state.mode = orphan
+        _state.mode_thread = threading.get_ident()
+        return
     mode = OpsMode()
-    torch._C._push_on_torch_dispatch_stack(mode)
+    infra = sum(torch._C._get_dispatch_mode(k) is not None for k in _INFRA_KEYS)
+    above = []
+    try:
+        for _ in range(torch._C._len_torch_dispatch_stack() - infra):
+            above.append(torch._C._pop_torch_dispatch_stack(None))
+        torch._C._push_on_torch_dispatch_stack(mode)
+    finally:
+        for m in reversed(above):
+            torch._C._push_on_torch_dispatch_stack(m)
     _state.mode = mode
     _state.mode_thread = threading.get_ident()
+
+
+def _stack() -> list[Any]:
+    return [torch._C._get_dispatch_stack_at(i) for i in range(torch._C._len_torch_dispatch_stack())]
 
 
 def _pop_mode() -> None:
     """Take memlord's mode off this thread's stack, wherever it sits; the modes above
     it go back in their order.  From another thread it cannot be reached: it stays on
-    its thread's stack, counting nothing (no lord subscribes)."""
+    its thread's stack, counting nothing (no lord subscribes), until ops are turned on
+    again on that thread (:func:`_push_mode` takes it up) and off there."""
     mode, _state.mode = _state.mode, None
-    if mode is None or _state.mode_thread != threading.get_ident():
+    if mode is None:
         return
-    n = torch._C._len_torch_dispatch_stack()
-    stack = [torch._C._get_dispatch_stack_at(i) for i in range(n)]
-    if not any(m is mode for m in stack):
+    if _state.mode_thread != threading.get_ident():
+        if _state.mode_thread is not None:
+            _state.orphans[_state.mode_thread] = mode
+        return
+    if not any(m is mode for m in _stack()):
         return  # a user's mode exit popped it already
     above = []
     while True:
@@ -130,6 +198,27 @@ def _pop_mode() -> None:
 # ---- the category sources ---------------------------------------------------------------
 
 
+def _unseen(fn: Any) -> Any:
+    """A source runs with ``__torch_function__`` off (modes and subclasses): a user's
+    ``TorchFunctionMode`` sees none of memlord's own reads of tensors (``.grad``,
+    ``untyped_storage()``, hook registrations), as without memlord.  While dynamo traces
+    (a module built inside a compiled function registers its parameters) it does nothing:
+    dynamo folds the test to a constant, so memlord's C calls add no graph break."""
+
+    @functools.wraps(fn)
+    def unseen(*args: Any) -> Any:
+        if _dynamo_compiling():
+            return None
+        with torch._C.DisableTorchFunction():
+            return fn(*args)
+
+    return unseen
+
+
+_dynamo_compiling = getattr(torch.compiler, "is_dynamo_compiling", lambda: False)
+
+
+@_unseen
 def _grad_hook(param: torch.Tensor) -> None:
     if _state.sources_on and param.grad is not None:
         _categorize(param.grad, "gradient", "grad")
@@ -153,12 +242,14 @@ def _watch_grad(param: Any) -> None:
         _report("watching a parameter's gradient")
 
 
+@_unseen
 def _param_registered(module: Any, name: str, param: Any) -> None:
     if param is not None:
         _categorize(param, "parameter", "param")
         _watch_grad(param)
 
 
+@_unseen
 def _buffer_registered(module: Any, name: str, buffer: Any) -> None:
     if isinstance(buffer, torch.Tensor):
         _categorize(buffer, "buffer", "tensor")
@@ -168,20 +259,29 @@ def _params_of(optimizer: Any) -> list[Any]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
+@_unseen
 def _optimizer_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
     _core._optimizer_step(True)
     try:
-        grads = []
+        params, grads = [], []
         for p in _params_of(optimizer):
+            if not isinstance(p, torch.Tensor):
+                continue
+            params.append(p)
             _watch_grad(p)
-            if isinstance(p, torch.Tensor) and p.grad is not None:
+            if p.grad is not None:
                 grads.append(p.grad)
+        if params:
+            # what an optimizer steps is a parameter, however its storage was made (a
+            # Module.to() under ops=True makes it with an operator)
+            _categorize(params, "parameter", "param")
         if grads:
             _categorize(grads, "gradient", "grad")
     except Exception:  # noqa: BLE001
         _report("an optimizer's step")
 
 
+@_unseen
 def _optimizer_post(optimizer: Any, args: Any, kwargs: Any) -> None:
     _core._optimizer_step(False)
     try:
@@ -212,18 +312,23 @@ def _tensors_in(obj: Any, out: list[Any], depth: int = 0) -> None:
             _tensors_in(v, out, depth + 1)
 
 
+@_unseen
+def _loaded(result: Any) -> None:
+    try:
+        found: list[Any] = []
+        _tensors_in(result, found)
+        if found:
+            _categorize(found, "loaded", "load")
+    except Exception:  # noqa: BLE001
+        _report("torch.load")
+
+
 def _wrap_load(original: Any) -> Any:
     @functools.wraps(original)
     def load(*args: Any, **kwargs: Any) -> Any:
         result = original(*args, **kwargs)
         if _state.sources_on:
-            try:
-                found: list[Any] = []
-                _tensors_in(result, found)
-                if found:
-                    _categorize(found, "loaded", "load")
-            except Exception:  # noqa: BLE001
-                _report("torch.load")
+            _loaded(result)
         return result
 
     load.__memlord_original__ = original  # type: ignore[attr-defined]
@@ -270,13 +375,54 @@ def _uninstall_sources() -> None:
     _core._optimizer_step(False)
 
 
+def _wrap_storage_resize(original: Any) -> Any:
+    """``torch.UntypedStorage.resize_`` is no aten operator (the mode never sees it; FSDP2
+    frees and re-allocates parameters with it): a tracked storage counts its new size."""
+
+    @functools.wraps(original)
+    def resize_(self: Any, size: Any) -> Any:
+        result = original(self, size)
+        try:
+            _core._storage_resized(self, self.nbytes())
+        except Exception:  # noqa: BLE001 - accounting never raises into the caller
+            _report("UntypedStorage.resize_")
+        return result
+
+    resize_.__memlord_original__ = original  # type: ignore[attr-defined]
+    return resize_
+
+
+_RESIZE_NOT_OWN = object()  # UntypedStorage had no resize_ of its own (inherited)
+
+
+def _patch_storage_resize(on: bool) -> None:
+    """Wrap ``UntypedStorage.resize_`` (on) or put back what was there (off): the class's
+    own attribute, or none (torch's is inherited from StorageBase).  A wrapper someone
+    put over memlord's meanwhile (MemTracker) is left in place."""
+    owner = torch.UntypedStorage
+    own = owner.__dict__.get("resize_", _RESIZE_NOT_OWN)
+    if on:
+        if getattr(own, "__memlord_original__", None) is None:
+            wrapper = _wrap_storage_resize(owner.resize_)
+            wrapper.__memlord_own__ = own  # type: ignore[attr-defined]
+            owner.resize_ = wrapper  # type: ignore[method-assign]
+    elif getattr(own, "__memlord_original__", None) is not None:
+        before = own.__memlord_own__  # type: ignore[union-attr]
+        if before is _RESIZE_NOT_OWN:
+            del owner.resize_
+        else:
+            owner.resize_ = before  # type: ignore[method-assign]
+
+
 def _install(group: str, on: bool) -> None:
     """Called by the C core: install (on) or remove a group ("ops", "sources")."""
     with _state.lock:
         if group == "ops":
             if on:
                 _push_mode()
+                _patch_storage_resize(True)
             else:
+                _patch_storage_resize(False)
                 _pop_mode()
         elif group == "sources":
             if on:

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from . import _ops
 from ._core import CATEGORIES, Region
 
 log = logging.getLogger("memlord")
@@ -584,8 +585,12 @@ class ModuleSpans:
     def _enter(self, module: Any, name: str, inputs: Any) -> None:
         # the autograd nodes of the inputs, before the forward can change them in place
         nodes = _grad_nodes(inputs) if self._backward else None
+        stack = self._stack()
+        if not stack:
+            # the outermost forward on this thread: what it receives is the model's input
+            _ops.categorize_inputs(inputs, module)
         token = self._open_span(name)
-        self._stack().append((id(module), token, nodes))
+        stack.append((id(module), token, nodes))
 
     def _exit(self, module: Any, name: str, output: Any, more_inputs: Any) -> None:
         stack = self._stack()

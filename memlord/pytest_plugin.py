@@ -24,28 +24,9 @@ EVENT_RING = 16384
 
 
 def hook_python(lord: MemLord) -> PythonHooks:
-    """Lifetime tracking for a test: factories, conversions, explicit allocate().
-
-    ``ops=True`` (op outputs tracked too, issue #27) is switched on HERE once
-    ``hook_into_python`` accepts the keyword: the check is on the keyword, not on a version.
-    """
-    if python_hooks_accept_ops(lord):
-        return lord.hook_into_python(ops=True)  # type: ignore[call-arg]
-    return lord.hook_into_python()
-
-
-def python_hooks_accept_ops(lord: MemLord) -> bool:
-    """Whether this memlord's ``hook_into_python`` takes ``ops=`` (issue #27)."""
-    import inspect
-
-    try:
-        return "ops" in inspect.signature(lord.hook_into_python).parameters
-    except (TypeError, ValueError):  # no signature: ask the method itself
-        try:
-            lord.hook_into_python(ops=False).disable()  # type: ignore[call-arg]
-        except TypeError:
-            return False
-        return True
+    """Lifetime tracking for a test: factories, conversions, explicit allocate(), the
+    category sources, and every operator's output (``ops=True``)."""
+    return lord.hook_into_python(ops=True)
 
 
 def fixture_lord() -> tuple[MemLord, list[Any]]:
@@ -107,6 +88,8 @@ class Measurement:
         self._region: Any = None
         self._leak_check: Any = None
         self.peak: dict[str, int] = {}
+        # per device: the categories of the lord's ledger at its peak (non-zero ones)
+        self.categories: dict[str, dict[str, int]] = {}
         self.top_site: dict[str, str | None] = {}
         self.sites: dict[str, list[tuple[str | None, int]]] = {}
         self.sites_exact = False
@@ -140,9 +123,12 @@ class Measurement:
             if self._leak_check is not None:
                 self._leak_check.__exit__(None, None, None)
                 self.leaked = list(self._leak_check.leaked)
+            stats = lord.stats()
             for dev in self.peak:
                 top = lord.top_alloc_site(dev)
                 self.top_site[dev] = top[1] if top else None
+                at_peak = stats.get(dev, {}).get("peak_categories", {})
+                self.categories[dev] = {k: int(v) for k, v in at_peak.items() if v}
             if self.want_sites:
                 self._sites_at_peak(lord)
         finally:

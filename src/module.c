@@ -444,6 +444,9 @@ static PyMethodDef core_methods[] = {
      "_categorize(objs, category, source, from_mask)\n--\n\n"
      "The category sources: storages tracked become of category; others are counted (source "
      "-1: not)."},
+    {"_storage_resized", (PyCFunction)(void (*)(void))ml_ops_storage_resized, METH_FASTCALL,
+     "_storage_resized(storage, nbytes)\n--\n\nUntypedStorage.resize_ ran: a tracked storage "
+     "counts its change of size."},
     {"_optimizer_step", (PyCFunction)ml_ops_optimizer_step, METH_O,
      "_optimizer_step(begin)\n--\n\nThis thread's optimizer.step() begins or ends."},
     {"_tensor_meta", (PyCFunction)core_tensor_meta, METH_O,
@@ -507,89 +510,13 @@ static int add_testing(PyObject *module)
     return rc;
 }
 
-/* Every object the state holds, in one list, so that traverse and clear
- * cannot disagree: a field missing here is a leak or a crash waiting. */
-#define ML_STATE_OBJECTS 80
-static size_t state_objects(ml_state *st, PyObject ***out)
-{
-    PyObject **objs[] = {
-        (PyObject **)&st->lord_type,
-        (PyObject **)&st->hook_type,
-        (PyObject **)&st->fn_hook_type,
-        (PyObject **)&st->handle_type,
-        (PyObject **)&st->tracker_type,
-        (PyObject **)&st->registry_type,
-        (PyObject **)&st->region_type,
-        &st->tensor_type,
-        &st->module_type,
-        &st->functorch_is_wrapped,
-        &st->functorch_unwrap,
-        &st->uninit_type,
-        &st->parameter_type,
-        &st->device_type,
-        &st->storage_type,
-        &st->d_untyped_storage,
-        &st->d_device,
-        &st->d_data_ptr,
-        &st->d_nbytes,
-        &st->d_storage_device,
-        &st->d_tensor_nbytes,
-        &st->d_layout,
-        &st->d_dtype,
-        &st->d_shape,
-        &st->d_requires_grad,
-        &st->dtypes,
-        &st->dtype_ix,
-        &st->layout_coo,
-        &st->layout_csr,
-        &st->layout_csc,
-        &st->layout_bsr,
-        &st->layout_bsc,
-        &st->s_untyped_storage,
-        &st->s_data_ptr,
-        &st->s_nbytes,
-        &st->s_device,
-        &st->s_layout,
-        &st->s_type,
-        &st->s_index,
-        &st->s_parameters,
-        &st->s_buffers,
-        &st->s_modules,
-        &st->s_indices,
-        &st->s_values,
-        &st->s_crow_indices,
-        &st->s_col_indices,
-        &st->s_ccol_indices,
-        &st->s_row_indices,
-        &st->s_values_pub,
-        &st->s_write,
-        &st->s_flush,
-        &st->s_demo_py,
-        &st->s_dtype,
-        &st->s_shape,
-        &st->s_requires_grad,
-        &st->release_cache,
-        &st->torch_prefix,
-        &st->memlord_prefix,
-        &st->lib_prefixes,
-        &st->lib_parts,
-        &st->module_grads,
-    };
-    size_t n = sizeof(objs) / sizeof(objs[0]);
-    for (size_t i = 0; i < n && i < ML_STATE_OBJECTS; i++) {
-        out[i] = objs[i];
-    }
-    return n < ML_STATE_OBJECTS ? n : ML_STATE_OBJECTS;
-}
-
 static int core_traverse(PyObject *module, visitproc visit, void *arg)
 {
     ml_state *st = ml_state_of_module(module);
-    PyObject **objs[ML_STATE_OBJECTS];
-    size_t n = state_objects(st, objs);
-    for (size_t i = 0; i < n; i++) {
-        Py_VISIT(*objs[i]);
-    }
+    /* every object of the state's one list (base/memlord.h) */
+#define ML_VISIT_(type, name) Py_VISIT(st->name);
+    ML_STATE_OBJECTS(ML_VISIT_)
+#undef ML_VISIT_
     for (int t = 0; t < ML_MAX_DEV_TYPES; t++) {
         Py_VISIT(st->type_names[t]);
     }
@@ -601,11 +528,9 @@ static int core_traverse(PyObject *module, visitproc visit, void *arg)
 static int core_clear(PyObject *module)
 {
     ml_state *st = ml_state_of_module(module);
-    PyObject **objs[ML_STATE_OBJECTS];
-    size_t n = state_objects(st, objs);
-    for (size_t i = 0; i < n; i++) {
-        Py_CLEAR(*objs[i]);
-    }
+#define ML_CLEAR_(type, name) Py_CLEAR(st->name);
+    ML_STATE_OBJECTS(ML_CLEAR_)
+#undef ML_CLEAR_
     for (int t = 0; t < ML_MAX_DEV_TYPES; t++) {
         Py_CLEAR(st->type_names[t]);
     }

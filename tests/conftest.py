@@ -69,6 +69,24 @@ STAT_KEYS = frozenset(
     }
 )
 ZERO_STATS = dict.fromkeys(STAT_KEYS, 0)
+#: the per-category entries of a stats() entry: {category: bytes} each
+CATEGORY_KEYS = frozenset({"categories", "peak_categories", "category_peaks"})
+
+
+def counters(entry: dict) -> dict:
+    """A stats() entry's counters (the ints), without its per-category dicts, after
+    checking those: every category named, ints, the live ones adding up to ``allocated``
+    and those at the peak to ``peak_allocated``."""
+    import memlord._core as core
+
+    assert set(entry) == STAT_KEYS | CATEGORY_KEYS, set(entry) ^ (STAT_KEYS | CATEGORY_KEYS)
+    for key in CATEGORY_KEYS:
+        assert tuple(entry[key]) == core.CATEGORIES, key
+        assert all(type(v) is int and v >= 0 for v in entry[key].values()), entry[key]
+    assert sum(entry["categories"].values()) == entry["allocated"], entry
+    assert sum(entry["peak_categories"].values()) == entry["peak_allocated"], entry
+    return {k: v for k, v in entry.items() if k in STAT_KEYS}
+
 
 STRESS_SCALE = float(os.environ.get("MEMLORD_STRESS_SCALE", "1"))
 

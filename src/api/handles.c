@@ -216,10 +216,10 @@ static PyObject *handle_repr(ml_handle *self)
         return PyUnicode_FromFormat("<memlord torch hooks %s>",
                                     self->enabled ? "enabled" : "disabled");
     }
-    return PyUnicode_FromFormat(
-        "<memlord python hooks %s, factories=%s, deep_autowrap=%s, ops=%s>",
-        self->enabled ? "enabled" : "disabled", self->factories ? "on" : "off",
-        self->deep ? "on" : "off", self->ops ? "on" : "off");
+    return PyUnicode_FromFormat("<memlord python hooks %s, factories=%s, deep_autowrap=%s, ops=%s>",
+                                self->enabled ? "enabled" : "disabled",
+                                self->factories ? "on" : "off", self->deep ? "on" : "off",
+                                self->ops ? "on" : "off");
 }
 
 static int handle_traverse(ml_handle *self, visitproc visit, void *arg)

@@ -297,8 +297,7 @@ static PyObject *slot_dict(const ml_slot *s)
         dict_set_int(d, "freed_total", s->freed_total) < 0 ||
         dict_set_int(d, "peak_allocated", s->peak_allocated) < 0 ||
         dict_set_int(d, "allocs", s->allocs) < 0 || dict_set_int(d, "frees", s->frees) < 0 ||
-        dict_set_int(d, "gc_runs", s->gc_runs) < 0 ||
-        dict_set_cats(d, "categories", s->cat) < 0 ||
+        dict_set_int(d, "gc_runs", s->gc_runs) < 0 || dict_set_cats(d, "categories", s->cat) < 0 ||
         dict_set_cats(d, "peak_categories", s->cat_at_peak) < 0 ||
         dict_set_cats(d, "category_peaks", s->cat_peak) < 0) {
         Py_DECREF(d);

@@ -142,64 +142,102 @@ typedef struct {
 #define ML_MAX_DTYPES 255
 
 /* ---- module state ------------------------------------------------------ */
+
+/* Every Python object the module state holds, X(type, name) each: the
+ * struct's fields below and the module's traverse and clear (module.c) are
+ * made from this one list, so they cannot disagree and nothing caps it.
+ * (The log sink's objects are its own: sinks/log.c traverses and clears
+ * them.) */
+#define ML_STATE_OBJECTS(X)                                                                        \
+    /* the module's types */                                                                       \
+    X(PyTypeObject *, lord_type)                                                                   \
+    X(PyTypeObject *, hook_type)    /* wrapper installed in torch classes (a descriptor) */        \
+    X(PyTypeObject *, fn_hook_type) /* wrapper installed in torch modules (torch.zeros) */         \
+    X(PyTypeObject *, handle_type)  /* handles.c: what hook_into_torch/python() return */          \
+    X(PyTypeObject *, tracker_type) /* lifetime.c */                                               \
+    X(PyTypeObject *, registry_type)                                                               \
+    X(PyTypeObject *, region_type) /* regions.c */                                                 \
+    /* torch's */                                                                                  \
+    X(PyObject *, tensor_type)    /* torch.Tensor */                                               \
+    X(PyObject *, module_type)    /* torch.nn.Module */                                            \
+    X(PyObject *, parameter_type) /* torch.nn.Parameter */                                         \
+    X(PyObject *, device_type)    /* torch.device */                                               \
+    X(PyObject *, storage_type)   /* torch.UntypedStorage */                                       \
+    /* torch._C._functorch.is_functorch_wrapped_tensor / get_unwrapped, or NULL */                 \
+    X(PyObject *, functorch_is_wrapped)                                                            \
+    X(PyObject *, functorch_unwrap)                                                                \
+    X(PyObject *, uninit_type) /* nn.parameter.UninitializedTensorMixin (lazy modules) */          \
+    /* torch's own descriptors, called directly when a type has not overridden them */             \
+    X(PyObject *, d_untyped_storage)                                                               \
+    X(PyObject *, d_device)                                                                        \
+    X(PyObject *, d_data_ptr)                                                                      \
+    X(PyObject *, d_nbytes)                                                                        \
+    X(PyObject *, d_storage_device)                                                                \
+    X(PyObject *, d_tensor_nbytes)                                                                 \
+    X(PyObject *, d_layout)                                                                        \
+    X(PyObject *, d_dtype)                                                                         \
+    X(PyObject *, d_shape)                                                                         \
+    X(PyObject *, d_requires_grad)                                                                 \
+    /* dtypes lifetime tracking has met (walk.c, ml_tmeta_read): a tracker keeps a dtype as its    \
+     * index + 1 in dtypes (0: unknown) */                                                         \
+    X(PyObject *, dtypes)     /* list of torch.dtype, at most ML_MAX_DTYPES */                     \
+    X(PyObject *, dtype_ix)   /* dict: torch.dtype -> index + 1 */                                 \
+    X(PyObject *, layout_coo) /* torch.sparse_coo, ... (singletons) */                             \
+    X(PyObject *, layout_csr)                                                                      \
+    X(PyObject *, layout_csc)                                                                      \
+    X(PyObject *, layout_bsr)                                                                      \
+    X(PyObject *, layout_bsc)                                                                      \
+    /* interned attribute and method names used on hot paths */                                    \
+    X(PyObject *, s_untyped_storage)                                                               \
+    X(PyObject *, s_data_ptr)                                                                      \
+    X(PyObject *, s_nbytes)                                                                        \
+    X(PyObject *, s_device)                                                                        \
+    X(PyObject *, s_layout)                                                                        \
+    X(PyObject *, s_type)                                                                          \
+    X(PyObject *, s_index)                                                                         \
+    X(PyObject *, s_dtype)                                                                         \
+    X(PyObject *, s_shape)                                                                         \
+    X(PyObject *, s_requires_grad)                                                                 \
+    X(PyObject *, s_parameters)                                                                    \
+    X(PyObject *, s_buffers)                                                                       \
+    X(PyObject *, s_modules)                                                                       \
+    X(PyObject *, s_indices)                                                                       \
+    X(PyObject *, s_values)                                                                        \
+    X(PyObject *, s_crow_indices)                                                                  \
+    X(PyObject *, s_col_indices)                                                                   \
+    X(PyObject *, s_ccol_indices)                                                                  \
+    X(PyObject *, s_row_indices)                                                                   \
+    X(PyObject *, s_values_pub)                                                                    \
+    X(PyObject *, s_write)                                                                         \
+    X(PyObject *, s_flush)                                                                         \
+    X(PyObject *, s_demo_py)                                                                       \
+    /* configured from Python (memlord/__init__.py) */                                             \
+    X(PyObject *, release_cache) /* callable(type_name, index) or NULL */                          \
+    X(PyObject *, module_grads)  /* callable(module) -> its parameters' gradients, or NULL */      \
+    X(PyObject *, torch_prefix)  /* directory of the torch package, with trailing slash */         \
+    X(PyObject *, memlord_prefix)                                                                  \
+    /* sites.c: library code (site-packages, the standard library): file name prefixes and         \
+     * parts, tuples of str, or NULL */                                                            \
+    X(PyObject *, lib_prefixes)                                                                    \
+    X(PyObject *, lib_parts)
+
+#define ML_STATE_FIELD_(type, name) type name;
 typedef struct {
-    PyTypeObject *lord_type;
-    PyTypeObject *hook_type;    /* wrapper installed in torch classes (a descriptor) */
-    PyTypeObject *fn_hook_type; /* wrapper installed in torch modules (torch.zeros) */
-    PyTypeObject *handle_type;  /* handles.c: what hook_into_torch/python() return */
-    PyTypeObject *tracker_type; /* lifetime.c */
-    PyTypeObject *registry_type;
-    PyTypeObject *region_type; /* regions.c */
-    PyObject *tensor_type;     /* torch.Tensor */
-    PyObject *module_type;     /* torch.nn.Module */
-    PyObject *parameter_type;  /* torch.nn.Parameter */
-    PyObject *device_type;     /* torch.device */
-    PyObject *storage_type;    /* torch.UntypedStorage */
-    /* torch._C._functorch.is_functorch_wrapped_tensor / get_unwrapped, or
-     * NULL in a torch without them */
-    PyObject *functorch_is_wrapped;
-    PyObject *functorch_unwrap;
-    PyObject *uninit_type; /* nn.parameter.UninitializedTensorMixin (lazy modules) */
-    /* torch's own descriptors, called directly when a type has not
-     * overridden them (saves a method lookup per tensor) */
+    ML_STATE_OBJECTS(ML_STATE_FIELD_)
+    /* torch's own descriptors' C functions (the d_ objects above) */
     ml_fast f_untyped_storage, f_device, f_data_ptr, f_nbytes, f_storage_device, f_tensor_nbytes,
         f_layout, f_dtype, f_shape, f_requires_grad;
-    PyObject *d_untyped_storage, *d_device, *d_data_ptr, *d_nbytes, *d_storage_device,
-        *d_tensor_nbytes, *d_layout, *d_dtype, *d_shape, *d_requires_grad;
-    /* dtypes lifetime tracking has met (walk.c, ml_tmeta_read): a tracker
-     * keeps a dtype as its index + 1 in dtypes (0: unknown) */
-    PyObject *dtypes;      /* list of torch.dtype, at most ML_MAX_DTYPES */
-    PyObject *dtype_ix;    /* dict: torch.dtype -> index + 1 */
     uint8_t abi_dtype[64]; /* c10 ScalarType code -> index + 1, 0: not met yet */
-    PyObject *layout_coo;  /* torch.sparse_coo, ... (singletons) */
-    PyObject *layout_csr;
-    PyObject *layout_csc;
-    PyObject *layout_bsr;
-    PyObject *layout_bsc;
-    int meta_type;        /* c10 code of "meta", -1 if unknown */
-    int device_struct_ok; /* torch.device layout verified: read type/index in place */
-    /* type code -> name ("cpu", "cuda", ...), interned str or NULL */
+    int meta_type;         /* c10 code of "meta", -1 if unknown */
+    int device_struct_ok;  /* torch.device layout verified: read type/index in place */
+    /* type code -> name ("cpu", "cuda", ...), interned str or NULL (traversed and
+     * cleared with the list above) */
     PyObject *type_names[ML_MAX_DEV_TYPES];
     unsigned char type_has_cache[ML_MAX_DEV_TYPES]; /* cuda, xpu, mps, ...: 1 */
     /* 1 once any lord has counted on a device with a cache (or a test made a
      * type one): until then auto-GC has nothing to release, and the seam
      * skips its sink (the sink's busy word, core/event.h).  Never reset. */
     int cache_in_use;
-    /* interned attribute and method names used on hot paths */
-    PyObject *s_untyped_storage, *s_data_ptr, *s_nbytes, *s_device, *s_layout, *s_type, *s_index;
-    PyObject *s_dtype, *s_shape, *s_requires_grad;
-    PyObject *s_parameters, *s_buffers, *s_modules;
-    PyObject *s_indices, *s_values, *s_crow_indices, *s_col_indices, *s_ccol_indices,
-        *s_row_indices, *s_values_pub;
-    PyObject *s_write, *s_flush, *s_demo_py;
-    /* configured from Python (memlord/__init__.py) */
-    PyObject *release_cache; /* callable(type_name, index) or NULL */
-    PyObject *module_grads;  /* callable(module) -> its parameters' gradients, or NULL */
-    PyObject *torch_prefix;  /* directory of the torch package, with trailing slash */
-    PyObject *memlord_prefix;
-    /* sites.c: library code (site-packages, the standard library): file name
-     * prefixes and parts, tuples of str, or NULL */
-    PyObject *lib_prefixes, *lib_parts;
     ml_sitetab sites; /* sites.c: every call site seen, by id */
     /* logsink.c: the "memlord" logger and what decides whether it emits */
     PyObject *log_logger;      /* logging.getLogger("memlord") */

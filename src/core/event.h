@@ -47,10 +47,10 @@
     X(DEATH, "death", "(del)")                  /* lifetime tracking: the last reference died */   \
     X(DEFERRED, "deferred", "(hook, deferred)") /* a non_blocking copy's CUDA event completed */   \
     X(POLICY, "policy", "")                     /* auto-GC bookkeeping, reset */                   \
-    X(PARAM, "param", "(param)") /* nn.Parameter(data) holding a storage nothing counted yet */   \
-    X(OP, "op", "(op)")          /* hook_into_python(ops=True): an aten operator's new output */  \
-    X(GRAD, "grad", "(grad)")    /* a parameter's gradient, once accumulated */                   \
-    X(LOAD, "load", "(load)")    /* what torch.load returned */                                   \
+    X(PARAM, "param", "(param)")  /* nn.Parameter(data) holding a storage nothing counted yet */   \
+    X(OP, "op", "(op)")           /* hook_into_python(ops=True): an aten operator's new output */  \
+    X(GRAD, "grad", "(grad)")     /* a parameter's gradient, once accumulated */                   \
+    X(LOAD, "load", "(load)")     /* what torch.load returned */                                   \
     X(TENSOR, "tensor", "(seen)") /* a storage first seen by a category source (a module's buffer, \
                                    * optimizer state, a model's input) */
 

@@ -15,12 +15,12 @@
     X(OTHER, "other")           /* allocate(), storages of no known kind */                        \
     X(PARAMETER, "parameter")   /* an nn.Parameter's storage */                                    \
     X(BUFFER, "buffer")         /* a module's registered buffer */                                 \
-    X(GRADIENT, "gradient")     /* a parameter's .grad once accumulated */                        \
+    X(GRADIENT, "gradient")     /* a parameter's .grad once accumulated */                         \
     X(ACTIVATION, "activation") /* made by an op or factory outside backward and the optimizer */  \
     X(TEMPORARY, "temporary")   /* made by an op in backward */                                    \
     X(OPTIMIZER, "optimizer_state") /* made in optimizer.step(), or held in optimizer.state */     \
-    X(INPUT, "input")           /* passed to a tracked model's outermost forward */                \
-    X(LOADED, "loaded")         /* returned by torch.load */
+    X(INPUT, "input")               /* passed to a tracked model's outermost forward */            \
+    X(LOADED, "loaded")             /* returned by torch.load */
 
 #define ML_CAT_ENUM_(e, name) ML_CAT_##e,
 enum ml_category { ML_CAT_LIST(ML_CAT_ENUM_) ML_NCAT };

@@ -127,6 +127,19 @@ int ml_track_new_tensor(ml_state *st, const ml_lords *lords, PyObject *t, enum m
     return rc;
 }
 
+void ml_recategorize_tensor(ml_state *st, const ml_lords *lords, PyObject *t, int cat)
+{
+    PyObject *key = ml_tensor_untyped_storage(st, t);
+    if (key == NULL) {
+        PyErr_Clear(); /* no readable storage: nothing tracked to move */
+        return;
+    }
+    for (Py_ssize_t i = 0; i < lords->n; i++) {
+        ml_life_recategorize((ml_book *)lords->v[i], key, cat, ~0u);
+    }
+    Py_DECREF(key);
+}
+
 static void track_items(const ml_lords *lords, const ml_life_item *items, Py_ssize_t n,
                         const ml_site *site, enum ml_ev_source source, int deep_only)
 {

@@ -18,6 +18,9 @@ int ml_account_conversion(ml_state *st, const ml_hook_tls *tl, const ml_lords *l
 /* Count and track a new tensor's storages for the lords with lifetime
  * tracking on; -1 only when memory runs out. */
 int ml_track_new_tensor(ml_state *st, const ml_lords *lords, PyObject *t, enum ml_ev_source source);
+/* The storage of t, tracked by a lord of lords, is of category cat from now
+ * on (whatever it was).  No storage readable: nothing. */
+void ml_recategorize_tensor(ml_state *st, const ml_lords *lords, PyObject *t, int cat);
 /* Count and track a walk's storages for the lords that track them (only
  * those that track conversions with deep_only). */
 void ml_track_for(const ml_lords *lords, const ml_walk *w, const ml_site *site,

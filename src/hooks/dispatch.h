@@ -59,11 +59,11 @@ typedef struct {
      * subscribed while it (or a handle, which holds it) lives; when it dies,
      * its reference's callback schedules a cleanup at the next safe point,
      * which drops it and restores torch once no lord is left. */
-    PyObject *lord_refs;    /* hook_into_torch() */
-    PyObject *py_lord_refs; /* hook_into_python(): the factory wrappers */
+    PyObject *lord_refs;     /* hook_into_torch() */
+    PyObject *py_lord_refs;  /* hook_into_python(): the factory wrappers */
     PyObject *ops_lord_refs; /* hook_into_python(ops=True): the dispatch mode (ops.c) */
     PyObject *src_lord_refs; /* hook_into_python(): the category sources (ops.c) */
-    Py_ssize_t npending;    /* frees waiting for a CUDA event (pending[]) */
+    Py_ssize_t npending;     /* frees waiting for a CUDA event (pending[]) */
     ml_patch patches[ML_MAX_PATCHES];
     int npatches;
     PyObject *on_lord_death;    /* the weak references' callback */

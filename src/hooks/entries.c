@@ -164,6 +164,11 @@ static PyObject *track_result(PyObject *callable, ml_state *st, PyObject *result
     if (ml_track_new_tensor(st, &lords, result, source) < 0) {
         ml_report_failure(callable);
     }
+    if (source == ML_SRC_PARAM) {
+        /* a storage counted before (an op's output, a conversion's: Module._apply
+         * wraps its results in new parameters) is a parameter's now */
+        ml_recategorize_tensor(st, &lords, result, ML_CAT_PARAMETER);
+    }
     ml_quiet_exit(guard);
     ml_lords_release(&lords);
     ml_safe_point();

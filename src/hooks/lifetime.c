@@ -335,7 +335,10 @@ static PyObject *registry_vectorcall(PyObject *callable, PyObject *const *args, 
     if (lord != NULL && !ml_finalizing()) {
         Py_INCREF(lord); /* before anything that can allocate */
         int64_t now = ml_now_ns();
-        ml_delta d = {tracker_dev(tr), tracker_bytes(tr), 1, tr->ptr,
+        ml_delta d = {tracker_dev(tr),
+                      tracker_bytes(tr),
+                      1,
+                      tr->ptr,
                       tr->born_ns > 0 && now > tr->born_ns ? now - tr->born_ns : 0,
                       meta_cat(tr->meta)};
         ml_site site = {0};
@@ -638,9 +641,12 @@ int ml_life_count_walk(ml_book *lord, const ml_walk *w, int flags, const ml_site
         }
     }
     for (Py_ssize_t i = 0; i < w->n; i++) {
-        items[i] = (ml_life_item){w->keys ? w->keys[i] : NULL, w->tensors ? w->tensors[i] : NULL,
-                                  w->blocks[i].dev,  w->blocks[i].nbytes,
-                                  w->blocks[i].ptr,  cat};
+        items[i] = (ml_life_item){w->keys ? w->keys[i] : NULL,
+                                  w->tensors ? w->tensors[i] : NULL,
+                                  w->blocks[i].dev,
+                                  w->blocks[i].nbytes,
+                                  w->blocks[i].ptr,
+                                  cat};
     }
     /* the walk holds every key until it is cleared */
     int rc = ml_life_count(lord, items, w->n, flags, site, source, what);

@@ -10,19 +10,40 @@
  * OpOverload.__call__ calls (its _op), the bit mask of the returns that are
  * new (no alias annotation in the schema), and flags. */
 #define OP_RESIZE 1 /* resize_, resize_as_, set_: the storage may change size */
+#define OP_OUT 2    /* an out= overload: torch resizes an out tensor that is too small */
 #define OP_CACHE_MAX 8192
 
 static PyObject *op_cache;   /* dict, strong */
 static PyObject *overload_t; /* torch._ops.OpOverload, strong, or NULL */
 
+/* memlord._ops._install, once imported (strong): at exit, when a lord's
+ * death uninstalls a group, nothing can be imported any more. */
+static PyObject *install_fn;
+
 int ml_ops_install(const char *group, int on)
 {
-    PyObject *mod = PyImport_ImportModule("memlord._ops");
-    if (mod == NULL) {
-        return -1;
+    if (ml_finalizing()) {
+        return 0; /* the interpreter is going: nothing to put back */
     }
-    PyObject *r = PyObject_CallMethod(mod, "_install", "sO", group, on ? Py_True : Py_False);
-    Py_DECREF(mod);
+    if (install_fn == NULL) {
+        PyObject *mod = PyImport_ImportModule("memlord._ops");
+        if (mod == NULL) {
+            return -1;
+        }
+        PyObject *fn = PyObject_GetAttrString(mod, "_install");
+        Py_DECREF(mod);
+        if (fn == NULL) {
+            return -1;
+        }
+        if (install_fn == NULL) {
+            install_fn = fn;
+        } else {
+            Py_DECREF(fn); /* the import ran code that set it */
+        }
+    }
+    PyObject *fn = Py_NewRef(install_fn);
+    PyObject *r = PyObject_CallFunction(fn, "sO", group, on ? Py_True : Py_False);
+    Py_DECREF(fn);
     if (r == NULL) {
         return -1;
     }
@@ -55,6 +76,27 @@ static long fresh_returns(PyObject *func, int *flags)
         strcmp(n, "aten::set_") == 0) {
         *flags |= OP_RESIZE;
     }
+    PyObject *arguments = PyObject_GetAttrString(schema, "arguments");
+    PyObject *aseq = arguments != NULL ? PySequence_Fast(arguments, "arguments") : NULL;
+    Py_XDECREF(arguments);
+    if (aseq == NULL) {
+        mask = -1;
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(aseq); i++) {
+        PyObject *is_out = PyObject_GetAttrString(PySequence_Fast_GET_ITEM(aseq, i), "is_out");
+        int out = is_out != NULL ? PyObject_IsTrue(is_out) : -1;
+        Py_XDECREF(is_out);
+        if (out < 0) {
+            Py_DECREF(aseq);
+            mask = -1;
+            goto done;
+        }
+        if (out) {
+            *flags |= OP_OUT;
+        }
+    }
+    Py_DECREF(aseq);
     Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
     for (Py_ssize_t i = 0; i < k && i < 31; i++) {
         PyObject *alias = PyObject_GetAttrString(PySequence_Fast_GET_ITEM(seq, i), "alias_info");
@@ -142,9 +184,10 @@ static PyObject *op_entry(PyObject *func)
 }
 
 /* A plain tensor's storage as an item to count (1), or 0 when it is not
- * one memlord counts here (a subclass: fake, functional, a wrapper whose
- * inner ops are seen on their own; meta; empty); -1 only when memory ran
- * out. */
+ * one memlord counts here (a subclass: fake, functional, a wrapper; meta;
+ * empty); -1 only when memory ran out.  A wrapper subclass's inner
+ * operators run in its __torch_dispatch__ while torch has this mode off
+ * the stack: they are not seen (test_ops_mode.py, a strict xfail). */
 static int item_of(ml_state *st, PyObject *t, ml_life_item *it)
 {
     const PyTypeObject *tp = Py_TYPE(t);
@@ -298,6 +341,95 @@ fail:
     PyErr_WriteUnraisable(NULL);
 }
 
+/* out= operators: the plain tensors passed by keyword (the out tensors are
+ * keyword-only in every aten schema) and their storages' bytes before the
+ * call.  Strong references, released by out_grown. */
+#define OPS_OUTS 8
+typedef struct {
+    Py_ssize_t n;
+    PyObject *t[OPS_OUTS];
+    int64_t bytes[OPS_OUTS];
+} ops_outs;
+
+static void out_before(ml_state *st, PyObject *kwargs, ops_outs *o)
+{
+    o->n = 0;
+    Py_ssize_t pos = 0;
+    PyObject *k;
+    PyObject *v;
+    while (kwargs != NULL && o->n < OPS_OUTS && PyDict_Next(kwargs, &pos, &k, &v)) {
+        if (PyObject_TypeCheck(v, (PyTypeObject *)st->tensor_type)) {
+            o->t[o->n] = Py_NewRef(v);
+            o->bytes[o->n] = 0;
+            o->n++;
+        }
+    }
+    for (Py_ssize_t i = 0; i < o->n; i++) {
+        ml_life_item it;
+        int r = item_of(st, o->t[i], &it);
+        if (r > 0) {
+            o->bytes[i] = it.bytes;
+            Py_DECREF(it.key);
+        } else if (r < 0) {
+            PyErr_Clear();
+        }
+    }
+}
+
+/* The out tensors whose storage torch grew (resized to fit the result):
+ * counted like resize_ (a tracked storage counts the change, one not
+ * tracked yet is counted whole: its memory is new). */
+static void out_grown(ml_state *st, ops_outs *o)
+{
+    for (Py_ssize_t i = 0; i < o->n; i++) {
+        ml_life_item it;
+        int r = item_of(st, o->t[i], &it);
+        if (r < 0) {
+            PyErr_WriteUnraisable(NULL);
+            continue;
+        }
+        if (r == 0 || it.bytes <= o->bytes[i]) {
+            if (r > 0) {
+                Py_DECREF(it.key);
+            }
+            continue;
+        }
+        ml_lords lords;
+        if (ml_lords_acquire(ml_disp.ops_lord_refs, &lords) == 0) {
+            ml_site site = {0};
+            int captured = 0;
+            for (Py_ssize_t j = 0; j < lords.n; j++) {
+                ml_book *lord = (ml_book *)lords.v[j];
+                if (!ml_life_active(lord)) {
+                    continue;
+                }
+                if (lord->track_callsite && !captured) {
+                    ml_site_capture(st, &site);
+                    captured = 1;
+                }
+                ml_site none = {0};
+                const ml_site *s = lord->track_callsite ? &site : &none;
+                int rr = ml_life_resize(lord, it.key, it.bytes, s);
+                if (rr == 0) {
+                    rr = ml_life_count(lord, &it, 1, 0, s, ML_SRC_OP, NULL);
+                }
+                if (rr < 0) {
+                    PyErr_WriteUnraisable((PyObject *)lord);
+                }
+            }
+            ml_site_clear(&site);
+            ml_lords_release(&lords);
+        } else {
+            PyErr_WriteUnraisable(NULL);
+        }
+        Py_DECREF(it.key);
+    }
+    for (Py_ssize_t i = 0; i < o->n; i++) {
+        Py_CLEAR(o->t[i]);
+    }
+    o->n = 0;
+}
+
 PyObject *ml_ops_dispatch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs < 1 || nargs > 4) {
@@ -342,9 +474,24 @@ PyObject *ml_ops_dispatch(PyObject *module, PyObject *const *args, Py_ssize_t na
     PyObject *call = PyTuple_GET_ITEM(entry, 0);
     long fresh = PyLong_AsLong(PyTuple_GET_ITEM(entry, 1));
     int flags = (int)PyLong_AsLong(PyTuple_GET_ITEM(entry, 2));
+    ops_outs outs = {0};
+    ml_state *out_st = NULL;
+    if ((flags & OP_OUT) && fkwargs != NULL && ml_disp.ops_lord_refs != NULL &&
+        (out_st = PyModule_GetState(module)) != NULL) {
+        out_before(out_st, fkwargs, &outs);
+    }
     PyObject *result = PyObject_Call(call, fargs, fkwargs);
     Py_DECREF(fargs);
-    if (result != NULL && (fresh != 0 || flags != 0) && ml_disp.ops_lord_refs != NULL) {
+    if (outs.n > 0) {
+        if (result != NULL && ml_disp.ops_lord_refs != NULL) {
+            out_grown(out_st, &outs);
+            ml_safe_point();
+        }
+        for (Py_ssize_t i = 0; i < outs.n; i++) {
+            Py_CLEAR(outs.t[i]);
+        }
+    }
+    if (result != NULL && (fresh != 0 || (flags & OP_RESIZE)) && ml_disp.ops_lord_refs != NULL) {
         ml_state *st = PyModule_GetState(module);
         if (st != NULL) {
             count_outputs(st, result, fresh, flags);
@@ -372,8 +519,8 @@ PyObject *ml_ops_categorize(PyObject *module, PyObject *const *args, Py_ssize_t 
         return NULL;
     }
     if (cat < 0 || cat >= ML_NCAT || source < -1 || source >= ML_SRC_NSOURCES) {
-        PyErr_Format(PyExc_ValueError, "_categorize(): category %d or source %d out of range",
-                     cat, source);
+        PyErr_Format(PyExc_ValueError, "_categorize(): category %d or source %d out of range", cat,
+                     source);
         return NULL;
     }
     ml_state *st = PyModule_GetState(module);
@@ -521,3 +668,51 @@ PyType_Spec ml_ops_mode_base_spec = {
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .slots = base_slots,
 };
+
+/* _core._storage_resized(storage, nbytes): torch.UntypedStorage.resize_ ran
+ * (it is no aten operator: the mode never sees it; FSDP2 frees and
+ * re-allocates parameters with it).  A storage the lords of the ops group
+ * track counts its change of size. */
+PyObject *ml_ops_storage_resized(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError,
+                     "_storage_resized() takes 2 arguments (storage, nbytes), got %zd", nargs);
+        return NULL;
+    }
+    long long nbytes = PyLong_AsLongLong(args[1]);
+    if (nbytes == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    ml_state *st = PyModule_GetState(module);
+    if (st == NULL || ml_disp.ops_lord_refs == NULL || nbytes < 0) {
+        Py_RETURN_NONE;
+    }
+    PyObject *storage = Py_NewRef(args[0]); /* held across the records */
+    ml_lords lords;
+    if (ml_lords_acquire(ml_disp.ops_lord_refs, &lords) < 0) {
+        Py_DECREF(storage);
+        return NULL;
+    }
+    ml_site site = {0};
+    int captured = 0;
+    for (Py_ssize_t j = 0; j < lords.n; j++) {
+        ml_book *lord = (ml_book *)lords.v[j];
+        if (!ml_life_tracks(lord, storage)) {
+            continue;
+        }
+        if (lord->track_callsite && !captured) {
+            ml_site_capture(st, &site);
+            captured = 1;
+        }
+        ml_site none = {0};
+        if (ml_life_resize(lord, storage, nbytes, lord->track_callsite ? &site : &none) < 0) {
+            PyErr_WriteUnraisable((PyObject *)lord);
+        }
+    }
+    ml_site_clear(&site);
+    ml_lords_release(&lords);
+    Py_DECREF(storage);
+    ml_safe_point();
+    Py_RETURN_NONE;
+}

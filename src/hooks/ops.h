@@ -36,6 +36,10 @@ extern PyType_Spec ml_ops_mode_base_spec;
  * category is one of from_mask); a storage it does not track is counted
  * and tracked with source (an event source code), unless source is -1. */
 PyObject *ml_ops_categorize(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* _core._storage_resized(storage, nbytes): UntypedStorage.resize_ ran; a
+ * tracked storage counts its change of size (memlord/_ops.py patches it
+ * while the ops group is installed). */
+PyObject *ml_ops_storage_resized(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* _core._optimizer_step(begin: bool): this thread's optimizer.step()
  * begins or ends (what a new storage is born as meanwhile). */
 PyObject *ml_ops_optimizer_step(PyObject *module, PyObject *arg);

@@ -45,7 +45,11 @@ def _state(lord):
         ),
         (lambda L: L.event_kind(1.0), TypeError, ["event_kind", "'code'", "float"]),
         (lambda L: L.event_source(-1), ValueError, ["event_source", "'code'", "-1"]),
-        (lambda L: L.event_source(7), ValueError, ["event_source", "'code'", "7"]),
+        (
+            lambda L: L.event_source(len(memlord.EVENT_SOURCES)),
+            ValueError,
+            ["event_source", "'code'", str(len(memlord.EVENT_SOURCES))],
+        ),
         (lambda L: L.event_region(-1), ValueError, ["event_region", "'code'", "-1"]),
         (lambda L: L.event_region(2), ValueError, ["event_region", "'code'", "2"]),
         (lambda L: L.event_device(-1), ValueError, ["event_device", "'code'", "-1"]),

@@ -27,6 +27,7 @@ ENTRY_KEYS = {
     "region",
     "age_s",
     "tracked",
+    "category",
 }
 
 

@@ -10,7 +10,15 @@ paths on the CPU.
 
 import numpy as np
 import torch
-from conftest import ZERO_STATS, cuda_device_count, expected_storages, fake_cuda, here, scaled
+from conftest import (
+    ZERO_STATS,
+    counters,
+    cuda_device_count,
+    expected_storages,
+    fake_cuda,
+    here,
+    scaled,
+)
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -193,7 +201,7 @@ class LordMachine(RuleBasedStateMachine):
         want_f = sum(self.model[d]["freed"] for d in devs)
         assert self.lord.allocated(sel) == (want_a, format_bytes(want_a))
         assert self.lord.freed(sel) == (want_f, format_bytes(want_f))
-        got = self.lord.stats(sel)
+        got = {d: counters(entry) for d, entry in self.lord.stats(sel).items()}
         for d in set(got) | set(devs):
             assert got.get(d, ZERO_STATS) == self.model.get(d, ZERO_STATS), d
         assert all(_selected(d, sel) for d in got)
@@ -213,7 +221,7 @@ class LordMachine(RuleBasedStateMachine):
     @precondition(lambda self: hasattr(self, "lord"))
     @invariant()
     def counters_match_model(self):
-        got = self.lord.stats()
+        got = {d: counters(entry) for d, entry in self.lord.stats().items()}
         for d in set(got) | set(self.model):
             assert got.get(d, ZERO_STATS) == self.model.get(d, ZERO_STATS), d
         total_a = sum(s["allocated"] for s in self.model.values())

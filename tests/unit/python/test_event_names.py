@@ -159,6 +159,10 @@ def test_python_names_are_the_c_cores_for_every_code() -> None:
         "deferred": " (hook, deferred)",
         "policy": "",
         "param": " (param)",
+        "op": " (op)",
+        "grad": " (grad)",
+        "load": " (load)",
+        "tensor": " (seen)",
     }
 
 

@@ -487,33 +487,47 @@ def test_xdist_workers_results_are_merged_into_one_table_and_json(
     assert peaks == {**{f"test_n[{n}]": 4000 * n for n in range(1, 7)}, "test_over": 4000}
 
 
-def test_op_outputs_are_switched_on_by_the_ops_keyword_once_hook_into_python_has_it() -> None:
-    """Today's hook_into_python has no ``ops`` keyword: the plugin hooks without it. A
-    hook_into_python that takes it (here a subclass standing in for issue #27's) gets
-    ``ops=True`` from the plugin, with no version check."""
-    from memlord import MemLord
-    from memlord import pytest_plugin as heavy
+OPS = """
+import pytest, torch
 
-    lord = MemLord(auto_gc_bytes=None)
-    assert not heavy.python_hooks_accept_ops(lord)
-    with heavy.hook_python(lord):
-        x = torch.zeros(10)
-        assert lord.allocated("cpu")[0] == 40
-    del x
+@pytest.mark.limit_memory("512KiB")
+def test_op_peak():
+    x = torch.ones(500, 500)       # 1,000,000 B: a factory
+    y = x @ x                      # OP-PEAK: 1,000,000 B made by an operator
+    del y
 
-    calls: list[bool] = []
+LEAK = []
 
-    class WithOps(MemLord):
-        def hook_into_python(  # type: ignore[override]
-            self,
-            enable_factory_wrappers: bool = True,
-            enable_deep_autowrap: bool = True,
-            ops: bool = False,
-        ) -> object:
-            calls.append(ops)
-            return super().hook_into_python(enable_factory_wrappers, enable_deep_autowrap)
+@pytest.mark.limit_leaks("1 KiB", warmups=0)
+def test_op_leak():
+    a = torch.ones(1000)
+    LEAK.append(a * 2)             # OP-LEAK: an operator's output kept
 
-    newer = WithOps(auto_gc_bytes=None)
-    assert heavy.python_hooks_accept_ops(newer)
-    heavy.hook_python(newer).disable()
-    assert calls == [True]
+def test_fixture(memlord):
+    a = torch.ones(1000)
+    before = memlord.allocated("cpu")[0]
+    b = a + a
+    assert memlord.allocated("cpu")[0] - before == b.untyped_storage().nbytes()
+"""
+
+
+def test_operator_outputs_count_in_peaks_leaks_categories_and_the_fixture(
+    pytester: pytest.Pytester,
+) -> None:
+    """The plugin hooks with ops=True: the product of two tensors is in the peak, a kept
+    operator output is a leak named by its line, the failure and the JSON give the
+    categories at the peak, and the fixture's lord counts operator outputs."""
+    pytester.makepyfile(test_ops=OPS)
+    r = pytester.runpytest("-p", "no:cacheprovider", "--memlord-json", "o.json")
+    r.assert_outcomes(passed=1, failed=2)
+    out = r.stdout.str()
+    assert "peak 1.9 MiB (2000000 B) > limit 512.0 KiB (524288 B)" in out
+    assert f"976.6 KiB  test_ops.py:{line_of(OPS, '# OP-PEAK')}" in out
+    assert "categories at the peak:" in out
+    assert re.search(r"1\.9 MiB  activation", out), out
+    assert "limit_leaks exceeded: 1 storage(s), 3.9 KiB (4000 B)" in out
+    assert f"test_ops.py:{line_of(OPS, '# OP-LEAK')}" in out
+    doc = json.loads((pytester.path / "o.json").read_text())
+    by_name = {t["nodeid"].split("::")[-1]: t for t in doc["tests"]}
+    assert by_name["test_op_peak"]["categories"] == {"cpu": {"activation": 2_000_000}}
+    assert by_name["test_op_peak"]["peak"] == {"cpu": 2_000_000}

@@ -1,0 +1,99 @@
+"""The category sources that every hook_into_python() has (ops or not): gradients once
+accumulated, what torch.load returns, optimizer state, parameters and buffers as modules
+register them. Each figure is checked against torch's own storage sizes."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from torch import nn
+
+from memlord import MemLord
+
+
+def nbytes(*tensors: torch.Tensor) -> int:
+    seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(seen.values())
+
+
+def cats(lord: MemLord) -> dict[str, int]:
+    return lord.stats("cpu")["cpu"]["categories"]
+
+
+@pytest.fixture(params=[False, True], ids=["default", "ops"])
+def lord(request):
+    lord = MemLord()
+    with lord.hook_into_python(ops=request.param) as hooks:
+        assert hooks.ops is request.param
+        yield lord
+
+
+def test_torch_load_counts_what_it_returns_as_loaded(lord):
+    buf = io.BytesIO()
+    state = {"w": torch.randn(256, 256), "b": torch.randn(256), "nested": [torch.ones(10)]}
+    torch.save(state, buf)
+    before = lord.allocated("cpu")[0]
+    buf.seek(0)
+    loaded = torch.load(buf)
+    got = [loaded["w"], loaded["b"], loaded["nested"][0]]
+    assert cats(lord)["loaded"] == nbytes(*got)
+    assert lord.allocated("cpu")[0] - before >= nbytes(*got)
+    del loaded, got
+    assert cats(lord)["loaded"] == 0
+
+
+def test_torch_load_is_torch_serialization_load_again_after_disable():
+    original = torch.load
+    lord = MemLord()
+    with lord.hook_into_python():
+        assert torch.load is not original
+        assert torch.load.__wrapped__ is original
+    assert torch.load is original
+
+
+def test_gradients_parameters_buffers_and_optimizer_state(lord):
+    model = nn.Sequential(nn.Linear(32, 64), nn.BatchNorm1d(64), nn.Linear(64, 8))
+    params = list(model.parameters())
+    assert cats(lord)["parameter"] == nbytes(*params)
+    assert cats(lord)["buffer"] == nbytes(*model.buffers())
+    opt = torch.optim.Adam(model.parameters())
+    x = torch.randn(16, 32)
+    model(x).square().sum().backward()
+    # accumulated: post-accumulate-grad hooks, before any optimizer step
+    assert cats(lord)["gradient"] == nbytes(*(p.grad for p in params))
+    opt.step()
+    state = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
+    assert cats(lord)["optimizer_state"] == nbytes(*state)
+    opt.zero_grad(set_to_none=True)
+    assert cats(lord)["gradient"] == 0
+    assert cats(lord)["parameter"] == nbytes(*params)
+
+
+def test_sources_are_removed_with_the_last_hooks():
+    from torch.nn.modules import module as torch_module
+    from torch.optim import optimizer as torch_optimizer
+
+    before = (
+        len(torch_module._global_parameter_registration_hooks),
+        len(torch_module._global_buffer_registration_hooks),
+        len(torch_optimizer._global_optimizer_pre_hooks),
+        len(torch_optimizer._global_optimizer_post_hooks),
+    )
+    a, b = MemLord(), MemLord()
+    ha, hb = a.hook_into_python(), b.hook_into_python(ops=True)
+    assert len(torch_module._global_parameter_registration_hooks) == before[0] + 1
+    p = nn.Parameter(torch.randn(4))
+    ha.disable()
+    assert len(torch_optimizer._global_optimizer_pre_hooks) == before[2] + 1
+    hb.disable()
+    after = (
+        len(torch_module._global_parameter_registration_hooks),
+        len(torch_module._global_buffer_registration_hooks),
+        len(torch_optimizer._global_optimizer_pre_hooks),
+        len(torch_optimizer._global_optimizer_post_hooks),
+    )
+    assert after == before
+    assert torch._C._len_torch_dispatch_stack() == 0
+    del p
