@@ -26,7 +26,7 @@ except ImportError:
         raise
     raise _missing from None  # no built extension here: say exactly what to run
 from . import _backend, _log, _sites
-from ._core import Hooks, PythonHooks, TorchHooks, format_bytes
+from ._core import CATEGORIES, Hooks, PythonHooks, TorchHooks, format_bytes
 from ._events import EVENT_DTYPE, EVENT_KINDS, EVENT_SOURCES
 from ._memapi import MemoryProfile
 from ._regions import ModuleTracker, Region
@@ -46,6 +46,7 @@ __all__ = [
     "AutoGCMetric",
     "AutoGCStrategy",
     "AutoGCThreshold",
+    "CATEGORIES",
     "CapacitySource",
     "DeviceStats",
     "EVENT_DTYPE",

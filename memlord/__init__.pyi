@@ -27,6 +27,7 @@ __all__ = [
     "AutoGCMetric",
     "AutoGCStrategy",
     "AutoGCThreshold",
+    "CATEGORIES",
     "CapacitySource",
     "DeviceStats",
     "EVENT_DTYPE",
@@ -48,6 +49,9 @@ __version__: str
 
 EVENT_DTYPE: numpy.dtype[numpy.void]
 EVENT_KINDS: tuple[str, ...]
+# what a tracked storage holds: "other", "parameter", "buffer", "gradient", "activation",
+# "temporary", "optimizer_state", "input", "loaded" (in this order)
+CATEGORIES: tuple[str, ...]
 EVENT_SOURCES: tuple[str, ...]
 
 # ---- argument and result shapes ---------------------------------------------------------
@@ -170,6 +174,8 @@ class MemLord:
     # the device memory API (named as torch.accelerator.memory names things)
     def memory_allocated(self, device: _Device | None = None) -> int: ...
     def max_memory_allocated(self, device: _Device | None = None) -> int: ...
+    # {category: {"current": int, "peak": int, "at_peak": int}}, summed over the devices
+    def categories(self, device: _Device | None = None) -> dict[str, dict[str, int]]: ...
     def memory_reserved(self, device: _Device | None = None) -> int: ...
     def memory_cached(self, device: _Device | None = None) -> int: ...
     def max_memory_cached(self, device: _Device | None = None) -> int: ...
@@ -254,10 +260,12 @@ class LeakCheck:
 
 # ---- regions and memory profiles --------------------------------------------------------
 
-# r.stats[device]: {"delta", "peak", "peak_delta", "allocs", "frees"}
-RegionStats = dict[str, int]
+# r.stats[device]: {"delta", "peak", "peak_delta", "allocs", "frees": int, "categories":
+#   {category: {"delta", "peak_delta", "at_peak": int}}}
+RegionStats = dict[str, Any]
 # lord.regions()[name]: {"count": int, "total_s": float, "devices": {device: {
-#   "total_delta": int, "avg_delta": float, "max_delta": int, "max_peak_delta": int}}}
+#   "total_delta": int, "avg_delta": float, "max_delta": int, "max_peak_delta": int,
+#   "categories": {category: {"total_delta", "max_delta", "max_peak_delta": int}}}}}
 RegionSummary = dict[str, Any]
 
 @final

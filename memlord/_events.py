@@ -33,9 +33,23 @@ EVENT_DTYPE = np.dtype(
             "region",
             "kind",
             "source",
+            "category",
         ],
-        "formats": ["<i8", "<i8", "<i8", "<u8", "<u8", "<i8", "<u4", "<u4", "<u4", "u1", "u1"],
-        "offsets": [0, 8, 16, 24, 32, 40, 48, 52, 56, 60, 61],
+        "formats": [
+            "<i8",
+            "<i8",
+            "<i8",
+            "<u8",
+            "<u8",
+            "<i8",
+            "<u4",
+            "<u4",
+            "<u4",
+            "u1",
+            "u1",
+            "u1",
+        ],
+        "offsets": [0, 8, 16, 24, 32, 40, 48, 52, 56, 60, 61, 62],
         "itemsize": 64,
     }
 )
@@ -156,8 +170,8 @@ class EventsMixin:
         return names[_code("event_region", code, len(names))]
 
     def decode_events(self, events: np.ndarray) -> list[dict[str, Any]]:
-        """One dict per record with ``kind``, ``source``, ``device``, ``site`` and
-        ``region`` decoded to strings and the other fields as ints."""
+        """One dict per record with ``kind``, ``source``, ``device``, ``site``,
+        ``region`` and ``category`` decoded to strings and the other fields as ints."""
         if not isinstance(events, np.ndarray) or events.dtype != EVENT_DTYPE:
             raise TypeError(
                 "decode_events(): argument 'events' must be a NumPy array of "
@@ -169,7 +183,10 @@ class EventsMixin:
         devices: dict[int, str] = {}
         out = []
         for i, rec in enumerate(events.reshape(-1).tolist()):
-            t_ns, nbytes, count, address, thread, lifetime_ns, site, dev, region, kind, src = rec
+            t_ns, nbytes, count, address, thread, lifetime_ns, site, dev, region, kind, src = rec[
+                :11
+            ]
+            cat = rec[11]
             if kind >= len(EVENT_KINDS) or src >= len(EVENT_SOURCES):
                 raise ValueError(
                     f"decode_events(): argument 'events': record {i} has kind {kind} and "
@@ -196,6 +213,7 @@ class EventsMixin:
                     "thread": thread,
                     "region": names[region] if region < len(names) else "",
                     "lifetime_ns": lifetime_ns,
+                    "category": _core.CATEGORIES[cat] if cat < len(_core.CATEGORIES) else "other",
                 }
             )
         return out

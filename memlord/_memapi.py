@@ -14,6 +14,7 @@ import torch
 
 from . import _backend
 from ._bytes import format_bytes, human_bytes
+from ._core import CATEGORIES
 
 
 def _cuda_ready() -> bool:
@@ -68,7 +69,8 @@ class MemoryProfile:
         return total
 
     def memory_summary(self) -> str:
-        """A table of the block: per device delta, peak, peak delta, allocations, frees."""
+        """A table of the block: per device delta, peak, peak delta, allocations, frees,
+        then per device its delta and peak delta by category."""
         lines = [f"memlord profile_memory: {self._region.duration_s:.6f} s"]
         lines.append(
             f"{'device':<10}{'delta':>14}{'peak':>14}{'peak delta':>14}{'allocs':>9}{'frees':>9}"
@@ -80,6 +82,15 @@ class MemoryProfile:
             )
         if not self._region.stats:
             lines.append("(nothing allocated or freed inside)")
+        for dev, s in sorted(self._region.stats.items()):
+            cats = s.get("categories") or {}
+            if not cats:
+                continue
+            lines.append(f"{dev + ' by category':<26}{'delta':>14}{'peak delta':>14}")
+            for cat, c in cats.items():
+                lines.append(
+                    f"  {cat:<24}{_signed(c['delta']):>14}{format_bytes(c['peak_delta']):>14}"
+                )
         return "\n".join(lines)
 
 
@@ -119,6 +130,18 @@ def _warn_deprecated(key: str) -> None:
     )
 
 
+def _categories(led: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """{category: {"current", "peak", "at_peak"}} summed over devices' stats() entries."""
+    return {
+        cat: {
+            "current": sum(s["categories"][cat] for s in led),
+            "peak": sum(s["category_peaks"][cat] for s in led),
+            "at_peak": sum(s["peak_categories"][cat] for s in led),
+        }
+        for cat in CATEGORIES
+    }
+
+
 class MemoryAPIMixin:
     """memory_allocated & co. on MemLord."""
 
@@ -145,9 +168,12 @@ class MemoryAPIMixin:
             return torch.cuda.memory_reserved(_dev_index(dev))
         return None
 
-    def _ledger(self, dev: str) -> dict[str, int]:
+    def _ledger(self, dev: str) -> dict[str, Any]:
         s = self.stats(dev)  # type: ignore[attr-defined]
-        return s.get(dev) or dict.fromkeys(
+        got = s.get(dev)
+        if got:
+            return got
+        out: dict[str, Any] = dict.fromkeys(
             (
                 "allocated",
                 "freed",
@@ -160,6 +186,17 @@ class MemoryAPIMixin:
             ),
             0,
         )
+        for key in ("categories", "peak_categories", "category_peaks"):
+            out[key] = dict.fromkeys(CATEGORIES, 0)
+        return out
+
+    def categories(self, device: Any = None) -> dict[str, dict[str, int]]:
+        """Bytes by category (``memlord.CATEGORIES``), summed over the selected devices:
+        ``{category: {"current", "peak", "at_peak"}}`` with ``current`` the live bytes
+        (they add up to ``memory_allocated``), ``peak`` the category's own highest live
+        bytes and ``at_peak`` its bytes when the device's ``peak_allocated`` was reached
+        (they add up to ``max_memory_allocated``)."""
+        return _categories([self._ledger(d) for d in self._select(device, "categories")])
 
     # ---- the ints ---------------------------------------------------------------------
 
@@ -257,6 +294,9 @@ class MemoryAPIMixin:
                 requests += int(ts.get("allocation.all.allocated", 0))
                 mallocs += int(ts.get("segment.all.allocated", 0))
             out["cache_hit_rate"] = 1.0 - mallocs / requests if requests else None
+        for cat, c in _categories(led).items():
+            for key in ("current", "peak", "at_peak"):
+                out[f"category.{cat}.{key}"] = c[key]
         # the old name of freed_since_gc_bytes, kept one release (reading it warns)
         out["pending_free_bytes"] = out["freed_since_gc_bytes"]
         return MemoryStats(out)
@@ -284,6 +324,25 @@ class MemoryAPIMixin:
         if not devs:
             lines.append("(no device seen)")
         lines.append("drift: bytes the backend's allocator holds that memlord does not count")
+        blocks = 0
+        for dev in devs:
+            cats = _categories([self._ledger(dev)])
+            shown = [(c, v) for c, v in cats.items() if any(v.values())]
+            if not shown:
+                continue
+            blocks += 1
+            lines.append("")
+            lines.append(f"{dev + ' by category':<26}{'current':>12}{'at peak':>12}{'peak':>12}")
+            for cat, v in shown:
+                lines.append(
+                    f"  {cat:<24}{format_bytes(v['current']):>12}"
+                    f"{format_bytes(v['at_peak']):>12}{format_bytes(v['peak']):>12}"
+                )
+        if blocks:
+            lines.append(
+                "at peak: a category's bytes when the device's peak was reached; "
+                "peak: the category's own highest"
+            )
         return "\n".join(lines)
 
     # ---- actions ---------------------------------------------------------------------------

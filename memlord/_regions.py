@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import struct
 import threading
 import weakref
 from collections import deque
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 
 from . import _ops
-from ._core import Region
+from ._core import CATEGORIES, Region
 
 log = logging.getLogger("memlord")
 
@@ -35,6 +36,17 @@ _FOLD_AT = 4096
 #: still counted in ``lord.regions()``.  The default of ``MemLord(region_history=...)``;
 #: ``regions(clear=True)`` empties the history with the aggregate.
 REGION_HISTORY = 100_000
+
+
+_CATS = struct.Struct("=4q")
+iter_cats = _CATS.iter_unpack  # (index in CATEGORIES, delta, peak_delta, at_peak) per category
+
+
+def row_categories(raw: bytes) -> list[tuple[str, int, int, int]]:
+    """A closed region's device row's categories (the C core packs them as bytes, which
+    the cyclic GC does not walk): ``(category, delta, peak_delta, at_peak)`` for each
+    category an event of the region had on the device, in ``CATEGORIES`` order."""
+    return [(CATEGORIES[ix], net, peak, at) for ix, net, peak, at in _CATS.iter_unpack(raw)]
 
 
 def _drain(done: list) -> list:
@@ -88,14 +100,28 @@ class _Aggregate:
             agg[0] += 1
             agg[1] += duration_ns
             devices = agg[2]
-            for dev, _entry, net, peak_net, _allocs, _frees in rows:
+            for row in rows:
+                dev, net, peak_net = row[0], row[2], row[3]
                 d = devices.get(dev)
                 if d is None:
-                    devices[dev] = [net, net, peak_net]  # total, max, max peak
+                    d = devices[dev] = [net, net, peak_net, {}]  # total, max, max peak, cats
                 else:
                     d[0] += net
                     d[1] = max(d[1], net)
                     d[2] = max(d[2], peak_net)
+                # by category index (named in result()); this runs once per closed
+                # region and device: plain comparisons, no calls
+                cats = d[3]
+                for ix, cnet, cpeak, _at_peak in iter_cats(row[6]):
+                    c = cats.get(ix)
+                    if c is None:
+                        cats[ix] = [cnet, cnet, cpeak]
+                    else:
+                        c[0] += cnet
+                        if cnet > c[1]:
+                            c[1] = cnet
+                        if cpeak > c[2]:
+                            c[2] = cpeak
 
     def history(self, done: list) -> tuple[list[tuple[str, tuple]], int]:
         """The kept closed regions, oldest first, as ``(name, raw)``, and how many
@@ -131,8 +157,17 @@ class _Aggregate:
                             "avg_delta": total / count,
                             "max_delta": mx,
                             "max_peak_delta": mpeak,
+                            # by category, those some run of the region touched
+                            "categories": {
+                                CATEGORIES[ix]: {
+                                    "total_delta": t,
+                                    "max_delta": m,
+                                    "max_peak_delta": p,
+                                }
+                                for ix, (t, m, p) in sorted(cats.items())
+                            },
                         }
-                        for dev, (total, mx, mpeak) in devs.items()
+                        for dev, (total, mx, mpeak, cats) in devs.items()
                     }
                     out[name] = {"count": count, "total_s": total_ns / 1e9, "devices": devices}
                 if clear:
@@ -678,8 +713,9 @@ class RegionsMixin:
 
     def regions(self, clear: bool = False) -> dict[str, dict[str, Any]]:
         """Every closed region aggregated per name: ``{name: {"count", "total_s",
-        "devices": {device: {"total_delta", "avg_delta", "max_delta",
-        "max_peak_delta"}}}}``; ``clear=True`` empties the aggregate after reading."""
+        "devices": {device: {"total_delta", "avg_delta", "max_delta", "max_peak_delta",
+        "categories": {category: {"total_delta", "max_delta", "max_peak_delta"}}}}}}``;
+        ``clear=True`` empties the aggregate after reading."""
         if not isinstance(clear, bool):
             raise TypeError(
                 "regions(): argument 'clear' must be a bool, not " + type(clear).__name__

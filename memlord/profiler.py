@@ -43,6 +43,7 @@ import torch
 from . import __version__
 from .report import Events, Profile, SampleBuilder, Span, export, format_of
 from .report._lord import (
+    category_baseline,
     read_consistent,
     region_span,
     region_spans,
@@ -564,6 +565,7 @@ class MemoryTracker:
                     stats,
                 )
                 ring_meta = {
+                    "category_baseline": category_baseline(events, stats),
                     "events_capacity": self._ring_capacity,
                     "events_dropped": (
                         lord.events_dropped if self._frozen is None else self._frozen_dropped

@@ -3,13 +3,15 @@
 One file, everything inline (plotly.js included), nothing fetched when it is opened:
 
 * a summary header: devices, peaks, totals, GC runs, events, operations;
-* a per-device memory timeline (allocated, running peak, pending, reserved where known),
+* a per-device memory timeline (allocated, stacked by category where the events carry
+  one, running peak, pending, reserved where known),
   zoom with the mouse wheel or a drag, pan with the modebar; long histories are decimated
   to at most ``buckets`` time buckets per device keeping every bucket's minimum and
   maximum, so no peak is lost;
 * a Gantt of operations and regions in compact lanes (overlapping spans never share a
   lane), colored by name, with tooltips (name, duration, memory delta, start, end); its
   time axis follows the timeline's zoom;
+* the ledger by category, the modules' and regions' deltas by category;
 * the largest live tensors of the last snapshot, the hotspots and the PyTorch operators.
 
 Every string that comes from the profile is HTML-escaped.
@@ -47,6 +49,19 @@ PALETTE = [
     "#d62728",
 ]
 OTHER_COLOR = "#9aa0a6"
+# one color per category (memlord.CATEGORIES), the same on every device and chart
+CATEGORY_COLORS = {
+    "other": "#9aa0a6",
+    "parameter": "#4c78a8",
+    "buffer": "#72b7b2",
+    "gradient": "#e45756",
+    "activation": "#f58518",
+    "temporary": "#eeca3b",
+    "optimizer_state": "#b279a2",
+    "input": "#54a24b",
+    "loaded": "#9d755d",
+}
+MAX_CATEGORY_ROWS = 200
 # Legends sit above the plot area, anchored by their bottom edge: plotly then grows the
 # top margin to fit them (however many rows), so no legend covers lane 0 of the Gantt or
 # the top of the timeline.  A legend anchored by its top (y above 1 with the default
@@ -114,6 +129,22 @@ def timeline_traces(series: dict[str, Series], t0: int, buckets: int) -> list[di
                 "hovertemplate": f"{name}<br>%{{x:.6f}} s<br>%{{y:.3f}} MiB<extra></extra>",
             }
 
+        # allocated stacked by category (each storage under its category): the stack's
+        # top is the allocated line drawn next
+        for cat, values in d.categories.items():
+            traces.append(
+                line(
+                    f"{cat} {dev_e}",
+                    values,
+                    color=CATEGORY_COLORS.get(cat, OTHER_COLOR),
+                    width=0.5,
+                )
+                | {
+                    "stackgroup": f"categories {dev_e}",
+                    "legendgroup": f"category {cat}",
+                    "meta": {"memlord": "category", "category": cat, "device": dev},
+                }
+            )
         traces.append(line(f"allocated {dev_e}", d.allocated, color=color, width=1.5))
         traces.append(line(f"peak {dev_e}", peak_full[idx], color=color, dash="dot", width=1))
         if (s.pending != 0).any():
@@ -192,6 +223,7 @@ def gantt_traces(spans: list[Span], t0: int) -> tuple[list[dict[str, Any]], int,
                 f"{(spans[i].start_ns - t0) / 1e9:.6f} s",
                 f"{(spans[i].end_ns - t0) / 1e9:.6f} s",
                 _plot_text(spans[i].kind),
+                _span_categories(spans[i]),
             ]
             for i in members
         ]
@@ -211,11 +243,69 @@ def gantt_traces(spans: list[Span], t0: int) -> tuple[list[dict[str, Any]], int,
                 "hovertemplate": (
                     "<b>%{customdata[0]}</b> (%{customdata[5]})<br>"
                     "duration %{customdata[1]}<br>memory delta %{customdata[2]}<br>"
-                    "start %{customdata[3]}<br>end %{customdata[4]}<extra></extra>"
+                    "start %{customdata[3]}<br>end %{customdata[4]}%{customdata[6]}"
+                    "<extra></extra>"
                 ),
             }
         )
     return traces, n_lanes, len(spans)
+
+
+def _span_categories(span: Span) -> str:
+    """A span's deltas by category for its tooltip (``<br>``-separated), or ""."""
+    parts = []
+    for dev, cats in span.categories.items():
+        for cat, c in cats.items():
+            parts.append(
+                f"<br>{_plot_text(cat)} {_plot_text(dev)}: {_signed(int(c.get('delta', 0)))}"
+                f" (peak +{human_bytes(int(c.get('peak_delta', 0)))})"
+            )
+    return "".join(parts)
+
+
+def _signed(n: int) -> str:
+    return ("" if n < 0 else "+") + human_bytes(n)
+
+
+def _category_rows(doc: Profile) -> list[list[str]]:
+    """Per device and category the ledger's bytes at the end (the counters' ``categories``,
+    ``peak_categories`` and ``category_peaks``), categories that are 0 throughout left
+    out."""
+    rows = []
+    for dev in doc.devices():
+        c = doc.counters.get(dev, {})
+        now, at_peak, own = (
+            c.get(k) or {} for k in ("categories", "peak_categories", "category_peaks")
+        )
+        for cat in now:
+            values = (int(now.get(cat, 0)), int(at_peak.get(cat, 0)), int(own.get(cat, 0)))
+            if any(values):
+                rows.append([dev, cat, *(human_bytes(v) for v in values)])
+    return rows
+
+
+def _span_category_rows(spans: list[Span]) -> list[list[str]]:
+    """The modules' and regions' deltas by category, per span name, device and category:
+    calls, total delta, largest delta and largest peak delta (the largest peaks first, at
+    most MAX_CATEGORY_ROWS)."""
+    agg: dict[tuple[str, str, str], list[int]] = {}
+    for s in spans:
+        for dev, cats in s.categories.items():
+            for cat, c in cats.items():
+                d, p = int(c.get("delta", 0)), int(c.get("peak_delta", 0))
+                a = agg.get((s.name, dev, cat))
+                if a is None:
+                    agg[(s.name, dev, cat)] = [1, d, d, p]
+                else:
+                    a[0] += 1
+                    a[1] += d
+                    a[2] = max(a[2], d)
+                    a[3] = max(a[3], p)
+    order = sorted(agg.items(), key=lambda kv: (-kv[1][3], kv[0]))[:MAX_CATEGORY_ROWS]
+    return [
+        [name, dev, cat, str(n), _signed(total), _signed(mx), human_bytes(peak)]
+        for (name, dev, cat), (n, total, mx, peak) in order
+    ]
 
 
 # ---- the page --------------------------------------------------------------------------
@@ -362,6 +452,7 @@ def _top_tensors(doc: Profile) -> list[list[str]]:
                         str(t.get("shape", "")),
                         str(t.get("dtype", "")),
                         str(t.get("requires_grad", "")),
+                        str(t.get("category") or ""),
                         str(t.get("operation") or ""),
                         str(snap.get("checkpoint_name") or ""),
                     ]
@@ -439,6 +530,16 @@ def render_html(
         )
         + "</section>"
     )
+    cat_rows = _category_rows(doc)
+    if cat_rows:
+        sections.append(
+            '<section id="categories"><h2>By category</h2>'
+            + _table(
+                ["device", "category", "at end", "at the peak", "own peak"], cat_rows, {2, 3, 4}
+            )
+            + '<p class="note">What the ledger holds by category: at the end of the profile, '
+            "when the device reached its peak, and each category's own highest.</p></section>"
+        )
     decimated = any(len(s) > 2 * buckets for s in series.values())
     note = (
         f"Decimated to {buckets} time buckets per device; every bucket keeps its minimum "
@@ -461,12 +562,42 @@ def render_html(
         if gt_traces
         else "<section><h2>Operations and regions</h2><p>None recorded.</p></section>"
     )
+    span_rows = _span_category_rows(spans)
+    if span_rows:
+        sections.append(
+            '<section id="span-categories"><h2>Modules and regions by category</h2>'
+            + _table(
+                [
+                    "module or region",
+                    "device",
+                    "category",
+                    "calls",
+                    "total delta",
+                    "largest delta",
+                    "largest peak delta",
+                ],
+                span_rows,
+                {3, 4, 5, 6},
+            )
+            + '<p class="note">Each storage counts under the category it had when it was '
+            "allocated and freed: a gradient made in backward counts as temporary in the "
+            "backward regions.</p></section>"
+        )
     top = _top_tensors(doc)
     if top:
         sections.append(
             "<section><h2>Largest live tensors (last snapshot)</h2>"
             + _table(
-                ["device", "MiB", "shape", "dtype", "requires_grad", "operation", "snapshot"],
+                [
+                    "device",
+                    "MiB",
+                    "shape",
+                    "dtype",
+                    "requires_grad",
+                    "category",
+                    "operation",
+                    "snapshot",
+                ],
                 top,
                 {1},
             )

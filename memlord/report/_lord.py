@@ -30,7 +30,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from memlord._core import CATEGORIES
 from memlord._events import EVENT_KINDS, EVENT_SOURCES
+from memlord._regions import row_categories
 
 from ._model import KNOWN_KINDS, Events, Profile, SampleBuilder, Span
 from ._source import _snapshot_section, build_snapshot, lord_counters, lord_hotspots, lord_totals
@@ -55,6 +57,75 @@ def read_consistent(lord: Any, tries: int = 5) -> tuple[np.ndarray, dict[str, di
         if before == after:
             break
     return recs, after
+
+
+def storage_categories(lord: Any, recs: np.ndarray) -> np.ndarray:
+    """Each record's category as the index of its storage's category now, so that a
+    storage counts under one category over its whole life in the timeline: an alloc
+    takes the category of its storage's free (matched by device and address: the next
+    free of that address), or, for a storage still alive, its category in the lord's
+    registry of live storages; a storage that changed category while it lived (a
+    parameter's gradient made in backward, optimizer state) is drawn under the one it
+    ended with.  Records of no storage (address 0, an aggregate of several) keep the
+    category the event carried."""
+    cat = recs["category"].astype(np.int16)
+    n = recs.shape[0]
+    if not n:
+        return cat
+    kind, addr, dev = recs["kind"], recs["address"], recs["device"]
+    alloc, free = kind == _ALLOC, kind == _FREE
+    idx = np.flatnonzero((alloc | free) & (addr != 0))
+    if not idx.size:
+        return cat
+    order = idx[np.lexsort((idx, addr[idx], dev[idx]))]
+    a, b = order[:-1], order[1:]
+    same = (dev[a] == dev[b]) & (addr[a] == addr[b])
+    pair = same & alloc[a] & free[b]
+    cat[a[pair]] = cat[b[pair]]
+    last = order[np.r_[~same, True] & alloc[order]]  # an alloc no free follows: alive
+    if last.size:
+        try:
+            live = lord._live(-1, -(2**63))[2] if lord._life_active() else []
+        except Exception:  # noqa: BLE001 - a best effort: the events keep their own
+            live = []
+        if live:
+            index = {name: i for i, name in enumerate(CATEGORIES)}
+            now = {(e[0], e[2]): index.get(e[-1], 0) for e in live}
+            for i in last.tolist():
+                c = now.get((int(dev[i]), int(addr[i])))
+                if c is not None:
+                    cat[i] = c
+    return cat
+
+
+def category_baseline(
+    events: Events, stats: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, int]]:
+    """Per device and category, the bytes that make the category's running sum of the
+    events end at ``stats``' ``categories`` (what the ledger holds now): the bytes
+    counted before the ring's first record, and those that changed category (which is
+    no event) without a record to relabel."""
+    n = len(events)
+    cats, devs = events.categories, events.devices
+    net = np.zeros((max(len(devs), 1), max(len(cats), 1)), dtype=np.int64)
+    if n and cats:
+        kinds = events["kind"]
+        alloc = kinds == events.kinds.index("alloc")
+        free = kinds == events.kinds.index("free")
+        signed = np.where(alloc, events["bytes"], np.where(free, -events["bytes"], 0))
+        ok = events["category"] >= 0
+        np.add.at(net, (events["device"][ok], events["category"][ok]), signed[ok])
+    out: dict[str, dict[str, int]] = {}
+    for dev, st in stats.items():
+        have = st.get("categories")
+        if not have:
+            continue
+        d = devs.index(dev) if dev in devs else -1
+        out[dev] = {
+            c: int(v) - (int(net[d, cats.index(c)]) if d >= 0 and c in cats else 0)
+            for c, v in have.items()
+        }
+    return out
 
 
 def ring_events(
@@ -118,12 +189,14 @@ def ring_events(
             "lifetime_ns": np.where(recs["lifetime_ns"] > 0, recs["lifetime_ns"], -1).astype(
                 np.int64
             ),
+            "category": storage_categories(lord, recs),
         },
         kinds=_KINDS,
         sources=EVENT_SOURCES,
         devices=devices,
         sites=sites,
         regions=regions,
+        categories=CATEGORIES,
     )
     baseline: dict[str, int] = {}
     if n:
@@ -143,16 +216,24 @@ def region_span(name: str, raw: tuple, kind: str = "region") -> Span:
     span: ``delta`` per device is the net bytes its own thread allocated inside,
     ``peak`` the device's allocated bytes at the region's highest point, ``pre_total``
     the devices' allocated bytes when the region first touched them and ``post_total``
-    that plus the deltas, ``tensor_delta`` storages allocated minus freed."""
+    that plus the deltas, ``tensor_delta`` storages allocated minus freed, ``categories``
+    per device the categories its events carried (``{category: {"delta", "peak_delta",
+    "at_peak"}}``, as ``region.stats``)."""
     duration_ns, rows, start_ns, thread, depth = raw[:5]
     delta: dict[str, int] = {}
     peak: dict[str, int] = {}
+    categories: dict[str, dict[str, dict[str, int]]] = {}
     pre = storages = 0
-    for dev, entry, net, peak_net, allocs, frees in rows:
+    for dev, entry, net, peak_net, allocs, frees, cats in rows:
         delta[dev] = net
         peak[dev] = entry + peak_net
         pre += entry
         storages += allocs - frees
+        if cats:
+            categories[dev] = {
+                cat: {"delta": cnet, "peak_delta": cpeak, "at_peak": at_peak}
+                for cat, cnet, cpeak, at_peak in row_categories(cats)
+            }
     return Span(
         name=name,
         start_ns=start_ns,
@@ -165,6 +246,7 @@ def region_span(name: str, raw: tuple, kind: str = "region") -> Span:
         tensor_delta=storages,
         delta=delta,
         peak=peak,
+        categories=categories,
     )
 
 
@@ -242,6 +324,7 @@ def profile_from_lord(lord: Any, *, top: int = 10, title: str | None = None) -> 
             "threads": thread_names(idents),
             "top_tensors_from": origin,
             "event_baseline": baseline,
+            "category_baseline": category_baseline(events, stats),
             "site_frames": site_frames_table(recs),
             "events_capacity": lord.events_capacity,
             "events_dropped": lord.events_dropped,

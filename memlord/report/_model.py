@@ -40,6 +40,7 @@ EVENT_COLUMNS: dict[str, np.dtype[Any]] = {
     "thread": np.dtype(np.int64),
     "region": np.dtype(np.int32),
     "lifetime_ns": np.dtype(np.int64),
+    "category": np.dtype(np.int16),
 }
 # columns that index a string table, and that table's name
 EVENT_TABLES = {
@@ -48,9 +49,10 @@ EVENT_TABLES = {
     "device": "devices",
     "site": "sites",
     "region": "regions",
+    "category": "categories",
 }
 # columns where -1 means "unknown" / "none"
-_OPTIONAL = ("site", "region", "lifetime_ns", "source")
+_OPTIONAL = ("site", "region", "lifetime_ns", "source", "category")
 
 SAMPLE_COLUMNS: dict[str, np.dtype[Any]] = {
     "t_ns": np.dtype(np.int64),
@@ -73,11 +75,11 @@ def _column(values: Any, dtype: np.dtype[Any], name: str) -> np.ndarray:
 
 class Events:
     """Events as columns: one 1-D NumPy array per field, all the same length, plus small
-    string tables that the integer columns ``kind``, ``source``, ``device``, ``site`` and
-    ``region`` index (-1 in ``source``, ``site`` and ``region`` means none; -1 in
-    ``lifetime_ns`` means unknown)."""
+    string tables that the integer columns ``kind``, ``source``, ``device``, ``site``,
+    ``region`` and ``category`` index (-1 in ``source``, ``site``, ``region`` and
+    ``category`` means none; -1 in ``lifetime_ns`` means unknown)."""
 
-    __slots__ = ("columns", "kinds", "sources", "devices", "sites", "regions")
+    __slots__ = ("columns", "kinds", "sources", "devices", "sites", "regions", "categories")
 
     def __init__(
         self,
@@ -88,6 +90,7 @@ class Events:
         devices: Sequence[str] = (),
         sites: Sequence[str] = (),
         regions: Sequence[str] = (),
+        categories: Sequence[str] = (),
     ) -> None:
         columns = dict(columns or {})
         unknown = set(columns) - set(EVENT_COLUMNS)
@@ -114,6 +117,7 @@ class Events:
         self.devices = [str(s) for s in devices]
         self.sites = [str(s) for s in sites]
         self.regions = [str(s) for s in regions]
+        self.categories = [str(s) for s in categories]
         for col, table in EVENT_TABLES.items():
             arr = self.columns[col]
             size = len(getattr(self, table))
@@ -254,6 +258,9 @@ class Span:
     delta: dict[str, int] = dataclasses.field(default_factory=dict)
     peak: dict[str, int] = dataclasses.field(default_factory=dict)
     finished: bool = True
+    # per device, {category: {"delta", "peak_delta", "at_peak"}} (regions; empty when
+    # the span's source does not split by category)
+    categories: dict[str, dict[str, dict[str, int]]] = dataclasses.field(default_factory=dict)
 
     @property
     def duration_ns(self) -> int:

@@ -19,6 +19,9 @@ class Series:
     pending: np.ndarray
     reserved: np.ndarray | None  # None: not known for this device
     source: str  # "events" or "samples"
+    # allocated split by category (each storage under its category), where the events
+    # carry one: {category: values}, every category the device ever held
+    categories: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.t_ns.shape[0])
@@ -38,6 +41,7 @@ class Series:
             self.pending[idx],
             None if self.reserved is None else self.reserved[idx],
             self.source,
+            {c: v[idx] for c, v in self.categories.items()},
         )
 
 
@@ -47,8 +51,9 @@ def _from_events(doc: Profile, dev_index: int, device: str) -> Series:
     t = ev["t_ns"][mask]
     kind = ev["kind"][mask]
     nbytes = ev["bytes"][mask]
+    cat = ev["category"][mask]
     order = np.argsort(t, kind="stable")
-    t, kind, nbytes = t[order], kind[order], nbytes[order]
+    t, kind, nbytes, cat = t[order], kind[order], nbytes[order], cat[order]
 
     def code(name: str) -> int:
         return ev.kinds.index(name) if name in ev.kinds else -2
@@ -72,7 +77,31 @@ def _from_events(doc: Profile, dev_index: int, device: str) -> Series:
         idx = np.where(res_mask, np.arange(t.shape[0]), -1)
         idx = np.maximum.accumulate(idx)
         reserved = np.where(idx >= 0, nbytes[np.maximum(idx, 0)], -1)
-    return Series(device, t, allocated, pending, reserved, "events")
+    return Series(
+        device, t, allocated, pending, reserved, "events", _categories(doc, device, d_alloc, cat)
+    )
+
+
+def _categories(
+    doc: Profile, device: str, d_alloc: np.ndarray, cat: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Per category, the running sum of the device's allocated changes whose event has
+    that category, plus the document's ``category_baseline``; empty when no event has a
+    category.  Categories that are 0 throughout are left out."""
+    names = doc.events.categories
+    if not names or not (cat >= 0).any():
+        return {}
+    base = doc.metadata.get("category_baseline", {}).get(device, {})
+    out: dict[str, np.ndarray] = {}
+    for i, name in enumerate(names):
+        mine = cat == i
+        b = int(base.get(name, 0))
+        if not mine.any() and not b:
+            continue
+        values = np.cumsum(np.where(mine, d_alloc, 0)) + b
+        if values.any():
+            out[name] = values
+    return out
 
 
 def _from_samples(doc: Profile, dev_index: int, device: str) -> Series:

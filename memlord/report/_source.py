@@ -39,7 +39,8 @@ def _snapshot_section(
 ) -> tuple[dict[str, dict[str, Any]], str]:
     """The live tensors per device, in the shape of ``lord.snapshot()``: ``{device:
     {"total_bytes", "count", "top": [{"nbytes", "shape", "dtype", "device",
-    "requires_grad", "site", "region", "age_s", "tracked"}, ...]}}`` (largest first, at
+    "requires_grad", "site", "region", "age_s", "tracked", "category"}, ...]}}`` (largest
+    first, at
     most ``top``; shapes as lists), and where they came from.
 
     This is the single place every snapshot and report gets its tensors from (the
@@ -72,6 +73,7 @@ def _snapshot_section(
                     "region": None,
                     "age_s": None,
                     "tracked": None,
+                    "category": None,
                 }
                 for t in entry["tensors"]
             ],
@@ -82,8 +84,8 @@ def _snapshot_section(
 def tensor_rows(top: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A section's ``top`` list as the memory profiler's snapshot rows: ``size_mb``,
     ``nbytes``, ``shape``, ``dtype``, ``device``, ``requires_grad``, ``operation`` (the
-    region the storage was allocated in, None when unknown), plus ``site``, ``age_s``
-    and ``tracked`` where known."""
+    region the storage was allocated in, None when unknown), plus ``site``, ``age_s``,
+    ``tracked`` and ``category`` where known."""
     rows = []
     for t in top:
         nbytes = int(t.get("nbytes") or 0)
@@ -96,7 +98,7 @@ def tensor_rows(top: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "requires_grad": t.get("requires_grad"),
             "operation": t.get("region") or None,
         }
-        for key in ("site", "age_s", "tracked"):
+        for key in ("site", "age_s", "tracked", "category"):
             if t.get(key) is not None:
                 row[key] = t[key]
         rows.append(row)
@@ -133,6 +135,9 @@ def build_snapshot(
             "reserved_bytes": t.get("reserved"),
             "visible_bytes": s["total_bytes"],
         }
+        if t.get("categories") is not None:
+            # the ledger's live bytes by category (they add up to total_bytes)
+            breakdown[dev]["categories"] = dict(t["categories"])
     total = sum(b["total_bytes"] for b in breakdown.values())
     return {
         "timestamp": _dt.datetime.now().isoformat(timespec="microseconds"),
@@ -168,13 +173,15 @@ def pending_bytes(lord: MemLord, device: str) -> int:
 
 
 def lord_totals(lord: MemLord) -> dict[str, dict[str, Any]]:
-    """Per device: allocated, live storages, pending and reserved (None: unknown)."""
+    """Per device: allocated, live storages, pending, reserved (None: unknown) and the
+    live bytes by category."""
     return {
         dev: {
             "allocated": st["allocated"],
             "live": st["allocs"] - st["frees"],
             "pending": pending_bytes(lord, dev),
             "reserved": reserved_bytes(dev),
+            "categories": st["categories"],
         }
         for dev, st in lord.stats().items()
     }
@@ -261,7 +268,8 @@ class LedgerSource:
     # ---- numbers ----------------------------------------------------------------------
 
     def totals(self) -> dict[str, dict[str, Any]]:
-        """Per device: allocated, live storages, pending and reserved (None: unknown)."""
+        """Per device: allocated, live storages, pending, reserved (None: unknown) and the
+        live bytes by category."""
         return lord_totals(self.lord)
 
     def counters(self) -> dict[str, dict[str, Any]]:

@@ -86,6 +86,9 @@ def _chunks(doc: Profile, progress: Progress):
             args[f"delta {dev}"] = d
         for dev, p in s.peak.items():
             args[f"peak {dev}"] = p
+        for dev, cats in s.categories.items():
+            for cat, c in cats.items():
+                args[f"delta {dev} {cat}"] = c.get("delta", 0)
         if not s.finished:
             args["unfinished"] = True
         head = dumps({"ph": "X", "cat": s.kind, "name": s.name, "pid": PID, "tid": tids[s.thread]})
@@ -96,14 +99,19 @@ def _chunks(doc: Profile, progress: Progress):
 
     # counters, one track per device
     series = memory_series(doc)
-    total = sum(len(s) for s in series.values()) or 1
     done = 0
+    tracks = []
     for dev, s in series.items():
-        name = dumps(f"memory {dev}")
-        ts = s.t_ns - base
         cols = [("allocated", s.allocated), ("pending", s.pending)]
         if s.reserved is not None:
             cols.append(("reserved", s.reserved))
+        tracks.append((s, f"memory {dev}", cols))
+        if s.categories:  # allocated by category: one counter of stacked values
+            tracks.append((s, f"memory {dev} by category", list(s.categories.items())))
+    total = sum(len(t[0]) for t in tracks) or 1
+    for s, track, cols in tracks:
+        name = dumps(track)
+        ts = s.t_ns - base
         n = len(s)
         step = 65536
         for lo in range(0, n, step):
@@ -113,7 +121,7 @@ def _chunks(doc: Profile, progress: Progress):
             parts = []
             for j, t in enumerate(t_list):
                 args = ",".join(
-                    f'"{cname}":{vals[j]}'
+                    f"{dumps(cname)}:{vals[j]}"
                     for (cname, _), vals in zip(cols, values, strict=True)
                     if vals[j] >= 0
                 )

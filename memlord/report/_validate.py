@@ -192,6 +192,16 @@ class _Checker:
             for dev, v in (base or {}).items():
                 self.device("metadata.event_baseline key", dev)
                 self.integer(f"metadata.event_baseline.{dev}", v)
+        if "category_baseline" in md:
+            base = self.obj("metadata.category_baseline", md["category_baseline"])
+            for dev, cats in (base or {}).items():
+                self.device("metadata.category_baseline key", dev)
+                self.int_map(f"metadata.category_baseline.{dev}", cats)
+
+    def int_map(self, where: str, value: Any) -> None:
+        """An object of names to integers (bytes by category)."""
+        for name, v in (self.obj(where, value) or {}).items():
+            self.integer(f"{where}.{name}", v)
 
     def snapshots(self, value: Any) -> None:
         for where, snap in self.objects("snapshots", value):
@@ -202,6 +212,8 @@ class _Checker:
             for dev, info in (per_dev or {}).items():
                 self.device(f"{where}.device_breakdown key", dev)
                 info = self.obj(f"{where}.device_breakdown.{dev}", info)
+                if info is not None and "categories" in info:
+                    self.int_map(f"{where}.device_breakdown.{dev}.categories", info["categories"])
                 if info is None or "tensors" not in info:
                     continue
                 for twhere, t in self.objects(
@@ -250,6 +262,12 @@ class _Checker:
                     for dev, v in (per_dev or {}).items():
                         self.device(f"{swhere}.{key} key", dev)
                         self.integer(f"{swhere}.{key}.{dev}", v)
+            if "categories" in span:
+                per_dev = self.obj(f"{swhere}.categories", span["categories"])
+                for dev, cats in (per_dev or {}).items():
+                    self.device(f"{swhere}.categories key", dev)
+                    for cat, c in (self.obj(f"{swhere}.categories.{dev}", cats) or {}).items():
+                        self.int_map(f"{swhere}.categories.{dev}.{cat}", c)
             if "finished" in span and not isinstance(span["finished"], bool):
                 self.expected(f"{swhere}.finished", "true or false", span["finished"])
 
@@ -266,6 +284,9 @@ class _Checker:
             for key in _COUNTER_INTS:
                 if c is not None and key in c and not (key == "reserved" and c[key] is None):
                     self.integer(f"memlord.counters.{dev}.{key}", c[key])
+            for key in ("categories", "peak_categories", "category_peaks"):
+                if c is not None and key in c:
+                    self.int_map(f"memlord.counters.{dev}.{key}", c[key])
 
     def columns(
         self, where: str, value: Any, dtypes: dict[str, np.dtype[Any]], what: str

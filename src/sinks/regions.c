@@ -17,6 +17,14 @@ typedef struct {
     int64_t peak_net; /* the highest net reached (>= 0) */
     int64_t allocs;
     int64_t frees;
+    /* the same by category (enum ml_category, core/ledger.h), as the events
+     * carry it: net, its own peak, and its value when peak_net was reached
+     * (summed over the categories: net, peak_net); touched: a bit per
+     * category some event of the region had */
+    int64_t cat_net[ML_NCAT];
+    int64_t cat_peak[ML_NCAT];
+    int64_t cat_at_peak[ML_NCAT];
+    uint32_t touched;
 } ml_rdev;
 
 typedef struct {
@@ -360,15 +368,23 @@ static void reg_apply(void *data, ml_book *Py_UNUSED(lord), ml_event *ev, int n)
             if (d == NULL) {
                 continue;
             }
+            int c = ml_cat_clamp(e->cat);
+            d->touched |= 1u << c;
             if (e->kind == ML_EV_ALLOC) {
                 d->net += e->bytes;
                 d->allocs += e->count;
+                d->cat_net[c] += e->bytes;
+                if (d->cat_net[c] > d->cat_peak[c]) {
+                    d->cat_peak[c] = d->cat_net[c];
+                }
                 if (d->net > d->peak_net) {
                     d->peak_net = d->net;
+                    memcpy(d->cat_at_peak, d->cat_net, sizeof(d->cat_net));
                 }
             } else {
                 d->net -= e->bytes;
                 d->frees += e->count;
+                d->cat_net[c] -= e->bytes;
             }
         }
     }
@@ -384,8 +400,36 @@ const int *ml_regions_busy(const struct ml_regions *r)
 
 /* ---- entering and leaving -------------------------------------------------- */
 
+/* The categories a region's device row touched, as bytes: per category, in
+ * category order, four native int64 (its index in _core.CATEGORIES, net,
+ * own peak of net, net at the row's peak).  Bytes, not tuples: the history
+ * keeps 100,000 rows, and nested tuples there are objects the cyclic GC
+ * walks on every collection (memlord/_regions.py's row_categories reads them). */
+static PyObject *cats_bytes(const ml_rdev *d)
+{
+    int n = 0;
+    for (int c = 0; c < ML_NCAT; c++) {
+        n += (d->touched >> c) & 1u;
+    }
+    PyObject *b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n * 4 * (Py_ssize_t)sizeof(int64_t));
+    if (b == NULL) {
+        return NULL;
+    }
+    int64_t *v = (int64_t *)(void *)PyBytes_AS_STRING(b);
+    for (int c = 0; c < ML_NCAT; c++) {
+        if ((d->touched >> c) & 1u) {
+            *v++ = c;
+            *v++ = d->cat_net[c];
+            *v++ = d->cat_peak[c];
+            *v++ = d->cat_at_peak[c];
+        }
+    }
+    return b;
+}
+
 /* region_close(id) -> (duration_ns, [(device str, entry, net, peak_net,
- * allocs, frees), ...], start_ns, thread, depth): close region id (any
+ * allocs, frees, categories), ...], start_ns, thread, depth), categories
+ * as cats_bytes: close region id (any
  * thread's; usually the caller's).  start_ns is the monotonic clock at entry
  * (time.monotonic_ns()'s clock), thread the opening thread's ident, depth the
  * number of regions of that thread open around it.  The region is detached
@@ -419,10 +463,15 @@ static PyObject *region_close(ml_book *lord, int64_t id)
             continue; /* reserved for an update that did not happen */
         }
         PyObject *dev = ml_dev_str(st, d->dev);
-        PyObject *item =
-            dev ? Py_BuildValue("(NLLLLL)", dev, (long long)d->entry, (long long)d->net,
-                                (long long)d->peak_net, (long long)d->allocs, (long long)d->frees)
-                : NULL;
+        PyObject *cats = dev != NULL ? cats_bytes(d) : NULL;
+        PyObject *item = cats != NULL
+                             ? Py_BuildValue("(NLLLLLN)", dev, (long long)d->entry,
+                                             (long long)d->net, (long long)d->peak_net,
+                                             (long long)d->allocs, (long long)d->frees, cats)
+                             : NULL;
+        if (cats == NULL) {
+            Py_XDECREF(dev);
+        }
         if (item == NULL || PyList_Append(list, item) < 0) {
             Py_CLEAR(list);
         }
@@ -659,6 +708,30 @@ static PyObject *region_exit(RegionObject *self, PyObject *const *Py_UNUSED(args
     Py_RETURN_NONE;
 }
 
+/* A row's categories (cats_bytes) as {name: {"delta", "peak_delta",
+ * "at_peak"}}. */
+static PyObject *cats_dict(PyObject *cats)
+{
+    /* cats: the row's bytes (cats_bytes), which the row holds: no Python runs
+     * that could drop it, and bytes never change */
+    PyObject *out = PyDict_New();
+    if (out == NULL || !PyBytes_Check(cats)) {
+        return out;
+    }
+    Py_ssize_t n = PyBytes_GET_SIZE(cats) / (Py_ssize_t)(4 * sizeof(int64_t));
+    for (Py_ssize_t i = 0; out != NULL && i < n; i++) {
+        int64_t v[4];
+        memcpy(v, PyBytes_AS_STRING(cats) + i * (Py_ssize_t)sizeof(v), sizeof(v));
+        PyObject *d = Py_BuildValue("{sLsLsL}", "delta", (long long)v[1], "peak_delta",
+                                    (long long)v[2], "at_peak", (long long)v[3]);
+        if (d == NULL || PyDict_SetItemString(out, ml_category_name((int)v[0]), d) < 0) {
+            Py_CLEAR(out);
+        }
+        Py_XDECREF(d);
+    }
+    return out;
+}
+
 static PyObject *region_get_stats(RegionObject *self, void *Py_UNUSED(closure))
 {
     if (self->stats != NULL) {
@@ -671,20 +744,26 @@ static PyObject *region_get_stats(RegionObject *self, void *Py_UNUSED(closure))
     PyObject *raw = Py_NewRef(self->raw); /* kept while dicts are built */
     PyObject *rows = PyTuple_GET_ITEM(raw, 1);
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(rows); i++) {
-        PyObject *row = PyList_GET_ITEM(rows, i);
+        /* a strong reference: building the dicts can run the cyclic GC */
+        PyObject *row = Py_NewRef(PyList_GET_ITEM(rows, i));
         long long entry = PyLong_AsLongLong(PyTuple_GET_ITEM(row, 1));
         long long net = PyLong_AsLongLong(PyTuple_GET_ITEM(row, 2));
         long long peak_net = PyLong_AsLongLong(PyTuple_GET_ITEM(row, 3));
-        PyObject *d = Py_BuildValue("{sLsLsLsOsO}", "delta", net, "peak", entry + peak_net,
-                                    "peak_delta", peak_net, "allocs", PyTuple_GET_ITEM(row, 4),
-                                    "frees", PyTuple_GET_ITEM(row, 5));
+        PyObject *cats = cats_dict(PyTuple_GET_ITEM(row, 6));
+        PyObject *d =
+            cats == NULL ? NULL
+                         : Py_BuildValue("{sLsLsLsOsOsN}", "delta", net, "peak", entry + peak_net,
+                                         "peak_delta", peak_net, "allocs", PyTuple_GET_ITEM(row, 4),
+                                         "frees", PyTuple_GET_ITEM(row, 5), "categories", cats);
         if (d == NULL || PyDict_SetItem(out, PyTuple_GET_ITEM(row, 0), d) < 0) {
             Py_XDECREF(d);
+            Py_DECREF(row);
             Py_DECREF(out);
             Py_DECREF(raw);
             return NULL;
         }
         Py_DECREF(d);
+        Py_DECREF(row);
     }
     Py_DECREF(raw);
     Py_XSETREF(self->stats, Py_NewRef(out));
@@ -803,7 +882,9 @@ static PyMethodDef region_methods[] = {
 static PyGetSetDef region_getset[] = {
     {"name", (getter)region_get_name, NULL, "The region's name.", NULL},
     {"stats", (getter)region_get_stats, NULL,
-     "Per device after exit: {'delta', 'peak', 'peak_delta', 'allocs', 'frees'}.", NULL},
+     "Per device after exit: {'delta', 'peak', 'peak_delta', 'allocs', 'frees', "
+     "'categories'}.",
+     NULL},
     {"duration_s", (getter)region_get_duration, NULL, "Seconds inside (0.0 until exit).", NULL},
     {"open", (getter)region_get_open, NULL, "Whether the region is open.", NULL},
     {"_lord", (getter)region_get_lord, NULL, NULL, NULL},

@@ -77,7 +77,8 @@ static void ring_apply(void *data, ml_book *lord, ml_event *ev, int n)
         rec->region = ml_regions_current(lord->regions); /* e is this thread's */
         rec->kind = e->kind;
         rec->source = e->source;
-        rec->pad[0] = rec->pad[1] = 0;
+        rec->category = e->cat;
+        rec->pad = 0;
     }
 }
 

@@ -18,7 +18,8 @@ typedef struct {
     uint32_t region; /* index into the lord's region names, 0: none */
     uint8_t kind;
     uint8_t source;
-    uint8_t pad[2];
+    uint8_t category; /* enum ml_category (core/ledger.h) of the bytes */
+    uint8_t pad;
 } ml_rec;
 
 struct ml_ring;

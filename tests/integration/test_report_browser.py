@@ -75,8 +75,15 @@ def test_lord_export_draws_in_chromium(browser, tmp_path):
     assert loaded.console == [], f"console messages: {loaded.console}"
     assert loaded.ready_ms is not None, "the report's script did not finish"
     timeline, _, rest = loaded.dom.partition('id="gantt"')
-    # cpu only: allocated and its running peak (nothing pending, no reserved, no auto-GC)
-    assert _count(r'class="trace scatter', timeline) == 2
+    # cpu only: allocated and its running peak (nothing pending, no reserved, no auto-GC),
+    # under them allocated stacked by category (one area per category the cpu held)
+    from memlord.report import memory_series
+
+    cats = memory_series(doc)["cpu"].categories
+    assert cats, "the lord's events carry categories"
+    assert _count(r'class="trace scatter', timeline) == 2 + len(cats)
+    for cat in cats:
+        assert f">{cat} cpu<" in timeline  # its legend entry
     names = {s.name for s in doc.regions}
     assert len(names) <= 12  # each name its own color and bar trace
     assert _count(r'<g class="point"', rest) == len(doc.regions) >= 8

@@ -104,6 +104,7 @@ def test_json_has_the_seed_schema_and_memlord_sections(doc, tmp_path):
         "thread",
         "region",
         "lifetime_ns",
+        "category",
     }
     assert ml["events"]["tables"]["devices"] == ["cpu", "cuda:0"]
 

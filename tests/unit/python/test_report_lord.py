@@ -120,8 +120,10 @@ def test_trace_has_a_slice_per_region_and_a_counter_track_per_device(work, tmp_p
     assert by_name["load"]["args"]["delta cpu"] == 4400
     assert by_name["scratch"]["args"]["peak cpu"] == work.scratch.stats["cpu"]["peak"]
     assert by_name["scratch"]["dur"] == pytest.approx(work.scratch.duration_s * 1e6, abs=1e-3)
-    counters = [e for e in events if e["ph"] == "C"]
-    assert {e["name"] for e in counters} == {"memory cpu"}
+    # one track per device, and its allocated bytes by category (the events carry one)
+    counters = [e for e in events if e["ph"] == "C" and e["name"] == "memory cpu"]
+    names = {e["name"] for e in events if e["ph"] == "C"}
+    assert names == {"memory cpu", "memory cpu by category"}
     values = [e["args"]["allocated"] for e in counters]
     assert values == memory_series(doc)["cpu"].allocated.tolist()
     assert values[-1] == work.lord.stats()["cpu"]["allocated"]
