@@ -688,7 +688,7 @@ int ml_life_category(const ml_book *lord, const PyObject *key)
 
 int ml_life_recategorize(ml_book *lord, const PyObject *key, int cat, unsigned from_mask)
 {
-    RegistryObject *reg = (RegistryObject *)lord->registry;
+    const RegistryObject *reg = (const RegistryObject *)lord->registry;
     if (reg == NULL || key == NULL) {
         return 0;
     }
