@@ -430,6 +430,54 @@ static void out_grown(ml_state *st, ops_outs *o)
     o->n = 0;
 }
 
+/* In front of op_cache, a direct-mapped table by the overload's address:
+ * the dict's lookup calls OpOverload.__hash__, a Python method, at every
+ * operator.  A slot holds its func, so no other object can have that
+ * address while the slot names it. */
+#define OP_FAST_SLOTS 512
+
+typedef struct {
+    PyObject *func; /* strong, or NULL */
+    PyObject *call; /* strong */
+    long fresh;
+    int flags;
+} op_fast;
+
+static op_fast op_fast_tab[OP_FAST_SLOTS];
+
+static inline op_fast *op_fast_slot(const PyObject *func)
+{
+    uintptr_t a = (uintptr_t)func;
+    return &op_fast_tab[((a >> 4) ^ (a >> 13)) & (OP_FAST_SLOTS - 1)];
+}
+
+/* func's callable (a new reference) and masks; NULL with an exception set. */
+static PyObject *op_lookup(PyObject *func, long *fresh, int *flags)
+{
+    op_fast *f = op_fast_slot(func);
+    if (f->func == func) {
+        *fresh = f->fresh;
+        *flags = f->flags;
+        return Py_NewRef(f->call);
+    }
+    PyObject *entry = op_entry(func);
+    if (entry == NULL) {
+        return NULL;
+    }
+    PyObject *call = Py_NewRef(PyTuple_GET_ITEM(entry, 0));
+    *fresh = PyLong_AsLong(PyTuple_GET_ITEM(entry, 1));
+    *flags = (int)PyLong_AsLong(PyTuple_GET_ITEM(entry, 2));
+    Py_DECREF(entry);
+    /* op_entry may have run Python: the slot is read afresh */
+    f = op_fast_slot(func);
+    op_fast old = *f;
+    *f = (op_fast){Py_NewRef(func), Py_NewRef(call), *fresh, *flags};
+    /* released once the slot is consistent: a release may run anything */
+    Py_XDECREF(old.func);
+    Py_XDECREF(old.call);
+    return call;
+}
+
 PyObject *ml_ops_dispatch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     if (nargs < 1 || nargs > 4) {
@@ -463,17 +511,16 @@ PyObject *ml_ops_dispatch(PyObject *module, PyObject *const *args, Py_ssize_t na
                      Py_TYPE(fkwargs)->tp_name);
         return NULL;
     }
-    PyObject *entry = op_entry(func);
-    if (entry == NULL) {
+    long fresh = 0;
+    int flags = 0;
+    PyObject *call = op_lookup(func, &fresh, &flags);
+    if (call == NULL) {
         /* accounting never raises into the caller: run the operator as it is */
         PyErr_WriteUnraisable(func);
         PyObject *r = PyObject_Call(func, fargs, fkwargs);
         Py_DECREF(fargs);
         return r;
     }
-    PyObject *call = PyTuple_GET_ITEM(entry, 0);
-    long fresh = PyLong_AsLong(PyTuple_GET_ITEM(entry, 1));
-    int flags = (int)PyLong_AsLong(PyTuple_GET_ITEM(entry, 2));
     ops_outs outs = {0};
     ml_state *out_st = NULL;
     if ((flags & OP_OUT) && fkwargs != NULL && ml_disp.ops_lord_refs != NULL &&
@@ -481,6 +528,7 @@ PyObject *ml_ops_dispatch(PyObject *module, PyObject *const *args, Py_ssize_t na
         out_before(out_st, fkwargs, &outs);
     }
     PyObject *result = PyObject_Call(call, fargs, fkwargs);
+    Py_DECREF(call);
     Py_DECREF(fargs);
     if (outs.n > 0) {
         if (result != NULL && ml_disp.ops_lord_refs != NULL) {
@@ -498,7 +546,6 @@ PyObject *ml_ops_dispatch(PyObject *module, PyObject *const *args, Py_ssize_t na
         }
         ml_safe_point();
     }
-    Py_DECREF(entry);
     return result;
 }
 
