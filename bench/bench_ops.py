@@ -13,7 +13,7 @@
    ``zero_grad(set_to_none=True)``, forward, backward and ``opt.step()``: about 250
    aten operators forward and backward and 20 per parameter tensor in AdamW.
 
-   Five variants of the same step on the same model, each sample ``STEPS`` steps after
+   Six variants of the same step on the same model, each sample ``STEPS`` steps after
    one untimed step, the variants interleaved in a rotating order (every variant sees
    the same noise), medians over ``max(cfg.samples, 21)`` samples each:
 
@@ -27,11 +27,14 @@
      ``return func(*args, **(kwargs or {}))``: the least any dispatch-mode mechanism
      costs, measured in the same run (informative);
    - ``MemTracker``: torch's own tracker (``torch.distributed._tools.mem_tracker``), the
-     outside reference, with ``track_external(model, opt)`` (informative).
+     outside reference, with ``track_external(model, opt)`` (informative);
+   - ``profiler``: ``torch.profiler.profile(activities=[CPU], profile_memory=True)``, the
+     other mechanism that sees every allocation (its events' post-processing at exit is
+     not timed) (informative).
 
    The hooks are switched on and off outside the timed region; after timing, the
-   benchmark checks that ``ops=True`` really counted operator outputs and that the step's
-   loss is the same in every variant.
+   benchmark checks that ``ops=True`` really counted operator outputs and that the
+   default sources counted the gradients.
 
 2. **One tiny operator**: ``a + b`` on two 1 KiB float32 tensors (256 elements), unrolled
    20 times in the harness's timing loop: bare, under the do-nothing mode, and with
@@ -162,12 +165,20 @@ def _variants(model, opt):
         mt.__enter__()
         return lambda: mt.__exit__(None, None, None), mt.reset_mod_stats
 
+    def profiler():
+        prof = torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True
+        )
+        prof.__enter__()
+        return lambda: prof.__exit__(None, None, None), nothing
+
     return {
         "bare": lambda: (nothing, nothing),
         "hooks": hooks,
         "ops=True": ops,
         "do-nothing mode": noop,
         "MemTracker": memtracker,
+        "profiler": profiler,
     }, lords
 
 
@@ -196,7 +207,7 @@ def training_rows(cfg: Config) -> list[Row]:
         for _ in range(3):
             step()
         variants, lords = _variants(model, opt)
-        losses: dict[str, set[float]] = {name: set() for name in variants}
+        exits: dict[str, list[float]] = {name: [] for name in variants}
 
         def sample(name: str) -> float:
             leave, between = variants[name]()
@@ -207,13 +218,14 @@ def training_rows(cfg: Config) -> list[Row]:
                 gc.disable()
                 t0 = time.perf_counter_ns()
                 for _ in range(STEPS):
-                    loss = step()
+                    step()
                     between()
                 elapsed = time.perf_counter_ns() - t0
                 gc.enable()
-                losses[name].add(round(loss, 3))
             finally:
+                t0 = time.perf_counter_ns()
                 leave()
+                exits[name].append(time.perf_counter_ns() - t0)
             return elapsed / STEPS
 
         n = max(cfg.samples, MIN_SAMPLES) if cfg.samples >= 5 else cfg.samples
@@ -233,6 +245,12 @@ def training_rows(cfg: Config) -> list[Row]:
             "the mechanism's floor: a Python dispatch mode that only calls func",
         ),
         "MemTracker": (INFO_TARGET, "torch's mem_tracker, track_external(model, opt)"),
+        "profiler": (
+            INFO_TARGET,
+            "torch.profiler, CPU activity, profile_memory=True; not timed: its exit "
+            f"(the events' processing) took {statistics.median(exits['profiler']) / 1e6:.0f} "
+            f"ms after {STEPS + 1} steps",
+        ),
     }
     desc = f"GPT step, width {WIDTH}, {LAYERS} blocks, {BATCH} x {SEQ} tokens, AdamW, 1 thread"
     rows = []
