@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
+import weakref
 from typing import Any
 
 import torch
@@ -77,6 +78,9 @@ class _State:
         self.handles: list[Any] = []
         self.grad_handles: list[Any] = []
         self.load_patches: list[tuple[Any, str, Any]] = []
+        #: optimizer -> the ids of the parameters memlord's gradient hook was put on at its
+        #: last step: the same parameters again need no look at their hooks
+        self.watched: weakref.WeakKeyDictionary[Any, tuple[int, ...]] = weakref.WeakKeyDictionary()
 
 
 _state = _State()
@@ -263,14 +267,20 @@ def _params_of(optimizer: Any) -> list[Any]:
 def _optimizer_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
     _core._optimizer_step(True)
     try:
-        params, grads = [], []
-        for p in _params_of(optimizer):
-            if not isinstance(p, torch.Tensor):
-                continue
-            params.append(p)
-            _watch_grad(p)
-            if p.grad is not None:
-                grads.append(p.grad)
+        params = [p for p in _params_of(optimizer) if isinstance(p, torch.Tensor)]
+        ids = tuple(map(id, params))
+        try:
+            seen = _state.watched.get(optimizer)
+        except TypeError:  # an optimizer that takes no weak reference
+            seen = None
+        if seen != ids:
+            for p in params:
+                _watch_grad(p)
+            try:
+                _state.watched[optimizer] = ids
+            except TypeError:
+                pass
+        grads = [p.grad for p in params if p.grad is not None]
         if params:
             # what an optimizer steps is a parameter, however its storage was made (a
             # Module.to() under ops=True makes it with an operator)
@@ -367,6 +377,7 @@ def _uninstall_sources() -> None:
     for h in _state.grad_handles:
         h.remove()
     _state.grad_handles.clear()
+    _state.watched.clear()
     for owner, name, original in reversed(_state.load_patches):
         current = getattr(owner, name, None)
         if getattr(current, "__memlord_original__", None) is original:
