@@ -222,6 +222,43 @@ static int item_of(ml_state *st, PyObject *t, ml_life_item *it)
 
 #define OPS_ITEMS 8
 
+/* Count items (n of them; their keys and tensors held by the caller) for
+ * every lord of the ops group with lifetime tracking on, at one call site
+ * read once.  resize: items[0]'s storage, when a lord tracks it already,
+ * counts its change of size instead (resize_, set_, a grown out=).
+ * Failures are reported as unraisable: accounting never raises. */
+static void count_for_ops_lords(ml_state *st, const ml_life_item *items, Py_ssize_t n, int resize)
+{
+    ml_lords lords;
+    if (ml_lords_acquire(ml_disp.ops_lord_refs, &lords) < 0) {
+        PyErr_WriteUnraisable(NULL);
+        return;
+    }
+    ml_site site = {0};
+    int captured = 0;
+    for (Py_ssize_t j = 0; j < lords.n; j++) {
+        ml_book *lord = (ml_book *)lords.v[j];
+        if (!ml_life_active(lord)) {
+            continue;
+        }
+        if (lord->track_callsite && !captured) {
+            ml_site_capture(st, &site);
+            captured = 1;
+        }
+        ml_site none = {0};
+        const ml_site *s = lord->track_callsite ? &site : &none;
+        int r = resize ? ml_life_resize(lord, items[0].key, items[0].bytes, s) : 0;
+        if (r == 0) {
+            r = ml_life_count(lord, items, n, 0, s, ML_SRC_OP, NULL);
+        }
+        if (r < 0) {
+            PyErr_WriteUnraisable((PyObject *)lord);
+        }
+    }
+    ml_site_clear(&site);
+    ml_lords_release(&lords);
+}
+
 /* Count result's new outputs for every lord of the ops group. */
 static void count_outputs(ml_state *st, PyObject *result, long fresh, int flags)
 {
@@ -271,20 +308,7 @@ static void count_outputs(ml_state *st, PyObject *result, long fresh, int flags)
                 if (r == 0) {
                     continue;
                 }
-                ml_lords lords;
-                if (ml_lords_acquire(ml_disp.ops_lord_refs, &lords) == 0) {
-                    ml_site site = {0};
-                    for (Py_ssize_t j = 0; j < lords.n; j++) {
-                        ml_book *lord = (ml_book *)lords.v[j];
-                        if (ml_life_active(lord) &&
-                            ml_life_count(lord, &extra, 1, 0, &site, ML_SRC_OP, NULL) < 0) {
-                            PyErr_WriteUnraisable((PyObject *)lord);
-                        }
-                    }
-                    ml_lords_release(&lords);
-                } else {
-                    PyErr_WriteUnraisable(NULL);
-                }
+                count_for_ops_lords(st, &extra, 1, 0);
                 Py_DECREF(extra.key);
             }
         }
@@ -293,49 +317,14 @@ static void count_outputs(ml_state *st, PyObject *result, long fresh, int flags)
         Py_XDECREF(holder);
         return;
     }
-    ml_lords lords;
-    if (ml_lords_acquire(ml_disp.ops_lord_refs, &lords) < 0) {
-        goto fail_items;
-    }
-    ml_site site = {0};
-    int captured = 0;
-    for (Py_ssize_t j = 0; j < lords.n; j++) {
-        ml_book *lord = (ml_book *)lords.v[j];
-        if (!ml_life_active(lord)) {
-            continue;
-        }
-        if (lord->track_callsite && !captured) {
-            ml_site_capture(st, &site);
-            captured = 1;
-        }
-        ml_site none = {0};
-        const ml_site *s = lord->track_callsite ? &site : &none;
-        if (flags & OP_RESIZE) {
-            /* a tracked storage that changed size counts the change; one not
-             * tracked yet is counted whole */
-            int r = ml_life_resize(lord, items[0].key, items[0].bytes, s);
-            if (r < 0) {
-                PyErr_WriteUnraisable((PyObject *)lord);
-            }
-            if (r != 0) {
-                continue;
-            }
-        }
-        if (ml_life_count(lord, items, n, 0, s, ML_SRC_OP, NULL) < 0) {
-            PyErr_WriteUnraisable((PyObject *)lord);
-        }
-    }
-    ml_site_clear(&site);
-    ml_lords_release(&lords);
+    /* resize_, set_: a tracked storage that changed size counts the change; one
+     * not tracked yet is counted whole */
+    count_for_ops_lords(st, items, n, (flags & OP_RESIZE) != 0);
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_DECREF(items[i].key);
     }
     Py_XDECREF(holder);
     return;
-fail_items:
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Py_DECREF(items[i].key);
-    }
 fail:
     Py_XDECREF(holder);
     PyErr_WriteUnraisable(NULL);
@@ -394,34 +383,7 @@ static void out_grown(ml_state *st, ops_outs *o)
             }
             continue;
         }
-        ml_lords lords;
-        if (ml_lords_acquire(ml_disp.ops_lord_refs, &lords) == 0) {
-            ml_site site = {0};
-            int captured = 0;
-            for (Py_ssize_t j = 0; j < lords.n; j++) {
-                ml_book *lord = (ml_book *)lords.v[j];
-                if (!ml_life_active(lord)) {
-                    continue;
-                }
-                if (lord->track_callsite && !captured) {
-                    ml_site_capture(st, &site);
-                    captured = 1;
-                }
-                ml_site none = {0};
-                const ml_site *s = lord->track_callsite ? &site : &none;
-                int rr = ml_life_resize(lord, it.key, it.bytes, s);
-                if (rr == 0) {
-                    rr = ml_life_count(lord, &it, 1, 0, s, ML_SRC_OP, NULL);
-                }
-                if (rr < 0) {
-                    PyErr_WriteUnraisable((PyObject *)lord);
-                }
-            }
-            ml_site_clear(&site);
-            ml_lords_release(&lords);
-        } else {
-            PyErr_WriteUnraisable(NULL);
-        }
+        count_for_ops_lords(st, &it, 1, 1);
         Py_DECREF(it.key);
     }
     for (Py_ssize_t i = 0; i < o->n; i++) {
