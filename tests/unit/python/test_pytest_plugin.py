@@ -531,3 +531,58 @@ def test_operator_outputs_count_in_peaks_leaks_categories_and_the_fixture(
     by_name = {t["nodeid"].split("::")[-1]: t for t in doc["tests"]}
     assert by_name["test_op_peak"]["categories"] == {"cpu": {"activation": 2_000_000}}
     assert by_name["test_op_peak"]["peak"] == {"cpu": 2_000_000}
+
+
+OTHER_PLUGIN = """
+import pytest, torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+SEEN = {"dispatch": [], "function": []}
+
+
+class Dispatch(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        SEEN["dispatch"].append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+class Function(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        SEEN["function"].append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    # another plugin's modes, entered around every test call (outside memlord's)
+    with Dispatch(), Function():
+        return (yield)
+"""
+
+UNDER_MODES = """
+import pytest, torch
+from conftest import SEEN
+
+@pytest.mark.limit_memory("512KiB")
+def test_product_under_modes():
+    x = torch.ones(500, 500)
+    y = x @ x                    # 1,000,000 B made by an operator, seen by both
+    assert y[0, 0].item() == 500.0
+
+def test_other_modes_saw_what_they_see_bare():
+    assert "aten.mm.default" in SEEN["dispatch"]
+    assert "matmul" in SEEN["function"] or "__matmul__" in SEEN["function"]
+"""
+
+
+def test_beside_another_plugins_dispatch_and_function_modes(pytester: pytest.Pytester) -> None:
+    """Another plugin's TorchDispatchMode and TorchFunctionMode, entered around each test
+    call, see the test's operators and values as they do bare, and memlord still counts
+    the operator's output into the peak (its mode sits beneath theirs)."""
+    pytester.makeconftest(OTHER_PLUGIN)
+    pytester.makepyfile(test_modes=UNDER_MODES)
+    r = pytester.runpytest("-p", "no:cacheprovider")
+    # the limit fails the product; the other plugin's modes saw mm and matmul
+    r.assert_outcomes(passed=1, failed=1)
+    assert "peak 1.9 MiB (2000000 B) > limit 512.0 KiB (524288 B)" in r.stdout.str()
