@@ -17,8 +17,8 @@ clone's root, with the environment's `bin/` first on PATH as after `activate`:
   would run tox inside tox (this test is part of what `tox` runs) and repeat the whole
   CI, some ten minutes, inside CI. What the word `tox` does in the clone's root is
   checked instead: it is the tox just installed (`tox --version`), and it selects
-  exactly the environments CI runs (`tox -l`: py, lint, asan, torture, py310, py312,
-  py313); `.ci/run` runs the same
+  exactly the environments CI runs (`tox -l`: asan, py, py310, py312, py313, torture,
+  lint); `.ci/run` runs the same
   `tox` with no arguments. The environments themselves are what CI has just run.
 
 It needs PyPI (pip installs torch, setuptools, numpy and tox). Marked `slow` and
@@ -129,7 +129,7 @@ def test_readme_two_commands_in_a_fresh_venv_from_a_fresh_clone(tmp_path):
     assert r.stdout.splitlines()[0] == str(venv / "bin" / "tox")
     r = sh("tox -l", cwd=clone, env=env)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["py", "lint", "asan", "torture", "py310", "py312", "py313"]
+    assert r.stdout.split() == ["asan", "py", "py310", "py312", "py313", "torture", "lint"]
     code = [ln.split("#", 1)[0].strip() for ln in (clone / ".ci" / "run").read_text().splitlines()]
     ci = [ln for ln in code if ln.startswith('"$PYTHON" -m tox')]
     assert ci == ['"$PYTHON" -m tox'], ci  # CI runs exactly `tox`, no arguments
