@@ -37,6 +37,9 @@ def _state(lord):
 @pytest.mark.parametrize(
     ("call", "exc", "words"),
     [
+        (lambda L: L.categories("bogus"), ValueError, ["'device'", "bogus"]),
+        (lambda L: L.categories(1.5), TypeError, ["'device'", "float"]),
+        (lambda L: L.hook_into_python(ops="yes"), TypeError, ["'ops'", "bool", "str"]),
         (lambda L: L.event_kind(-1), ValueError, ["event_kind", "'code'", "-1"]),
         (
             lambda L: L.event_kind(len(memlord.EVENT_KINDS)),
