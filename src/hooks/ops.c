@@ -222,12 +222,20 @@ static int item_of(ml_state *st, PyObject *t, ml_life_item *it)
 
 #define OPS_ITEMS 8
 
+/* What count_for_ops_lords does with items for each lord. */
+enum {
+    OPS_COUNT = 0,       /* count and track those it does not track yet */
+    OPS_RESIZE = 1,      /* items[0]'s storage, tracked already, counts its change of
+                          * size (resize_, set_, a grown out=); else as OPS_COUNT */
+    OPS_RESIZE_ONLY = 2, /* items[0]'s storage counts its change of size when
+                          * tracked; nothing else (UntypedStorage.resize_) */
+};
+
 /* Count items (n of them; their keys and tensors held by the caller) for
  * every lord of the ops group with lifetime tracking on, at one call site
- * read once.  resize: items[0]'s storage, when a lord tracks it already,
- * counts its change of size instead (resize_, set_, a grown out=).
- * Failures are reported as unraisable: accounting never raises. */
-static void count_for_ops_lords(ml_state *st, const ml_life_item *items, Py_ssize_t n, int resize)
+ * read once (how: OPS_*).  Failures are reported as unraisable: accounting
+ * never raises. */
+static void count_for_ops_lords(ml_state *st, const ml_life_item *items, Py_ssize_t n, int how)
 {
     ml_lords lords;
     if (ml_lords_acquire(ml_disp.ops_lord_refs, &lords) < 0) {
@@ -238,7 +246,8 @@ static void count_for_ops_lords(ml_state *st, const ml_life_item *items, Py_ssiz
     int captured = 0;
     for (Py_ssize_t j = 0; j < lords.n; j++) {
         ml_book *lord = (ml_book *)lords.v[j];
-        if (!ml_life_active(lord)) {
+        if (!ml_life_active(lord) ||
+            (how == OPS_RESIZE_ONLY && !ml_life_tracks(lord, items[0].key))) {
             continue;
         }
         if (lord->track_callsite && !captured) {
@@ -247,8 +256,8 @@ static void count_for_ops_lords(ml_state *st, const ml_life_item *items, Py_ssiz
         }
         ml_site none = {0};
         const ml_site *s = lord->track_callsite ? &site : &none;
-        int r = resize ? ml_life_resize(lord, items[0].key, items[0].bytes, s) : 0;
-        if (r == 0) {
+        int r = how != OPS_COUNT ? ml_life_resize(lord, items[0].key, items[0].bytes, s) : 0;
+        if (r == 0 && how != OPS_RESIZE_ONLY) {
             r = ml_life_count(lord, items, n, 0, s, ML_SRC_OP, NULL);
         }
         if (r < 0) {
@@ -308,7 +317,7 @@ static void count_outputs(ml_state *st, PyObject *result, long fresh, int flags)
                 if (r == 0) {
                     continue;
                 }
-                count_for_ops_lords(st, &extra, 1, 0);
+                count_for_ops_lords(st, &extra, 1, OPS_COUNT);
                 Py_DECREF(extra.key);
             }
         }
@@ -319,7 +328,7 @@ static void count_outputs(ml_state *st, PyObject *result, long fresh, int flags)
     }
     /* resize_, set_: a tracked storage that changed size counts the change; one
      * not tracked yet is counted whole */
-    count_for_ops_lords(st, items, n, (flags & OP_RESIZE) != 0);
+    count_for_ops_lords(st, items, n, (flags & OP_RESIZE) ? OPS_RESIZE : OPS_COUNT);
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_DECREF(items[i].key);
     }
@@ -383,7 +392,7 @@ static void out_grown(ml_state *st, ops_outs *o)
             }
             continue;
         }
-        count_for_ops_lords(st, &it, 1, 1);
+        count_for_ops_lords(st, &it, 1, OPS_RESIZE);
         Py_DECREF(it.key);
     }
     for (Py_ssize_t i = 0; i < o->n; i++) {
@@ -697,31 +706,11 @@ PyObject *ml_ops_storage_resized(PyObject *module, PyObject *const *args, Py_ssi
     if (st == NULL || ml_disp.ops_lord_refs == NULL || nbytes < 0) {
         Py_RETURN_NONE;
     }
-    PyObject *storage = Py_NewRef(args[0]); /* held across the records */
-    ml_lords lords;
-    if (ml_lords_acquire(ml_disp.ops_lord_refs, &lords) < 0) {
-        Py_DECREF(storage);
-        return NULL;
-    }
-    ml_site site = {0};
-    int captured = 0;
-    for (Py_ssize_t j = 0; j < lords.n; j++) {
-        ml_book *lord = (ml_book *)lords.v[j];
-        if (!ml_life_tracks(lord, storage)) {
-            continue;
-        }
-        if (lord->track_callsite && !captured) {
-            ml_site_capture(st, &site);
-            captured = 1;
-        }
-        ml_site none = {0};
-        if (ml_life_resize(lord, storage, nbytes, lord->track_callsite ? &site : &none) < 0) {
-            PyErr_WriteUnraisable((PyObject *)lord);
-        }
-    }
-    ml_site_clear(&site);
-    ml_lords_release(&lords);
-    Py_DECREF(storage);
+    ml_life_item item = {0};
+    item.key = Py_NewRef(args[0]); /* held across the records */
+    item.bytes = nbytes;
+    count_for_ops_lords(st, &item, 1, OPS_RESIZE_ONLY);
+    Py_DECREF(item.key);
     ml_safe_point();
     Py_RETURN_NONE;
 }
