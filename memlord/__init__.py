@@ -39,6 +39,7 @@ from ._types import (
     CapacitySource,
     DeviceStats,
 )
+from ._oom import OOMWatch, oom_retry, retry_on_oom
 from .lord import MemLord
 
 __all__ = [
@@ -57,10 +58,13 @@ __all__ = [
     "MemLord",
     "MemoryProfile",
     "ModuleTracker",
+    "OOMWatch",
     "PythonHooks",
     "Region",
     "TorchHooks",
     "format_bytes",
+    "oom_retry",
+    "retry_on_oom",
     "__version__",
 ]
 __version__ = "0.1.0"

@@ -183,6 +183,7 @@ class MemoryAPIMixin:
                 "allocs",
                 "frees",
                 "gc_runs",
+                "ooms",
             ),
             0,
         )
@@ -273,7 +274,8 @@ class MemoryAPIMixin:
             "active_bytes": None,
             "inactive_split_bytes": None,
             "num_alloc_retries": None,
-            "num_ooms": None,
+            # memlord's own count (where torch has one, CUDA, torch's below)
+            "num_ooms": sum(s["ooms"] for s in led),
             "cache_hit_rate": None,
         }
         if cuda:

@@ -70,6 +70,7 @@ class DeviceStats(TypedDict):
     allocs: int  # storages counted as allocated
     frees: int  # storages counted as freed
     gc_runs: int  # auto-GC runs of this device
+    ooms: int  # out-of-memory errors seen for this device (docs/oom.md)
     # live bytes by category (memlord.CATEGORIES; they add up to `allocated`)
     categories: dict[str, int]
     # the categories of `allocated` when `peak_allocated` was reached

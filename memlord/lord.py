@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from . import _config, _core
+from . import _config, _core, _oom
 from ._errors import type_name
 from ._events import EventsMixin
 from ._memapi import MemoryAPIMixin
@@ -146,6 +146,25 @@ class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, SnapshotMixin, _core.Lo
         """``(torch.device, "file:line", bytes)`` of the biggest cumulative free site, or
         None."""
         return self._top_site(True, device)
+
+    # ---- out of memory ---------------------------------------------------------------------
+
+    def watch_oom(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        html: bool = True,
+        top: int = 20,
+        limit: int = _oom.DEFAULT_LIMIT,
+    ) -> _oom.OOMWatch:
+        """While the returned handle is enabled, every out-of-memory error this lord sees
+        (through its hooks, or torch's CUDA OOM observer) writes a post-mortem into
+        ``path`` (a directory, default the working directory; or a ``.json`` file name):
+        ``memlord-oom-<host>-<pid>[-rank<r>]-<n>.json``, with an ``.html`` (``html=True``)
+        and a memory_viz ``.pickle`` beside it, naming the ``top`` largest holders.  At
+        most ``limit`` post-mortems per process.  One watch per lord: calling again
+        updates it.  See docs/oom.md."""
+        return _oom.watch_oom(self, path, html=html, top=top, limit=limit)
 
     # ---- reports -------------------------------------------------------------------------
 

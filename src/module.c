@@ -14,6 +14,7 @@
 #include "core/sites.h"
 #include "hooks/lifetime.h"
 #include "hooks/ops.h"
+#include "hooks/oom.h"
 #include "platform/ml_cuda.h"
 #include "torch/tensorabi.h"
 #include "torch/sizing.h"
@@ -416,6 +417,12 @@ static PyObject *core_busy_epoch(PyObject *Py_UNUSED(module), PyObject *add)
     return PyLong_FromUnsignedLongLong(ml_busy_epoch);
 }
 
+static PyObject *core_hooks_poll(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(unused))
+{
+    ml_hooks_poll();
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef core_methods[] = {
     {"_site", (PyCFunction)core_site, METH_O, "(filename, line) of a site id, or None."},
     {"_site_stack", (PyCFunction)core_site_stack, METH_O,
@@ -440,6 +447,15 @@ static PyMethodDef core_methods[] = {
      "_torch_dispatch(func, types, args=(), kwargs=None)\n--\n\n"
      "The __torch_dispatch__ of memlord's dispatch mode (hook_into_python(ops=True)): runs the "
      "operator and counts the outputs it creates."},
+    {"_hooks_poll", (PyCFunction)core_hooks_poll, METH_NOARGS,
+     "Credit the deferred frees whose CUDA events have completed (every lord's)."},
+    {"_hooked_lords", (PyCFunction)ml_hooks_lords, METH_NOARGS,
+     "The live lords subscribed to either kind of hooks, each once."},
+    {"_oom_claim", (PyCFunction)ml_hooks_oom_claim, METH_NOARGS,
+     "torch's CUDA OOM observer reported the OOM happening on this thread: True when a "
+     "hooked call runs here (the error leaving it is then not reported again)."},
+    {"_set_oom_handler", (PyCFunction)ml_oom_set_handler, METH_O,
+     "handler(error, what, source) for the errors leaving the outermost hooked call, or None."},
     {"_categorize", (PyCFunction)(void (*)(void))ml_ops_categorize, METH_FASTCALL,
      "_categorize(objs, category, source, from_mask)\n--\n\n"
      "The category sources: storages tracked become of category; others are counted (source "

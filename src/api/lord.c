@@ -297,7 +297,8 @@ static PyObject *slot_dict(const ml_slot *s)
         dict_set_int(d, "freed_total", s->freed_total) < 0 ||
         dict_set_int(d, "peak_allocated", s->peak_allocated) < 0 ||
         dict_set_int(d, "allocs", s->allocs) < 0 || dict_set_int(d, "frees", s->frees) < 0 ||
-        dict_set_int(d, "gc_runs", s->gc_runs) < 0 || dict_set_cats(d, "categories", s->cat) < 0 ||
+        dict_set_int(d, "gc_runs", s->gc_runs) < 0 || dict_set_int(d, "ooms", s->ooms) < 0 ||
+        dict_set_cats(d, "categories", s->cat) < 0 ||
         dict_set_cats(d, "peak_categories", s->cat_at_peak) < 0 ||
         dict_set_cats(d, "category_peaks", s->cat_peak) < 0) {
         Py_DECREF(d);
@@ -527,6 +528,52 @@ static PyObject *lord_region_names(MemLordObject *self, PyObject *Py_UNUSED(igno
 /* _bench_emit(n): n events (1-byte cpu allocations and frees, alternating)
  * through the seam, one ml_emit each: the floor and subject of the event
  * ring's per-record benchmark (bench/bench_events.py). */
+/* lord._record_oom(device, nbytes, source): an out-of-memory error on
+ * device (a torch.device) for a request of nbytes (-1: unknown), seen by
+ * source (an event source code): the device's OOM count grows and the
+ * event ring records it, with the call site.  memlord/_oom.py calls it. */
+static PyObject *lord_record_oom(MemLordObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError,
+                     "_record_oom() takes 3 arguments (device, nbytes, source), "
+                     "got %zd",
+                     nargs);
+        return NULL;
+    }
+    ml_state *st = ml_lord_state(&self->book);
+    ml_dev dev;
+    if (ml_dev_from_torch_device(st, args[0], &dev) < 0) {
+        return NULL;
+    }
+    long long nbytes = PyLong_AsLongLong(args[1]);
+    long source = nbytes == -1 && PyErr_Occurred() ? -1 : PyLong_AsLong(args[2]);
+    if (PyErr_Occurred()) {
+        return NULL;
+    }
+    if (source < 0 || source >= ML_SRC_NSOURCES) {
+        PyErr_Format(PyExc_ValueError, "_record_oom(): source %ld out of range", source);
+        return NULL;
+    }
+    ml_site site;
+    ml_site_clear(&site);
+    if (self->book.track_callsite) {
+        ml_site_capture(st, &site);
+    }
+    ml_event ev = {0};
+    ev.kind = ML_EV_OOM;
+    ev.source = (uint8_t)source;
+    ev.dev = dev;
+    ev.bytes = nbytes > 0 ? nbytes : 0;
+    ev.site = self->book.track_callsite ? site.id : 0;
+    int rc = ml_emit(&self->book, &ev, 1, &(ml_emit_ctx){NULL, NULL});
+    ml_site_clear(&site);
+    if (rc < 0) {
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *lord_bench_emit(MemLordObject *self, PyObject *arg)
 {
     Py_ssize_t n = PyLong_AsSsize_t(arg);
@@ -865,6 +912,13 @@ static PyMethodDef lord_methods[] = {
      "_now_ns($self, /)\n--\n\nThe monotonic clock of births and events, in ns."},
     {"_device_name", (PyCFunction)ml_lord_device_name, METH_O,
      "_device_name($self, key, /)\n--\n\nThe device string of a device key."},
+    {"_open_regions", (PyCFunction)ml_lord_open_regions, METH_NOARGS,
+     "_open_regions($self, /)\n--\n\nThe names of the regions open on this thread, outermost "
+     "first."},
+    {"_record_oom", (PyCFunction)(void (*)(void))lord_record_oom, METH_FASTCALL,
+     "_record_oom($self, device, nbytes, source, /)\n--\n\nCount an out-of-memory error on "
+     "device (a torch.device) for a request of nbytes (-1: unknown) seen by source (an event "
+     "source code): memlord/_oom.py."},
     {"_bench_emit", (PyCFunction)lord_bench_emit, METH_O,
      "_bench_emit($self, n, /)\n--\n\nEmit n one-byte cpu events (alloc, free, ...): "
      "benchmarks only."},

@@ -85,6 +85,18 @@ static inline PyObject *ml_err_get_raised(void)
 #endif
 }
 
+/* Set exc (a new reference, stolen) as the pending exception: the inverse of
+ * ml_err_get_raised.  Same test. */
+static inline void ml_err_set_raised(PyObject *exc)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    PyErr_SetRaisedException(exc);
+#else
+    PyObject *type = Py_NewRef((PyObject *)Py_TYPE(exc));
+    PyErr_Restore(type, exc, PyException_GetTraceback(exc));
+#endif
+}
+
 /* ---- types ---------------------------------------------------------------
  * What attribute lookup on type tp finds for name in its MRO, borrowed, no
  * descriptor called, no exception set: the private _PyType_Lookup, exported

@@ -29,9 +29,11 @@ typedef uint32_t ml_dev;
 #if defined(__GNUC__)
 #define ML_HOT __attribute__((hot))
 #define ML_COLD __attribute__((cold, noinline))
+#define ML_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #else
 #define ML_HOT
 #define ML_COLD
+#define ML_UNLIKELY(x) (x)
 #endif
 
 #define ML_DEV(type, index) ((ml_dev)(((uint32_t)(type) << 8) | (uint8_t)((index) + 1)))
@@ -214,6 +216,7 @@ typedef struct {
     /* configured from Python (memlord/__init__.py) */                                             \
     X(PyObject *, release_cache) /* callable(type_name, index) or NULL */                          \
     X(PyObject *, module_grads)  /* callable(module) -> its parameters' gradients, or NULL */      \
+    X(PyObject *, oom_handler)   /* hooks/oom.c: memlord._oom's handler, or NULL */               \
     X(PyObject *, torch_prefix)  /* directory of the torch package, with trailing slash */         \
     X(PyObject *, memlord_prefix)                                                                  \
     /* sites.c: library code (site-packages, the standard library): file name prefixes and         \

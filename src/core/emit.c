@@ -146,7 +146,8 @@ void ml_plan_make(ml_book *lord)
  * none (reset), -1 with an exception set. */
 static inline int reserve_slot(ml_book *lord, const ml_event *e, ml_slot **slot)
 {
-    if (e->kind != ML_EV_ALLOC && e->kind != ML_EV_FREE && e->kind != ML_EV_GC) {
+    if (e->kind != ML_EV_ALLOC && e->kind != ML_EV_FREE && e->kind != ML_EV_GC &&
+        e->kind != ML_EV_OOM) {
         return 0;
     }
     ml_slot *found = ml_ledger_find(&lord->ledger, e->dev);
@@ -239,6 +240,10 @@ static void apply(ml_book *lord, const ml_sink_plan *p, ml_event *ev, int n)
             slot = ml_ledger_find(l, e->dev);
             ml_ledger_gc_done(l, slot);
             e->count = slot->gc_runs;
+            break;
+        case ML_EV_OOM:
+            slot = ml_ledger_find(l, e->dev);
+            e->count = ++slot->ooms;
             break;
         case ML_EV_RESET_PEAK:
         case ML_EV_RESET_ACCUMULATED:

@@ -38,7 +38,10 @@
     /* the memory API: one device's peak became its allocated bytes (bytes) */                     \
     X(RESET_PEAK, "reset_peak")                                                                    \
     /* the same, and its cumulative counters were zeroed */                                        \
-    X(RESET_ACCUMULATED, "reset_accumulated")
+    X(RESET_ACCUMULATED, "reset_accumulated")                                                      \
+    /* an out-of-memory error (bytes: the failed request when known; count: the                    \
+     * device's OOMs so far); changes no live bytes */                                             \
+    X(OOM, "oom")
 
 #define ML_EV_SOURCE_LIST(X)                                                                       \
     X(EXPLICIT, "explicit", "")                 /* lord.allocate() / lord.free() */                \
@@ -52,7 +55,8 @@
     X(GRAD, "grad", "(grad)")     /* a parameter's gradient, once accumulated */                   \
     X(LOAD, "load", "(load)")     /* what torch.load returned */                                   \
     X(TENSOR, "tensor", "(seen)") /* a storage first seen by a category source (a module's buffer, \
-                                   * optimizer state, a model's input) */
+                                   * optimizer state, a model's input) */                          \
+    X(ALLOCATOR, "allocator", "(allocator)") /* torch's CUDA allocator (its OOM observer) */
 
 #define ML_EV_KIND_ENUM_(e, name) ML_EV_##e,
 #define ML_EV_SOURCE_ENUM_(e, name, label) ML_SRC_##e,

@@ -158,6 +158,7 @@ void ml_ledger_reset_slot(ml_ledger *l, ml_slot *slot, int accumulated)
         slot->frees = 0;
         l->gc_total -= slot->gc_runs;
         slot->gc_runs = 0;
+        slot->ooms = 0;
     }
 }
 

@@ -37,6 +37,7 @@ typedef struct {
     int64_t allocs; /* storages counted */
     int64_t frees;
     int64_t gc_runs;
+    int64_t ooms; /* out-of-memory errors seen for this device (an accumulated counter) */
     /* live bytes by category (their sum is allocated), each category's own
      * peak, and the categories of allocated when peak_allocated was reached */
     int64_t cat[ML_NCAT];

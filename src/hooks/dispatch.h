@@ -103,6 +103,13 @@ typedef struct {
     ml_site module_site;
     /* Depth of Module._apply calls on this thread: the outermost walks. */
     int apply_depth;
+    /* Hooked calls running on this thread (conversions, factories, the
+     * dispatch mode's operators): an error leaving the outermost one is
+     * offered to the OOM handler (oom.h).  oom_claimed: torch's CUDA OOM
+     * observer reported the OOM now unwinding through them (_oom_claim()),
+     * so the outermost one offers nothing; cleared when it returns. */
+    int depth;
+    int oom_claimed;
 } ml_hook_tls;
 
 /* The lords one hooked call serves: strong references to the live lords of

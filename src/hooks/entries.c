@@ -6,6 +6,7 @@
 #include "hooks/direct.h"
 #include "hooks/guards.h"
 #include "hooks/lifetime.h"
+#include "hooks/oom.h"
 #include "hooks/pending.h"
 
 static _Thread_local ml_hook_tls hook_tls;
@@ -43,20 +44,63 @@ static int is_non_blocking(PyObject *const *args, Py_ssize_t nargs, PyObject *kw
     return tl->module_non_blocking > 0 || call_non_blocking(args, nargs, kwnames);
 }
 
+/* The end of the outermost hooked call of this thread (depth back at 0):
+ * an error leaving it is offered to the OOM handler, unless torch's OOM
+ * observer reported it already. */
+ML_COLD static void outermost_done(ml_hook_tls *tl, PyObject *result, PyObject *what, int source)
+{
+    int claimed = tl->oom_claimed;
+    tl->oom_claimed = 0;
+    if (result == NULL && !claimed && ml_disp.st != NULL) {
+        tl->depth++; /* what the handler runs is not offered again */
+        ml_oom_offer(ml_disp.st, what, source);
+        tl->depth--;
+    }
+}
+
 /* Run the original as the hooked call (name, src) of this thread; *reentered
  * tells whether that same call was already running (see hook_tls). */
 static inline PyObject *run_original(ml_hook_tls *tl, const HookObject *self, PyObject *const *args,
-                                     size_t nargsf, PyObject *kwnames, int *reentered)
+                                     size_t nargsf, PyObject *kwnames, int *reentered, int source)
 {
     const PyObject *src = PyVectorcall_NARGS(nargsf) > 0 ? args[0] : NULL;
     const PyObject *saved_name = tl->cur_name, *saved_src = tl->cur_src;
     *reentered = saved_name == self->name && saved_src == src;
     tl->cur_name = self->name;
     tl->cur_src = src;
+    tl->depth++;
     PyObject *result = ml_call_original(self, args, nargsf, kwnames);
+    tl->depth--;
     tl->cur_name = saved_name;
     tl->cur_src = saved_src;
+    if (ML_UNLIKELY(result == NULL || tl->oom_claimed) && tl->depth == 0) {
+        outermost_done(tl, result, (PyObject *)self, source);
+    }
     return result;
+}
+
+void ml_hook_call_enter(void)
+{
+    hook_tls.depth++;
+}
+
+void ml_hook_call_exit(PyObject *result, PyObject *what, int source)
+{
+    ml_hook_tls *tl = &hook_tls;
+    tl->depth--;
+    if ((result == NULL || tl->oom_claimed) && tl->depth == 0) {
+        outermost_done(tl, result, what, source);
+    }
+}
+
+PyObject *ml_hooks_oom_claim(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(unused))
+{
+    ml_hook_tls *tl = &hook_tls;
+    if (tl->depth > 0) {
+        tl->oom_claimed = 1;
+        Py_RETURN_TRUE;
+    }
+    Py_RETURN_FALSE;
 }
 
 ML_HOT static PyObject *hook_tensor(PyObject *callable, PyObject *const *args, size_t nargsf,
@@ -73,7 +117,7 @@ ML_HOT static PyObject *hook_tensor(PyObject *callable, PyObject *const *args, s
     }
     ml_hook_tls *tl = &hook_tls; /* one thread-local lookup for the whole call */
     int reentered;
-    PyObject *result = run_original(tl, self, args, nargsf, kwnames, &reentered);
+    PyObject *result = run_original(tl, self, args, nargsf, kwnames, &reentered, ML_SRC_CONVERT);
     if (reentered || result == NULL || ml_disp.lord_refs == NULL || ml_disp.module == NULL) {
         return result; /* re-entered through __torch_function__: the outer call counts */
     }
@@ -187,7 +231,8 @@ static PyObject *hook_factory(PyObject *callable, PyObject *const *args, size_t 
         return ml_call_original(self, args, nargsf, kwnames);
     }
     int reentered;
-    PyObject *result = run_original(&hook_tls, self, args, nargsf, kwnames, &reentered);
+    PyObject *result =
+        run_original(&hook_tls, self, args, nargsf, kwnames, &reentered, ML_SRC_FACTORY);
     if (reentered || result == NULL || ml_disp.py_lord_refs == NULL || ml_disp.module == NULL) {
         return result; /* re-entered through __torch_function__: the outer call counts */
     }

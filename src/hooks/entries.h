@@ -8,4 +8,10 @@
 /* The vectorcall entry of a hook of kind (enum hook_kind). */
 vectorcallfunc ml_hook_entry(int kind);
 
+/* The dispatch mode (ops.c) runs an operator as a hooked call of this
+ * thread: enter before, exit after with its result (NULL: it failed, the
+ * error set; offered to the OOM handler when the call was the outermost). */
+void ml_hook_call_enter(void);
+void ml_hook_call_exit(PyObject *result, PyObject *what, int source);
+
 #endif

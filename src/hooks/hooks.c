@@ -284,6 +284,33 @@ static PyObject *direct_names(void)
     return names;
 }
 
+/* Append the live lords of refs (a tuple of weak references, or NULL) that
+ * out does not hold yet. */
+static int add_live(PyObject *out, PyObject *refs)
+{
+    ml_lords lords; /* strong references: appending may run the GC */
+    if (ml_lords_acquire(refs, &lords) < 0) {
+        return -1;
+    }
+    int rc = 0;
+    for (Py_ssize_t i = 0; rc == 0 && i < lords.n; i++) {
+        int has = PySequence_Contains(out, lords.v[i]);
+        rc = has < 0 ? -1 : has ? 0 : PyList_Append(out, lords.v[i]);
+    }
+    ml_lords_release(&lords);
+    return rc;
+}
+
+PyObject *ml_hooks_lords(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(unused))
+{
+    PyObject *out = PyList_New(0);
+    if (out != NULL &&
+        (add_live(out, ml_disp.lord_refs) < 0 || add_live(out, ml_disp.py_lord_refs) < 0)) {
+        Py_CLEAR(out);
+    }
+    return out;
+}
+
 PyObject *ml_hooks_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(unused))
 {
     return Py_BuildValue("{s:O,s:O,s:n,s:n,s:n,s:n,s:n,s:N}", "installed",

@@ -31,6 +31,14 @@ void ml_hooks_poll(void);
 int64_t ml_hooks_pending_bytes(const ml_book *lord, const ml_selector *sel);
 /* Module-level introspection: {"installed", "subscribers", "pending"} */
 PyObject *ml_hooks_info(PyObject *module, PyObject *unused);
+/* _core._hooked_lords(): the live lords subscribed to either kind of
+ * hooks, each once, as a list (the OOM handler counts an OOM in each). */
+PyObject *ml_hooks_lords(PyObject *module, PyObject *unused);
+/* _core._oom_claim() (entries.c): torch's CUDA OOM observer tells that it
+ * reported the OOM now happening on this thread; True when a hooked call is
+ * running here (the error leaving it is then not offered to the OOM handler
+ * again), else False. */
+PyObject *ml_hooks_oom_claim(PyObject *module, PyObject *unused);
 /* Frees now waiting for a CUDA event, every lord's. */
 Py_ssize_t ml_hooks_npending(void);
 /* Testing aid (_core._testing.cuda_standin): with a callable source(index) -> stream

@@ -3,6 +3,7 @@
 #include "core/safepoint.h"
 #include "hooks/context.h"
 #include "hooks/dispatch.h"
+#include "hooks/entries.h"
 #include "hooks/lifetime.h"
 
 /* What the mode remembers of an operator, per OpOverload (a dict from the
@@ -498,7 +499,9 @@ PyObject *ml_ops_dispatch(PyObject *module, PyObject *const *args, Py_ssize_t na
         (out_st = PyModule_GetState(module)) != NULL) {
         out_before(out_st, fkwargs, &outs);
     }
+    ml_hook_call_enter();
     PyObject *result = PyObject_Call(call, fargs, fkwargs);
+    ml_hook_call_exit(result, func, ML_SRC_OP);
     Py_DECREF(call);
     Py_DECREF(fargs);
     if (outs.n > 0) {

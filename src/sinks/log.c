@@ -236,8 +236,8 @@ static void log_records(ml_state *st, ml_book *lord, const ml_event *ev, int n,
     }
     for (int i = 0; i < n; i++) {
         const ml_event *e = &ev[i];
-        if (e->kind == ML_EV_GC) {
-            continue; /* the release has its own INFO record */
+        if (e->kind == ML_EV_GC || e->kind == ML_EV_OOM) {
+            continue; /* an auto-GC run and an OOM have their own INFO record */
         }
         PyObject *dev = e->kind == ML_EV_RESET ? Py_NewRef(Py_None) : ml_dev_str(st, e->dev);
         PyObject *rec =

@@ -35,6 +35,7 @@ typedef struct {
     int64_t t0_ns;
     ml_rdev *devs;
     int ndev, cap;
+    PyObject *name; /* the region's name (str, strong) once entered, else NULL */
 } ml_region;
 
 #define ML_MAX_MARKERS 4
@@ -100,6 +101,7 @@ void ml_regions_free(struct ml_regions *r)
     }
     for (int i = 0; i < r->n; i++) {
         PyMem_Free(r->open[i].devs);
+        Py_CLEAR(r->open[i].name); /* a str: its release runs no Python */
     }
     PyMem_Free(r->open);
     PyMem_Free(r->free_ix);
@@ -307,6 +309,34 @@ uint32_t ml_regions_current(const struct ml_regions *r)
     return 0;
 }
 
+PyObject *ml_lord_open_regions(PyObject *self, PyObject *Py_UNUSED(unused))
+{
+    const struct ml_regions *r = ((ml_book *)self)->regions;
+    uint64_t key = thread_key();
+    /* the names first, as strong references in a PyMem array: nothing here
+     * runs the cyclic GC, which could close a region under the walk */
+    int n = 0;
+    PyObject **names = r->n > 0 ? PyMem_Malloc((size_t)r->n * sizeof(PyObject *)) : NULL;
+    if (r->n > 0 && names == NULL) {
+        return PyErr_NoMemory();
+    }
+    for (int k = 0; k < r->n; k++) {
+        if (r->open[k].key == key && r->open[k].name != NULL) {
+            names[n++] = Py_NewRef(r->open[k].name);
+        }
+    }
+    PyObject *out = PyTuple_New(n);
+    for (int i = 0; i < n; i++) {
+        if (out != NULL) {
+            PyTuple_SET_ITEM(out, i, names[i]); /* stolen */
+        } else {
+            Py_DECREF(names[i]);
+        }
+    }
+    PyMem_Free(names);
+    return out;
+}
+
 /* ---- the sink ------------------------------------------------------------ */
 
 static int reg_reserve(void *data, ml_book *lord, const ml_event *ev, int n)
@@ -478,6 +508,7 @@ static PyObject *region_close(ml_book *lord, int64_t id)
         Py_XDECREF(item);
     }
     PyMem_Free(g.devs);
+    Py_XDECREF(g.name);
     if (list == NULL) {
         return NULL;
     }
@@ -643,6 +674,7 @@ static PyObject *region_enter(RegionObject *self, PyObject *Py_UNUSED(ignored))
     }
     self->id = id;
     ml_book *lord = (ml_book *)self->lord;
+    lord->regions->open[lord->regions->n - 1].name = Py_NewRef(self->name); /* just opened */
     if (lord->regions->naming || lord->py_handle != NULL) {
         /* the event ring names the innermost region of each event, and a
          * tracked storage the region it was born in: intern the name (best

@@ -32,6 +32,9 @@ uint32_t ml_regions_current(const struct ml_regions *r);
 
 /* Methods of the Lord type (lord.c lists them). */
 struct ml_book;
+/* lord._open_regions(): the names of the regions open on the calling
+ * thread, outermost first (a tuple of str). */
+PyObject *ml_lord_open_regions(PyObject *self, PyObject *unused);
 PyObject *ml_lord_region(PyObject *self, PyObject *name);
 PyObject *ml_lord_region_with_sink(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *ml_region_new(struct ml_book *lord, PyObject *name, PyObject *sink);
