@@ -236,18 +236,19 @@ def watch_oom(
     """``lord.watch_oom()``: see :class:`OOMWatch` and docs/oom.md."""
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise TypeError(
-            f"watch_oom(): path must be None, a str or an os.PathLike, not {type(path).__name__}"
+            f"watch_oom(): argument 'path' must be None, a str or an os.PathLike, not "
+            f"{type(path).__name__}"
         )
     if not isinstance(html, bool):
-        raise TypeError(f"watch_oom(): html must be a bool, not {type(html).__name__}")
+        raise TypeError(f"watch_oom(): argument 'html' must be a bool, not {type(html).__name__}")
     if isinstance(top, bool) or not isinstance(top, int):
-        raise TypeError(f"watch_oom(): top must be an int, not {type(top).__name__}")
+        raise TypeError(f"watch_oom(): argument 'top' must be an int, not {type(top).__name__}")
     if top < 1:
-        raise ValueError(f"watch_oom(): top must be >= 1, got {top}")
+        raise ValueError(f"watch_oom(): argument 'top' must be >= 1, got {top}")
     if isinstance(limit, bool) or not isinstance(limit, int):
-        raise TypeError(f"watch_oom(): limit must be an int, not {type(limit).__name__}")
+        raise TypeError(f"watch_oom(): argument 'limit' must be an int, not {type(limit).__name__}")
     if limit < 0:
-        raise ValueError(f"watch_oom(): limit must be >= 0, got {limit}")
+        raise ValueError(f"watch_oom(): argument 'limit' must be >= 0, got {limit}")
     where = None if path is None else Path(os.path.abspath(os.fspath(path)))
     with _lock:
         for w in _watches:
@@ -388,21 +389,31 @@ def post_mortems_of(error: BaseException) -> list[str]:
 
 
 def _check_retry_args(
-    attempts: object, backoff: object, max_backoff: object, on_retry: object, shrink: object
+    fname: str,
+    attempts: object,
+    backoff: object,
+    max_backoff: object,
+    on_retry: object,
+    shrink: object,
 ) -> None:
     if isinstance(attempts, bool) or not isinstance(attempts, int):
-        raise TypeError(f"attempts must be an int, not {type(attempts).__name__}")
+        raise TypeError(
+            f"{fname}(): argument 'attempts' must be an int, not {type(attempts).__name__}"
+        )
     if attempts < 1:
-        raise ValueError(f"attempts must be >= 1, got {attempts}")
+        raise ValueError(f"{fname}(): argument 'attempts' must be >= 1, got {attempts}")
     for name, v in (("backoff", backoff), ("max_backoff", max_backoff)):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise TypeError(f"{name} must be a number of seconds, not {type(v).__name__}")
+            raise TypeError(
+                f"{fname}(): argument '{name}' must be a number of seconds, not {type(v).__name__}"
+            )
         if not v >= 0 or v == float("inf"):
-            raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
-    if on_retry is not None and not callable(on_retry):
-        raise TypeError(f"on_retry must be callable or None, not {type(on_retry).__name__}")
-    if shrink is not None and not callable(shrink):
-        raise TypeError(f"shrink must be callable or None, not {type(shrink).__name__}")
+            raise ValueError(f"{fname}(): argument '{name}' must be finite and >= 0, got {v!r}")
+    for name, v in (("on_retry", on_retry), ("shrink", shrink)):
+        if v is not None and not callable(v):
+            raise TypeError(
+                f"{fname}(): argument '{name}' must be callable or None, not {type(v).__name__}"
+            )
 
 
 def release_memory() -> None:
@@ -437,8 +448,8 @@ def retry_on_oom(
     """Run ``fn(*args, **kwargs)``; on an out-of-memory error, release and try again, up
     to ``attempts`` runs in all.  See docs/oom.md#recovery."""
     if not callable(fn):
-        raise TypeError(f"fn must be callable, not {type(fn).__name__}")
-    _check_retry_args(attempts, backoff, max_backoff, on_retry, shrink)
+        raise TypeError(f"retry_on_oom(): argument 'fn' must be callable, not {type(fn).__name__}")
+    _check_retry_args("retry_on_oom", attempts, backoff, max_backoff, on_retry, shrink)
     attempt = 0
     while True:
         attempt += 1
@@ -474,8 +485,8 @@ def retry_on_oom(
             new = shrink(args, kwargs)
             if not (isinstance(new, tuple) and len(new) == 2 and isinstance(new[1], dict)):
                 raise TypeError(
-                    "shrink must return (args, kwargs): a sequence and a dict, got "
-                    f"{type(new).__name__}"
+                    "retry_on_oom(): argument 'shrink' must return (args, kwargs), a "
+                    f"sequence and a dict, not {type(new).__name__}"
                 )
             args, kwargs = tuple(new[0]), dict(new[1])
 
@@ -506,11 +517,11 @@ def oom_retry(
 ) -> Any:
     """The decorator form of :func:`retry_on_oom`: ``@oom_retry`` or
     ``@oom_retry(attempts=5, ...)``."""
-    _check_retry_args(attempts, backoff, max_backoff, on_retry, shrink)
+    _check_retry_args("oom_retry", attempts, backoff, max_backoff, on_retry, shrink)
 
     def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
         if not callable(f):
-            raise TypeError(f"oom_retry() decorates a callable, not {type(f).__name__}")
+            raise TypeError(f"oom_retry(): argument 'fn' must be callable, not {type(f).__name__}")
 
         @functools.wraps(f)
         def wrapper(*args: Any, **kwargs: Any) -> Any:

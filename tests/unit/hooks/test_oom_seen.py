@@ -1,0 +1,232 @@
+"""Out-of-memory errors leaving memlord's hooks (issue 28, items 1 and 4): real OOMs from
+torch's CPU allocator (a request larger than any machine, refused at once), through
+each hooked path, counted once per OOM in every hooked lord (``stats()[dev]["ooms"]``,
+``memory_stats()["num_ooms"]``, an ``oom`` event in the ring, one INFO record), with
+the error reaching the caller exactly as torch raised it.
+
+The outside reference for the failed request is the allocator's own message ("you
+tried to allocate N bytes"), and for the error the same call made without memlord.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import threading
+import traceback
+
+import pytest
+import torch
+
+import memlord
+from memlord import MemLord
+
+HUGE = 1 << 50  # elements: 4 PiB of float32, more than any machine has
+
+
+def _requested(error: BaseException) -> int:
+    m = re.search(r"tried to allocate (\d+) bytes", str(error))
+    assert m, str(error)
+    return int(m.group(1))
+
+
+def _factory():
+    return torch.empty(HUGE)
+
+
+def _conversion():
+    return torch.zeros(1).expand(1 << 46).double()  # a dense copy: 512 TiB
+
+
+def _operator():
+    a = torch.zeros(3).expand(1 << 44, 3)
+    return a @ torch.zeros(3, 4)  # aten.mm's output: 1 << 46 floats
+
+
+def _raised(fn):
+    try:
+        fn()
+    except RuntimeError as e:
+        return e
+    raise AssertionError("no OOM")
+
+
+def _frames(error):
+    return [(f.name, f.lineno) for f in traceback.extract_tb(error.__traceback__)]
+
+
+def _ooms(lord, dev="cpu"):
+    return lord.stats().get(dev, {}).get("ooms", 0)
+
+
+# hooks: what each path needs; the conversion is a torch hook, the operator needs ops=True
+PATHS = [
+    ("factory", _factory, lambda lord: lord.hook_into_python()),
+    ("convert", _conversion, lambda lord: lord.hook_into_torch()),
+    ("op", _operator, lambda lord: lord.hook_into_python(ops=True)),
+]
+
+
+@pytest.mark.parametrize(("source", "fn", "hook"), PATHS, ids=[p[0] for p in PATHS])
+def test_each_path_counts_once_and_the_error_is_torchs(source, fn, hook):
+    bare = _raised(fn)  # no memlord hook: torch's own error
+    lord = MemLord()
+    lord.record_events(64)
+    handle = hook(lord)
+    try:
+        got = _raised(fn)
+    finally:
+        handle.disable()
+    assert type(got) is type(bare)
+    assert str(got) == str(bare)
+    assert _frames(got) == _frames(bare)  # the same traceback: nothing of memlord's
+    assert _ooms(lord) == 1
+    assert lord.memory_stats("cpu")["num_ooms"] == 1
+    (ev,) = [e for e in lord.decode_events(lord.events()) if e["kind"] == "oom"]
+    assert ev["bytes"] == _requested(bare)  # the allocator's own figure
+    assert ev["source"] == source
+    assert ev["device"] == "cpu"
+    assert ev["count"] == 1
+    # the call site: the line of fn that failed, as torch's traceback tells it
+    assert ev["site"].endswith(f"test_oom_seen.py:{_frames(bare)[-1][1]}")
+    assert lord.allocated("cpu")[0] >= 0
+
+
+def test_nested_hooks_count_one_oom():
+    """torch.empty's factory hook runs the operator through the dispatch mode: both see
+    the error; the outermost reports it, once."""
+    lord = MemLord()
+    lord.record_events(64)
+    with lord.hook_into_python(ops=True), lord.hook_into_torch():
+        for _ in range(3):
+            _raised(_factory)
+    assert _ooms(lord) == 3
+    kinds = [e["source"] for e in lord.decode_events(lord.events()) if e["kind"] == "oom"]
+    assert kinds == ["factory"] * 3
+
+
+def test_every_hooked_lord_counts_it():
+    a, b, idle = MemLord(), MemLord(), MemLord()
+    with a.hook_into_python(), b.hook_into_torch():
+        _raised(_factory)  # a python hook: b is hooked too (into torch), and counts it
+    assert (_ooms(a), _ooms(b), _ooms(idle)) == (1, 1, 0)
+
+
+def test_other_errors_pass_untouched_and_count_nothing():
+    lord = MemLord()
+    with lord.hook_into_python(ops=True):
+        with pytest.raises(RuntimeError, match="negative dimension"):
+            torch.empty(-1)
+        with pytest.raises(RuntimeError, match="size mismatch|shapes cannot be multiplied"):
+            torch.zeros(2, 3) @ torch.zeros(2, 3)
+        with pytest.raises(TypeError):
+            torch.zeros(2).to("not a device", "nor this")
+    assert _ooms(lord) == 0
+
+
+def test_threads_each_count():
+    """The hooks are process-wide: every thread's OOMs count (the dispatch mode of
+    ops=True is the thread's that turned it on, docs/guide.md)."""
+    lord = MemLord()
+    errors = []
+
+    def work():
+        for _ in range(5):
+            errors.append(_raised(_factory))
+            errors.append(_raised(_conversion))
+
+    with lord.hook_into_python(), lord.hook_into_torch():
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert len(errors) == 40
+    assert _ooms(lord) == 40
+
+
+def test_a_failing_handler_never_reaches_the_caller(monkeypatch):
+    """Whatever the OOM handler does, the caller gets torch's error; the handler's own
+    failure goes to sys.unraisablehook."""
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u.exc_value))
+
+    def broken(error, what, source):
+        raise ValueError("handler bug")
+
+    memlord._core._set_oom_handler(broken)
+    try:
+        lord = MemLord()
+        with lord.hook_into_python():
+            got = _raised(_factory)
+    finally:
+        memlord._core._set_oom_handler(memlord._oom._hook_error)
+    assert "can't allocate memory" in str(got)
+    assert got.__context__ is None  # the handler's error is not chained onto it
+    assert [type(e) for e in seen] == [ValueError]
+
+
+def test_resets_clear_the_count():
+    lord = MemLord()
+    with lord.hook_into_python():
+        _raised(_factory)
+        lord.reset_peak_memory_stats()
+        assert _ooms(lord) == 1  # a peak reset keeps accumulated counters
+        lord.reset_memory_stats()
+        assert _ooms(lord) == 0
+        _raised(_factory)
+        lord.reset()
+    assert _ooms(lord) == 0
+
+
+def test_info_record(caplog):
+    lord = MemLord()
+    with caplog.at_level(logging.INFO, logger="memlord"), lord.hook_into_python():
+        bare = _raised(_factory)
+    (rec,) = [r for r in caplog.records if "[oom]" in r.getMessage()]
+    assert rec.levelno == logging.INFO
+    text = rec.getMessage()
+    assert "out of memory on cpu" in text
+    assert "torch.empty" in text
+    assert memlord.format_bytes(_requested(bare)) in text
+    assert "test_oom_seen.py:" in text
+
+
+def test_observer_claims_the_oom_its_hook_then_leaves():
+    """torch's CUDA OOM observer runs inside the allocation, before the error leaves the
+    hooked call: it counts the OOM, and the hook the error then leaves does not count it
+    again.  The observer is called here by a custom operator as the allocator would
+    (device, requested, allocated, free), then the operator raises torch's
+    OutOfMemoryError, through the real dispatch mode."""
+
+    @torch.library.custom_op("memlord_test::oom_after_observer", mutates_args=())
+    def oom_after_observer(x: torch.Tensor) -> torch.Tensor:
+        memlord._oom._observer(0, 1 << 30, 5 << 30, 1 << 20)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB.")
+
+    lord = MemLord()
+    lord.record_events(16)
+    with lord.hook_into_python(ops=True):
+        with pytest.raises(torch.OutOfMemoryError):
+            oom_after_observer(torch.zeros(2))
+    assert _ooms(lord, "cuda:0") == 1
+    assert _ooms(lord, "cpu") == 0
+    (ev,) = [e for e in lord.decode_events(lord.events()) if e["kind"] == "oom"]
+    assert (ev["source"], ev["device"], ev["bytes"]) == ("allocator", "cuda:0", 1 << 30)
+
+
+def test_observer_outside_any_hook_counts_and_claims_nothing():
+    lord = MemLord()
+    with lord.hook_into_python():
+        memlord._oom._observer(1, 4096, 0, 0)
+        assert memlord._core._oom_claim() is False  # no hooked call runs here
+        got = _raised(_factory)  # the next OOM is not mistaken for a claimed one
+    assert "can't allocate" in str(got)
+    assert (_ooms(lord, "cuda:1"), _ooms(lord)) == (1, 1)
+
+
+def test_unhooked_lord_counts_nothing():
+    lord = MemLord()
+    _raised(_factory)
+    assert lord.stats() == {}
