@@ -29,6 +29,7 @@ from . import _backend, _log, _sites
 from ._core import CATEGORIES, Hooks, PythonHooks, TorchHooks, format_bytes
 from ._events import EVENT_DTYPE, EVENT_KINDS, EVENT_SOURCES
 from ._memapi import MemoryProfile
+from ._oom import OOMWatch, oom_retry, retry_on_oom
 from ._regions import ModuleTracker, Region
 from ._snapshot import LeakCheck
 from ._types import (
@@ -39,7 +40,6 @@ from ._types import (
     CapacitySource,
     DeviceStats,
 )
-from ._oom import OOMWatch, oom_retry, retry_on_oom
 from .lord import MemLord
 
 __all__ = [

@@ -225,6 +225,15 @@ class OOMWatch:
         return paths
 
 
+def watch_of(lord: Any) -> OOMWatch | None:
+    """The enabled watch of ``lord``, or None."""
+    with _lock:
+        for w in _watches:
+            if w.lord is lord:
+                return w
+    return None
+
+
 def watch_oom(
     lord: Any,
     path: str | os.PathLike[str] | None = None,

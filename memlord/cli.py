@@ -79,6 +79,12 @@ def _parser() -> argparse.ArgumentParser:
         help="keep the newest N allocation and free events (64 bytes each; 0: none; "
         "default 262144)",
     )
+    run.add_argument(
+        "--no-oom",
+        action="store_true",
+        help="write no post-mortem when memory runs out (default: one per OOM, up to 5, "
+        "memlord-oom-*.json beside the profile)",
+    )
     run.add_argument("script", help="the Python script to run")
     run.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     rep = sub.add_parser("report", help="convert a saved JSON profile")
@@ -194,6 +200,7 @@ def run(args: argparse.Namespace) -> int:
         json_path=json_path,
         torch_hooks=True,
         title=title,
+        oom=not args.no_oom,
         **({} if args.events is None else {"events": args.events}),
     )
     sys.argv = [str(script), *args.args]

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from . import __version__
+from . import __version__, _oom
 from .report import Events, Profile, SampleBuilder, Span, export, format_of
 from .report._lord import (
     category_baseline,
@@ -130,9 +130,11 @@ class MemoryTracker:
     made.  ``source`` is where the numbers come from (default: a fresh lord with
     lifetime tracking on).  ``events`` is the capacity of the lord's event ring the
     tracker turns on (default :data:`EVENTS`; ``0``: none; a lord already recording
-    keeps its own ring).  A tracker writes only in the process that started it: a child
-    made by ``os.fork()`` writes nothing (it starts a tracker of its own for a file of
-    its own)."""
+    keeps its own ring).  ``oom`` (default True) writes a post-mortem into ``output_dir``
+    for each out-of-memory error while the tracker runs (``lord.watch_oom``, unless the
+    lord has a watch of its own; docs/oom.md).  A tracker writes only in the process
+    that started it: a child made by ``os.fork()`` writes nothing (it starts a tracker
+    of its own for a file of its own)."""
 
     def __init__(
         self,
@@ -148,6 +150,7 @@ class MemoryTracker:
         install_handlers: bool = True,
         title: str | None = None,
         events: int = EVENTS,
+        oom: bool = True,
     ) -> None:
         if not isinstance(output_dir, (str, os.PathLike)):
             raise TypeError(f"output_dir must be a str or os.PathLike, got {output_dir!r}")
@@ -158,6 +161,8 @@ class MemoryTracker:
             raise ValueError(f"top must be an int >= 0, got {top!r}")
         if isinstance(events, bool) or not isinstance(events, int) or events < 0:
             raise ValueError(f"events must be an int >= 0, got {events!r}")
+        if not isinstance(oom, bool):
+            raise TypeError(f"oom must be a bool, got {oom!r}")
         if isinstance(exports, (str, os.PathLike)):
             raise TypeError(f"exports must be a sequence of paths, got {exports!r}")
         self.output_dir = Path(os.path.abspath(output_dir))
@@ -173,6 +178,8 @@ class MemoryTracker:
         self._install_handlers = install_handlers
         self.title = title
         self.events = events
+        self.oom = oom
+        self._oom_watch: Any = None  # the lord's OOM watch this tracker turned on
         self._own_ring = False
         self._frozen: tuple[Any, dict[str, Any]] | None = None  # the ring at stop
         self._frozen_dropped = 0
@@ -221,6 +228,10 @@ class MemoryTracker:
             self._own_ring = True
         self._ring_capacity = lord.events_capacity
         self._source.start()
+        if self.oom and hasattr(lord, "watch_oom") and _oom.watch_of(lord) is None:
+            # out-of-memory post-mortems beside the profile (a watch the program set
+            # up itself is kept as it is)
+            self._oom_watch = lord.watch_oom(self.output_dir)
         self._pid = os.getpid()
         self.start_ns = time.monotonic_ns()
         self.start_unix = time.time()
@@ -279,6 +290,9 @@ class MemoryTracker:
         if self._atexit_registered:
             atexit.unregister(self._at_exit)
             self._atexit_registered = False
+        if self._oom_watch is not None:
+            self._oom_watch.disable()
+            self._oom_watch = None
         if self._source is not None:
             self._source.stop()
         return written

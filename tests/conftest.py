@@ -66,6 +66,7 @@ STAT_KEYS = frozenset(
         "allocs",
         "frees",
         "gc_runs",
+        "ooms",
     }
 )
 ZERO_STATS = dict.fromkeys(STAT_KEYS, 0)

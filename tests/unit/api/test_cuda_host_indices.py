@@ -28,7 +28,6 @@ ALLOCATOR_KEYS = (
     "active_bytes",
     "inactive_split_bytes",
     "num_alloc_retries",
-    "num_ooms",
 )
 
 

@@ -62,7 +62,7 @@ def test_memory_stats_keys_and_values():
         "active_bytes": None,
         "inactive_split_bytes": None,
         "num_alloc_retries": None,
-        "num_ooms": None,
+        "num_ooms": 0,  # memlord's own count: no OOM was seen
         "cache_hit_rate": None,
         "pending_free_bytes": 3 * KiB,  # deprecated name of freed_since_gc_bytes
     }
