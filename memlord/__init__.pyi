@@ -6,6 +6,7 @@
 
 import os
 from collections.abc import Callable
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, TypeVar, final, overload
 
@@ -38,10 +39,13 @@ __all__ = [
     "MemLord",
     "MemoryProfile",
     "ModuleTracker",
+    "OOMWatch",
     "PythonHooks",
     "Region",
     "TorchHooks",
     "format_bytes",
+    "oom_retry",
+    "retry_on_oom",
     "__version__",
 ]
 
@@ -65,6 +69,7 @@ _TrackArg = _Trackable | tuple[_Trackable, ...] | list[_Trackable]
 # list is invariant: a list[nn.Linear] or list[torch.Tensor] takes the second overload
 _T = TypeVar("_T", bound=_Trackable)
 _F = TypeVar("_F", bound=Callable[..., Any])
+_R = TypeVar("_R")
 
 # (raw_bytes, human_string), e.g. (1536, "1.5 KiB")
 _Bytes = tuple[int, str]
@@ -222,6 +227,16 @@ class MemLord:
     def regions(self, clear: bool = False) -> dict[str, RegionSummary]: ...
     def track_modules(self, model: torch.nn.Module, *, backward: bool = True) -> ModuleTracker: ...
 
+    # out of memory: post-mortems while the watch is enabled (docs/oom.md)
+    def watch_oom(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        html: bool = True,
+        top: int = 20,
+        limit: int = 5,
+    ) -> OOMWatch: ...
+
     # reports: the format by the file name (.json, .trace.json, .pickle/.pkl, .html/.htm)
     def export(self, path: str | os.PathLike[str], *, top: int = 10) -> str: ...
 
@@ -306,6 +321,51 @@ class MemoryProfile:
     def memory_summary(self) -> str: ...
     def __enter__(self) -> Self: ...
     def __exit__(self, *exc: object) -> None: ...
+
+# ---- out of memory (docs/oom.md) ----------------------------------------------------------
+
+class OOMWatch:
+    """What MemLord.watch_oom() returns."""
+
+    path: Path | None
+    html: bool
+    top: int
+    limit: int
+    written: list[dict[str, str]]  # {"json", "html", "pickle"} per post-mortem
+    @property
+    def enabled(self) -> bool: ...
+    @property
+    def lord(self) -> MemLord | None: ...
+    def disable(self) -> None: ...
+    def __enter__(self) -> Self: ...
+    def __exit__(self, *exc: object) -> None: ...
+
+# summary passed to on_retry: {"type", "message", "device", "bytes", "attempt", "post_mortems"}
+_OOMSummary = dict[str, Any]
+_Shrink = Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, dict[str, Any]]]
+
+def retry_on_oom(
+    fn: Callable[..., _R],
+    /,
+    *args: Any,
+    attempts: int = 3,
+    backoff: float = 0.5,
+    max_backoff: float = 8.0,
+    on_retry: Callable[[int, _OOMSummary], object] | None = None,
+    shrink: _Shrink | None = None,
+    **kwargs: Any,
+) -> _R: ...
+@overload
+def oom_retry(fn: _F, /) -> _F: ...
+@overload
+def oom_retry(
+    *,
+    attempts: int = 3,
+    backoff: float = 0.5,
+    max_backoff: float = 8.0,
+    on_retry: Callable[[int, _OOMSummary], object] | None = None,
+    shrink: _Shrink | None = None,
+) -> Callable[[_F], _F]: ...
 
 # ---- hook handles (created by MemLord only; not instantiable) --------------------------
 
