@@ -230,3 +230,21 @@ def test_unhooked_lord_counts_nothing():
     lord = MemLord()
     _raised(_factory)
     assert lord.stats() == {}
+
+
+@pytest.mark.parametrize(("source", "fn", "hook"), PATHS, ids=[p[0] for p in PATHS])
+def test_references_unchanged(source, fn, hook):
+    """memlord keeps no reference to the error, its traceback or the caller's code."""
+    code = fn.__code__
+    bare = _raised(fn)
+    counts_bare = (sys.getrefcount(bare), sys.getrefcount(bare.__traceback__))
+    del bare
+    code_before = sys.getrefcount(code)
+    lord = MemLord()
+    with hook(lord):
+        got = _raised(fn)
+        counts = (sys.getrefcount(got), sys.getrefcount(got.__traceback__))
+        del got
+    assert counts == counts_bare
+    assert sys.getrefcount(code) == code_before
+    assert _ooms(lord) == 1
