@@ -74,6 +74,7 @@ _HEAD = struct.Struct("<QIIQ")  # magic, version, size, seq
 
 _OFF = ("", "0", "false", "no", "off")
 HEARTBEAT_S = 0.5
+MAIN_WAIT_S = 0.25
 POLL_S = 0.05
 
 
@@ -204,26 +205,32 @@ def _device_name(code: int) -> str:
     return _names[code]
 
 
-def read_record(path: Path, tries: int = 20) -> dict[str, Any] | None:
-    """One consistent copy of a record (retrying while a writer is inside), or None."""
+def read_record(path: Path, tries: int = 2000) -> dict[str, Any] | None:
+    """One consistent copy of a record (retrying while a writer is inside: a copy of the
+    mapped bytes takes well under a microsecond), or None."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return None
     try:
-        for _ in range(tries):
-            try:
-                s1 = struct.unpack("<Q", os.pread(fd, 8, LAYOUT["seq"]))[0]
-                data = os.pread(fd, SIZE, 0)
-                s2 = struct.unpack("<Q", os.pread(fd, 8, LAYOUT["seq"]))[0]
-            except (OSError, struct.error):
-                return None
-            if s1 == s2 and not s1 & 1:
-                return decode(data)
-            time.sleep(0.0005)
+        mm = mmap.mmap(fd, SIZE, prot=mmap.PROT_READ)
+    except (OSError, ValueError):
         return None
     finally:
         os.close(fd)
+    seq = LAYOUT["seq"]
+    try:
+        for i in range(tries):
+            s1 = struct.unpack_from("<Q", mm, seq)[0]
+            data = mm[:SIZE]
+            s2 = struct.unpack_from("<Q", mm, seq)[0]
+            if s1 == s2 and not s1 & 1:
+                return decode(data)
+            if i >= 100:
+                time.sleep(0.0001)
+        return None
+    finally:
+        mm.close()
 
 
 def read_all(directory: Path | None = None, *, clean: bool = True) -> list[dict[str, Any]]:
@@ -452,7 +459,7 @@ class Publisher:
         while not self._stop.wait(POLL_S):
             try:
                 if self.cooperate and self._pressure_changed():
-                    _core._pending_call(_serve_requests)
+                    self._schedule_serve()
                 if time.monotonic() - last_beat >= HEARTBEAT_S:
                     last_beat = time.monotonic()
                     self._heartbeat()
@@ -460,6 +467,15 @@ class Publisher:
                 if not self._enabled:
                     return
                 logger.debug("memlord publish heartbeat: %s", e)
+
+    def _schedule_serve(self) -> None:
+        """Serve on the main thread at its next bytecode; a main thread that runs no
+        Python for MAIN_WAIT_S (blocked in I/O, a sleep, a long C call) is not waited
+        for: this thread serves, under the GIL."""
+        _served_event.clear()
+        if _core._pending_call(_serve_requests) and _served_event.wait(MAIN_WAIT_S):
+            return
+        _serve_requests()
 
     def _pressure_changed(self) -> bool:
         try:
@@ -536,9 +552,22 @@ def _held(lord: Any, device: str) -> int:
         return 0
 
 
+_served_event = threading.Event()
+
+
 def _serve_requests() -> None:
-    """On the main thread, between two bytecodes (a pending call): serve the requests of
-    the other publishers that this process has not served yet."""
+    """On the main thread, between two bytecodes (a pending call), or on the heartbeat
+    thread when the main thread runs no Python: serve the requests of the other
+    publishers that this process has not served yet (each once)."""
+    _served_event.set()
+    with _serve_lock:
+        _serve_requests_locked()
+
+
+_serve_lock = threading.Lock()
+
+
+def _serve_requests_locked() -> None:
     with _lock:
         mine = [p for p in _publishers if p.enabled and p.cooperate]
     if not mine:

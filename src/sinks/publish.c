@@ -213,15 +213,40 @@ PyObject *ml_lord_publish_write(PyObject *self, PyObject *const *args, Py_ssize_
 
 PyObject *ml_publish_layout(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(unused))
 {
-    return Py_BuildValue(
-        "{s:n,s:n,s:n,s:n,s:i,s:i,s:n,s:i,s:K,s:i,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n}", "size",
-        (Py_ssize_t)sizeof(ml_pub), "seq", (Py_ssize_t)offsetof(ml_pub, seq), "devs",
-        (Py_ssize_t)offsetof(ml_pub, devs), "dev_size", (Py_ssize_t)sizeof(ml_pub_dev), "ndev",
-        ML_PUB_DEVS, "ncat", ML_PUB_CATS, "py", (Py_ssize_t)offsetof(ml_pub, py), "py_size",
-        ML_PUB_PY, "magic", (unsigned long long)ML_PUB_MAGIC, "version", ML_PUB_VERSION, "dev.code",
-        (Py_ssize_t)offsetof(ml_pub_dev, code), "dev.live", (Py_ssize_t)offsetof(ml_pub_dev, live),
-        "dev.peak", (Py_ssize_t)offsetof(ml_pub_dev, peak), "dev.ooms",
-        (Py_ssize_t)offsetof(ml_pub_dev, ooms), "dev.cat", (Py_ssize_t)offsetof(ml_pub_dev, cat),
-        "dev.reserved", (Py_ssize_t)offsetof(ml_pub_dev, reserved), "dev.name",
-        (Py_ssize_t)offsetof(ml_pub_dev, name));
+    const struct {
+        const char *name;
+        long long value;
+    } items[] = {
+        {"size", (long long)sizeof(ml_pub)},
+        {"seq", (long long)offsetof(ml_pub, seq)},
+        {"devs", (long long)offsetof(ml_pub, devs)},
+        {"dev_size", (long long)sizeof(ml_pub_dev)},
+        {"ndev", ML_PUB_DEVS},
+        {"ncat", ML_PUB_CATS},
+        {"py", (long long)offsetof(ml_pub, py)},
+        {"py_size", ML_PUB_PY},
+        {"version", ML_PUB_VERSION},
+        {"dev.code", (long long)offsetof(ml_pub_dev, code)},
+        {"dev.used", (long long)offsetof(ml_pub_dev, used)},
+        {"dev.live", (long long)offsetof(ml_pub_dev, live)},
+        {"dev.peak", (long long)offsetof(ml_pub_dev, peak)},
+        {"dev.ooms", (long long)offsetof(ml_pub_dev, ooms)},
+        {"dev.cat", (long long)offsetof(ml_pub_dev, cat)},
+        {"dev.reserved", (long long)offsetof(ml_pub_dev, reserved)},
+        {"dev.name", (long long)offsetof(ml_pub_dev, name)},
+    };
+    PyObject *d = PyDict_New();
+    for (size_t i = 0; d != NULL && i < sizeof(items) / sizeof(items[0]); i++) {
+        PyObject *v = PyLong_FromLongLong(items[i].value);
+        if (v == NULL || PyDict_SetItemString(d, items[i].name, v) < 0) {
+            Py_CLEAR(d);
+        }
+        Py_XDECREF(v);
+    }
+    PyObject *magic = d != NULL ? PyLong_FromUnsignedLongLong(ML_PUB_MAGIC) : NULL;
+    if (magic == NULL || PyDict_SetItemString(d, "magic", magic) < 0) {
+        Py_CLEAR(d);
+    }
+    Py_XDECREF(magic);
+    return d;
 }

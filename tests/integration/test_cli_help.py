@@ -23,7 +23,7 @@ def test_top_level_help_lists_every_command(capsys):
     out = _help(capsys, ["--help"])
     for command in ("run", "report", "gantt"):
         assert re.search(rf"^  {command} ", out, re.M), out
-    assert "{run,report,gantt}" in out, out
+    assert "{run,report,gantt,top}" in out, out
     assert "--layers" in out and "--info" in out
 
 
