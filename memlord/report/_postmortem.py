@@ -55,12 +55,9 @@ SCHEMA = "memlord.oom/1"
 
 log = logging.getLogger("memlord")
 
-#: the storages named from modules and optimizers found by a scan of Python's objects at
-#: most (a bound on the work of naming; the rest keep their category and site)
+#: the tensors looked at to name storages (parameters, buffers, gradients, optimizer
+#: state) at most: a bound on the work of naming; the rest keep their category and site
 MAX_NAMED = 1_000_000
-#: module roots named at most (largest first is not known before walking them: in the
-#: order the scan finds them)
-MAX_ROOTS = 64
 #: blocks of the synthetic memory_viz pickle per device at most (the largest storages;
 #: the rest is one block)
 MAX_PICKLE_BLOCKS = 200_000
@@ -192,9 +189,9 @@ class _Names:
 
     def _add(self, t: Any, name: str, module: str | None) -> None:
         key = self._key(t)
+        self._count += 1
         if key is not None and key not in self.by_key:
             self.by_key[key] = (name, module)
-            self._count += 1
 
     def add_model(self, root: torch.nn.Module) -> None:
         root_name = type(root).__name__
@@ -213,6 +210,8 @@ class _Names:
                 return
         for name, b in root.named_buffers():
             self._add(b, name, name.rpartition(".")[0] or root_name)
+            if self._count > MAX_NAMED:
+                return
 
     def add_optimizer(self, opt: Any) -> None:
         state = getattr(opt, "state", None)
@@ -260,18 +259,23 @@ def _scan(cls: type) -> list[Any]:
 
 
 def _roots(modules: list[torch.nn.Module]) -> list[torch.nn.Module]:
-    """The modules that are no other module's child, largest (most parameters) first."""
+    """The modules that are no other module's child and hold something (parameters,
+    buffers or children)."""
     children: set[int] = set()
     for m in modules:
         sub = m.__dict__.get("_modules")
         if isinstance(sub, dict):
             children.update(id(c) for c in sub.values() if c is not None)
-    roots = [m for m in modules if id(m) not in children]
-    roots = [m for m in roots if m.__dict__.get("_parameters") or m.__dict__.get("_modules")]
-    if len(roots) > MAX_ROOTS:
-        roots.sort(key=lambda m: -len(m.__dict__.get("_modules") or ()))
-        del roots[MAX_ROOTS:]
-    return roots
+    return [
+        m
+        for m in modules
+        if id(m) not in children
+        and (
+            m.__dict__.get("_parameters")
+            or m.__dict__.get("_modules")
+            or m.__dict__.get("_buffers")
+        )
+    ]
 
 
 def collect_names(lords: Sequence[Any], notes: list[str]) -> _Names:
@@ -288,6 +292,9 @@ def collect_names(lords: Sequence[Any], notes: list[str]) -> _Names:
         names.sources.append(f"object scan ({(time.perf_counter() - t0) * 1e3:.1f} ms)")
     with torch._C.DisableTorchFunction():
         for m in models:
+            if names._count > MAX_NAMED:
+                notes.append(f"naming: stopped after {MAX_NAMED} tensors")
+                break
             try:
                 names.add_model(m)
             except Exception as exc:  # noqa: BLE001
@@ -358,8 +365,7 @@ def _live_storages(lords: Sequence[Any], notes: list[str]) -> tuple[int, list[tu
     now = 0
     for i, lord in enumerate(lords):
         try:
-            if not lord._life_active():
-                continue
+            # the registry keeps what it tracked after disable(): read it whatever the state
             now, _totals, raw = lord._live(-1, _SINCE_ALL)
             region_names = lord._region_names()
             devs: dict[int, str] = {}
@@ -637,7 +643,7 @@ def synthetic_snapshot(
     frames_of: dict[int, list[dict[str, Any]]] = {}
     segments = []
     for dev in devices:
-        entries = sorted(by_dev.get(dev, ()), key=lambda e: -e[1])
+        entries = sorted(by_dev.get(dev, ()), key=lambda e: (-e[1], e[3]))
         kept, rest = entries[:MAX_PICKLE_BLOCKS], entries[MAX_PICKLE_BLOCKS:]
         base = SEGMENT_BASE + index[dev] * SEGMENT_STRIDE
         blocks = []
@@ -870,7 +876,7 @@ def build_post_mortem(lords: Any, request: dict[str, Any], *, top: int = 20) -> 
         now_live: tuple[int, list[tuple]] = (0, [])
         with notes.guard("the live storages"):
             now_live = _live_storages(lords, notes)
-        if not any(d.get("lifetime_tracking") for d in doc["lords"]):
+        if not now_live[1] and not any(d.get("lifetime_tracking") for d in doc["lords"]):
             notes.append(
                 "lifetime tracking is off in every lord: no live storages to name "
                 "(turn it on with lord.hook_into_python())"
