@@ -35,6 +35,12 @@ def _pct(part: Any, whole: Any) -> str:
     return f"{100.0 * part / whole:.1f}%"
 
 
+def _shape(shape: Any) -> str:
+    if not isinstance(shape, list):
+        return "?"
+    return "x".join(map(str, shape)) or "()"
+
+
 def _kv(rows: list[tuple[str, str]]) -> str:
     body = "".join(f"<tr><th>{_esc(k)}</th><td>{_esc(v)}</td></tr>" for k, v in rows)
     return f'<table class="kv"><tbody>{body}</tbody></table>'
@@ -125,7 +131,7 @@ def _device(dev: str, d: dict[str, Any], top: int) -> str:
                 str(e.get("name") or ""),
                 _b(e.get("nbytes")),
                 str(e.get("category") or ""),
-                "x".join(map(str, e.get("shape") or [])) if e.get("shape") is not None else "?",
+                _shape(e.get("shape")),
                 str(e.get("dtype") or ""),
                 str(e.get("site") or ""),
                 str(e.get("region") or ""),
