@@ -31,8 +31,10 @@ import bisect
 import contextlib
 import datetime as _dt
 import gc
+import heapq
 import json
 import logging
+import operator
 import os
 import pickle as _pickle
 import platform
@@ -60,13 +62,14 @@ log = logging.getLogger("memlord")
 MAX_NAMED = 1_000_000
 #: blocks of the synthetic memory_viz pickle per device at most (the largest storages;
 #: the rest is one block)
-MAX_PICKLE_BLOCKS = 200_000
+MAX_PICKLE_BLOCKS = 20_000
 #: the error text kept at most
 MAX_ERROR_CHARS = 4000
 #: frames of the failed request kept at most (the innermost)
 MAX_STACK = 64
 
 _SINCE_ALL = -(2**63)
+_UNNAMED = object()  # a storage no model or optimizer names
 _BACKWARD = " (backward)"
 
 
@@ -166,26 +169,27 @@ class _Names:
     optimizers memlord knows, else found by a scan of Python's objects."""
 
     def __init__(self) -> None:
-        self.by_key: dict[tuple[str, int], tuple[str, str | None]] = {}
+        self.by_key: dict[tuple[bool, int], tuple[str, str | None]] = {}
         self.param_names: dict[int, str] = {}  # id(parameter) -> qualified name
         self.module_names: set[str] = set()  # the qualified names of the modules named
         self.sources: list[str] = []
         self._skip = _tracing_types()
         self._count = 0
 
-    def _key(self, t: Any) -> tuple[str, int] | None:
+    def _key(self, t: Any) -> tuple[bool, int] | None:
+        """(on CUDA, the storage's data pointer): CUDA's unified addressing keeps the
+        pointers of different GPUs apart, so the device index is not needed."""
         if not isinstance(t, torch.Tensor) or (self._skip and isinstance(t, self._skip)):
             return None
         if t.is_meta or t.is_sparse:
             return None
         try:
-            s = t.untyped_storage()
-            ptr = int(s.data_ptr())
+            ptr = t.untyped_storage().data_ptr()
         except Exception:  # noqa: BLE001 - no readable storage (nested, ...)
             return None
         if not ptr:
             return None
-        return (str(s.device), ptr)
+        return (t.is_cuda, ptr)
 
     def _add(self, t: Any, name: str, module: str | None) -> None:
         key = self._key(t)
@@ -609,7 +613,7 @@ def _cuda_sections(
 def synthetic_snapshot(
     doc: dict[str, Any],
     live: list[tuple],
-    names: dict[tuple[str, int], str],
+    names: dict[tuple[bool, int], tuple[str, str | None]],
     lords: Sequence[Any],
 ) -> dict[str, Any]:
     """A torch memory snapshot dict of the live storages: one segment per device, one
@@ -643,8 +647,10 @@ def synthetic_snapshot(
     frames_of: dict[int, list[dict[str, Any]]] = {}
     segments = []
     for dev in devices:
-        entries = sorted(by_dev.get(dev, ()), key=lambda e: (-e[1], e[3]))
-        kept, rest = entries[:MAX_PICKLE_BLOCKS], entries[MAX_PICKLE_BLOCKS:]
+        entries = by_dev.get(dev, [])
+        kept = _largest(entries, MAX_PICKLE_BLOCKS)
+        rest_bytes = sum(e[1] for e in entries) - sum(e[1] for e in kept)
+        rest_count = len(entries) - len(kept)
         base = SEGMENT_BASE + index[dev] * SEGMENT_STRIDE
         blocks = []
         offset = 0
@@ -653,7 +659,7 @@ def synthetic_snapshot(
             fr = frames_of.get(site)
             if fr is None:
                 fr = frames_of[site] = site_frames(site) if site else []
-            name = names.get((dev, e[2]))
+            hit = names.get((dev[:4] == "cuda", e[2])) if e[2] else None
             blocks.append(
                 {
                     "address": base + offset,
@@ -661,13 +667,13 @@ def synthetic_snapshot(
                     "requested_size": e[1],
                     "state": "active_allocated",
                     "frames": fr,
-                    "memlord_name": name,
+                    "memlord_name": hit[0] if hit is not None else None,
                     "memlord_category": e[9],
                 }
             )
             offset += e[1]
-        if rest:
-            size = sum(e[1] for e in rest)
+        if rest_count:
+            size = rest_bytes
             blocks.append(
                 {
                     "address": base + offset,
@@ -675,7 +681,7 @@ def synthetic_snapshot(
                     "requested_size": size,
                     "state": "active_allocated",
                     "frames": [],
-                    "memlord_name": f"{len(rest)} smaller storages",
+                    "memlord_name": f"{rest_count} smaller storages",
                 }
             )
             offset += size
@@ -843,6 +849,18 @@ def build_post_mortem(lords: Any, request: dict[str, Any], *, top: int = 20) -> 
         )
     if not isinstance(lords, (list, tuple)):
         lords = [lords] if lords is not None else []
+    # the cyclic GC off while building: the document's objects would otherwise trigger
+    # collections over the whole heap (a model's every tensor) many times over
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _build(lords, request, top)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def _build(lords: Sequence[Any], request: dict[str, Any], top: int) -> dict[str, Any]:
     t_start = time.perf_counter()
     notes = _Notes()
     when = request.get("time")
@@ -911,19 +929,11 @@ def build_post_mortem(lords: Any, request: dict[str, Any], *, top: int = 20) -> 
         doc["pickle_source"] = "torch.cuda.memory._snapshot()"
     else:
         with notes.guard("the memory_viz snapshot"):
-            name_of = {(e[0], e[2]): n for e, n in _names_of_largest(live, names)}
-            doc["_memory_snapshot"] = synthetic_snapshot(doc, live, name_of, lords)
+            doc["_memory_snapshot"] = synthetic_snapshot(doc, live, names.by_key, lords)
             doc["pickle_source"] = "memlord (live storages)"
     doc["notes"] = list(notes)
     doc["build_s"] = round(time.perf_counter() - t_start, 6)
     return doc
-
-
-def _names_of_largest(live: list[tuple], names: _Names) -> Iterable[tuple[tuple, str]]:
-    for e in live:
-        hit = names.by_key.get((e[0], e[2])) if e[2] else None
-        if hit is not None:
-            yield e, hit[0]
 
 
 def _memlord_version() -> str | None:
@@ -944,18 +954,41 @@ def _attribute_live(
 ) -> dict[str, list[tuple[int, int, str]]]:
     """Fill each device's tracked totals, coverage, tables and largest storages from the
     live storages; returns, per CUDA device, ``(ptr, nbytes, name)`` of each storage (for
-    the allocator's blocks)."""
+    the allocator's blocks).
+
+    One pass sums the storages by (device, category, region, site, module, named); the
+    tables are made from those groups, which are few: a loop's storages share one."""
     by_key = names.by_key
     modules = names.module_names
-    per: dict[str, dict[str, Any]] = {}
-    cuda_storages: dict[str, list[tuple[int, int, str]]] = {}
-    cuda_raw: dict[str, list[tuple]] = {}
-    region_name_cache: dict[tuple[str, str], tuple[str, str | None]] = {}
+    groups: dict[tuple, list[int]] = {}
+    per_dev: dict[str, list[tuple]] = {}
     for e in live:
-        dev, nbytes, ptr, _born, site, region, _dt_, _rg, _shape, cat = e
-        p = per.get(dev)
-        if p is None:
-            p = per[dev] = {
+        dev = e[0]
+        lst = per_dev.get(dev)
+        if lst is None:
+            lst = per_dev[dev] = []
+        lst.append(e)
+        hit = by_key.get((dev[:4] == "cuda", e[2])) if e[2] else None
+        key = (dev, e[9], e[5], e[4], hit[1] if hit is not None else _UNNAMED)
+        g = groups.get(key)
+        if g is None:
+            groups[key] = [e[1], 1]
+        else:
+            g[0] += e[1]
+            g[1] += 1
+    phase_cache: dict[tuple[str, str], tuple[str, str | None]] = {}
+
+    def phase(cat: str, region: str) -> tuple[str, str | None]:
+        got = phase_cache.get((cat, region))
+        if got is None:
+            got = phase_cache[(cat, region)] = _phase_name(cat, region, modules)
+        return got
+
+    tables: dict[str, dict[str, Any]] = {}
+    for (dev, cat, region, site, module), (nbytes, count) in groups.items():
+        t = tables.get(dev)
+        if t is None:
+            t = tables[dev] = {
                 "bytes": 0,
                 "count": 0,
                 "with_category": 0,
@@ -965,79 +998,88 @@ def _attribute_live(
                 "regions": {},
                 "modules": {},
                 "sites": {},
-                "entries": [],
             }
-        p["bytes"] += nbytes
-        p["count"] += 1
+        t["bytes"] += nbytes
+        t["count"] += count
         if cat != "other":
-            p["with_category"] += nbytes
+            t["with_category"] += nbytes
         if site:
-            p["with_site"] += nbytes
-        hit = by_key.get((dev, ptr)) if ptr else None
-        if hit is not None:
-            name, module = hit
-            p["named"] += nbytes
-        elif region and cat in ("activation", "temporary", "input", "other"):
-            key = (cat, region)
-            got = region_name_cache.get(key)
-            if got is None:
-                got = region_name_cache[key] = _phase_name(cat, region, modules)
-            name, module = got
+            t["with_site"] += nbytes
+        if module is _UNNAMED:
+            module = phase(cat, region)[1] if region else None
         else:
-            name, module = None, None
+            t["named"] += nbytes
         for table, k in (
-            (p["cats"], cat),
-            (p["regions"], region),
-            (p["modules"], module),
-            (p["sites"], site),
+            (t["cats"], cat),
+            (t["regions"], region),
+            (t["modules"], module),
+            (t["sites"], site),
         ):
             g = table.get(k)
             if g is None:
                 g = table[k] = _Group()
             g.bytes += nbytes
-            g.count += 1
-        p["entries"].append((e, name))
-        if dev.startswith("cuda"):
-            cuda_raw.setdefault(dev, []).append((ptr, nbytes, name, cat, site))
-    for dev, p in per.items():
+            g.count += count
+
+    def name_of(e: tuple) -> str | None:
+        hit = by_key.get((e[0][:4] == "cuda", e[2])) if e[2] else None
+        if hit is not None:
+            return hit[0]
+        if e[5]:
+            return phase(e[9], e[5])[0]
+        return None
+
+    site_texts: dict[int, str | None] = {}
+
+    def text(site: int) -> str | None:
+        if site not in site_texts:
+            site_texts[site] = site_text(site) if site else None
+        return site_texts[site]
+
+    cuda_storages: dict[str, list[tuple[int, int, str]]] = {}
+    for dev, t in tables.items():
         d = devices.setdefault(dev, _empty_device())
-        d["tracked"] = {"bytes": p["bytes"], "count": p["count"]}
+        d["tracked"] = {"bytes": t["bytes"], "count": t["count"]}
         d["coverage"] = {
-            "bytes": p["bytes"],
-            "with_category": p["with_category"],
-            "with_site": p["with_site"],
-            "named": p["named"],
+            "bytes": t["bytes"],
+            "with_category": t["with_category"],
+            "with_site": t["with_site"],
+            "named": t["named"],
         }
-        d["by_category"] = _table(p["cats"], len(p["cats"]))
-        d["by_region"] = _table(p["regions"], top)
-        d["by_module"] = _table(p["modules"], top)
-        d["by_site"] = _table(p["sites"], top, lambda s: site_text(s) if s else None)
-        entries = sorted(p["entries"], key=lambda en: (-en[0][1], en[0][3]))[:top]
-        d["largest"] = [_entry(en, name, now_ns) for en, name in entries]
-        site_texts = {}
-        for row in d["largest"]:
-            s = row.pop("_site")
-            if s not in site_texts:
-                site_texts[s] = site_text(s) if s else None
-            row["site"] = site_texts[s]
+        d["by_category"] = _table(t["cats"], len(t["cats"]))
+        d["by_region"] = _table(t["regions"], top)
+        d["by_module"] = _table(t["modules"], top)
+        d["by_site"] = _table(t["sites"], top, text)
+        largest = _largest(per_dev[dev], top)
+        rows = []
+        for e in largest:
+            row = _entry(e, name_of(e), now_ns)
+            row["site"] = text(row.pop("_site"))
             if row["name"] is None:
                 row["name"] = f"{row['category']} at {row['site'] or 'an unknown site'}"
-    texts: dict[int, str] = {}
-    for dev, lst in cuda_raw.items():
-        out = cuda_storages[dev] = []
-        for ptr, n, nm, cat, site in lst:
-            if nm is None:
-                t = texts.get(site)
-                if t is None:
-                    t = texts[site] = site_text(site) if site else "an unknown site"
-                nm = f"{cat} at {t}"
-            out.append((ptr, n, nm))
+            rows.append(row)
+        d["largest"] = rows
+        if dev.startswith("cuda"):
+            out = cuda_storages[dev] = []
+            for e in per_dev[dev]:
+                nm = name_of(e) or f"{e[9]} at {text(e[4]) or 'an unknown site'}"
+                out.append((e[2], e[1], nm))
     for d in devices.values():
         led = d.get("ledger")
         d["categories"] = dict(led["categories"]) if led else None
         if led is not None:
             d["untracked_ledger_bytes"] = max(led["allocated"] - d["tracked"]["bytes"], 0)
     return cuda_storages
+
+
+def _largest(entries: list[tuple], n: int) -> list[tuple]:
+    """The n largest storages, largest first (ties: older first)."""
+    got = heapq.nlargest(n, entries, key=_NBYTES) if n < len(entries) else list(entries)
+    got.sort(key=lambda e: (-e[1], e[3]))
+    return got
+
+
+_NBYTES = operator.itemgetter(1)
 
 
 def _entry(e: tuple, name: str | None, now_ns: int) -> dict[str, Any]:
