@@ -449,7 +449,6 @@ _STATS_KEYS = {
     "allocations": "allocation.all.current",
     "retries": "num_alloc_retries",
     "ooms": "num_ooms",
-    "device_allocs_failed": "num_device_alloc",
 }
 
 
@@ -458,8 +457,6 @@ def allocator_stats(stats: dict[str, Any]) -> dict[str, int | None]:
     (missing keys: None)."""
     out: dict[str, int | None] = {}
     for k, src in _STATS_KEYS.items():
-        if k == "device_allocs_failed":
-            continue
         v = stats.get(src)
         out[k] = int(v) if isinstance(v, (int, float)) else None
     return out
