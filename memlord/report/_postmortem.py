@@ -1155,6 +1155,9 @@ def write_post_mortem(
     if not isinstance(stem, str) or not stem or "/" in stem or os.sep in stem:
         raise ValueError(f"write_post_mortem(): argument 'stem' must be a file name, not {stem!r}")
     folder = Path(directory)
+    if folder.exists() and not folder.is_dir():
+        # not FileExistsError: that one means "this name is taken, try the next"
+        raise NotADirectoryError(20, "Not a directory", str(folder))
     base = folder / stem
     json_path = base.with_name(stem + ".json")
     if json_path.exists():

@@ -231,10 +231,13 @@ def test_an_existing_post_mortem_is_never_overwritten(work, tmp_path):
 def test_a_folder_that_cannot_be_written_raises_oserror(work, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(OSError):
+    # not FileExistsError, which says "this name is taken": the caller would try the next
+    with pytest.raises(NotADirectoryError):
         write_post_mortem(work.doc, blocker, "pm")
-    with pytest.raises(OSError):
+    with pytest.raises(OSError) as info:
         write_post_mortem(work.doc, blocker / "sub", "pm")
+    assert not isinstance(info.value, FileExistsError)
+    assert os.listdir(tmp_path) == ["file"]
 
 
 def test_only_what_is_asked_is_written(work, tmp_path):
