@@ -391,3 +391,24 @@ def test_blocks_are_attributed_to_the_storage_that_holds_them():
     assert inner["attributed"] == 4096
     # nothing on the device: no fraction
     assert attribute_blocks(segments, storages, 7)["attributed_fraction"] is None
+
+
+def test_two_lords_count_each_storage_once():
+    a, b = MemLord(), MemLord()
+    with a.hook_into_python(), b.hook_into_python():
+        keep = [torch.empty(256) for _ in range(3)]
+        doc = build_post_mortem([a, b], {"device": "cpu"})
+    assert doc["devices"]["cpu"]["tracked"] == {"bytes": 3 * 1024, "count": 3}
+    assert [lord["allocated"]["cpu"] for lord in doc["lords"]] == [3 * 1024, 3 * 1024]
+    del keep
+
+
+def test_a_piece_that_cannot_be_read_is_a_note_not_an_error():
+    lord = MemLord()
+    with lord.hook_into_python():
+        keep = torch.empty(100)
+        doc = build_post_mortem([lord, object()], {"device": "cpu", "bytes": "many"})
+    assert doc["devices"]["cpu"]["tracked"]["bytes"] == 400
+    assert any(n.startswith("lord 1:") for n in doc["notes"]), doc["notes"]
+    assert doc["request"]["bytes"] is None  # not an int: not kept
+    del keep
