@@ -34,6 +34,7 @@ import gc
 import heapq
 import json
 import logging
+import math
 import operator
 import os
 import pickle as _pickle
@@ -80,6 +81,12 @@ def _int_or_none(v: Any) -> int | None:
     if isinstance(v, bool) or not isinstance(v, int):
         return None
     return int(v)
+
+
+def _float_or_none(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
 
 
 def _str_or_none(v: Any, limit: int = 1000) -> str | None:
@@ -797,7 +804,7 @@ def _request_section(
         "regions": regions,
         "module": module,
         "error": _str_or_none(request.get("error"), MAX_ERROR_CHARS),
-        "time": request.get("time") if isinstance(request.get("time"), (int, float)) else None,
+        "time": _float_or_none(request.get("time")),
         "cuda": (
             {
                 "device_allocated": _int_or_none(cuda.get("device_allocated")),
@@ -861,13 +868,13 @@ def _build(lords: Sequence[Any], request: dict[str, Any], top: int) -> dict[str,
     t_start = time.perf_counter()
     notes = _Notes()
     when = request.get("time")
-    if not isinstance(when, (int, float)):
+    if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when):
         when = time.time()
     rank, world = _rank()
     doc: dict[str, Any] = {
         "schema": SCHEMA,
         "time": float(when),
-        "time_iso": _dt.datetime.fromtimestamp(float(when), _dt.timezone.utc).isoformat(),
+        "time_iso": _iso(float(when)),
         "host": _host(),
         "pid": os.getpid(),
         "rank": rank,
@@ -931,6 +938,13 @@ def _build(lords: Sequence[Any], request: dict[str, Any], top: int) -> dict[str,
     doc["notes"] = list(notes)
     doc["build_s"] = round(time.perf_counter() - t_start, 6)
     return doc
+
+
+def _iso(when: float) -> str | None:
+    try:
+        return _dt.datetime.fromtimestamp(when, _dt.timezone.utc).isoformat()
+    except (OverflowError, ValueError, OSError):
+        return None
 
 
 def _memlord_version() -> str | None:

@@ -412,3 +412,10 @@ def test_a_piece_that_cannot_be_read_is_a_note_not_an_error():
     assert any(n.startswith("lord 1:") for n in doc["notes"]), doc["notes"]
     assert doc["request"]["bytes"] is None  # not an int: not kept
     del keep
+
+
+def test_a_time_out_of_range_still_gives_a_document(tmp_path):
+    for when in (1e300, float("nan"), True):
+        doc = build_post_mortem([], {"time": when})
+        assert isinstance(doc["time"], float)
+        write_post_mortem(doc, tmp_path, f"pm-{len(os.listdir(tmp_path))}", html=False)
