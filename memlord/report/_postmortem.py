@@ -971,22 +971,24 @@ def _attribute_live(
     tables are made from those groups, which are few: a loop's storages share one."""
     by_key = names.by_key
     modules = names.module_names
-    groups: dict[tuple, list[int]] = {}
     per_dev: dict[str, list[tuple]] = {}
     for e in live:
-        dev = e[0]
-        lst = per_dev.get(dev)
+        lst = per_dev.get(e[0])
         if lst is None:
-            lst = per_dev[dev] = []
+            lst = per_dev[e[0]] = []
         lst.append(e)
-        hit = by_key.get((dev[:4] == "cuda", e[2])) if e[2] else None
-        key = (dev, e[9], e[5], e[4], hit[1] if hit is not None else _UNNAMED)
-        g = groups.get(key)
-        if g is None:
-            groups[key] = [e[1], 1]
-        else:
-            g[0] += e[1]
-            g[1] += 1
+    groups: dict[tuple, list[int]] = {}
+    for dev, entries in per_dev.items():
+        cu = dev.startswith("cuda")
+        for e in entries:
+            hit = by_key.get((cu, e[2])) if e[2] else None
+            key = (dev, e[9], e[5], e[4], hit[1] if hit is not None else _UNNAMED)
+            g = groups.get(key)
+            if g is None:
+                groups[key] = [e[1], 1]
+            else:
+                g[0] += e[1]
+                g[1] += 1
     phase_cache: dict[tuple[str, str], tuple[str, str | None]] = {}
 
     def phase(cat: str, region: str) -> tuple[str, str | None]:
