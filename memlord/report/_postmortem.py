@@ -379,23 +379,27 @@ def _live_storages(lords: Sequence[Any], notes: list[str]) -> tuple[int, list[tu
             # the registry keeps what it tracked after disable(): read it whatever the state
             now, _totals, raw = lord._live(-1, _SINCE_ALL)
             region_names = lord._region_names()
-            devs: dict[int, str] = {}
         except Exception as exc:  # noqa: BLE001
             notes.append(f"lord {i}: its live storages: {exc!r}"[:500])
             continue
-        nreg = len(region_names)
-        many = len(lords) > 1
-        for dev, nbytes, ptr, born, site, region, dtype, rg, shape, cat in raw:
-            name = devs.get(dev)
-            if name is None:
-                name = devs[dev] = lord._device_name(dev)
-            if many and ptr:
-                key = (name, ptr)
+        # index -> name (None for "no region" and for names freed since)
+        rnames = [None, *(n or None for n in region_names[1:])]
+        nreg = len(rnames)
+        devs = {d: lord._device_name(d) for d in {e[0] for e in raw}}
+        if len(lords) == 1:  # one comprehension: no dedup to do
+            out = [
+                (devs[d], n, p, b, s, rnames[r] if r < nreg else None, dt, rg, sh, c)
+                for d, n, p, b, s, r, dt, rg, sh, c in raw
+            ]
+            continue
+        for d, n, p, b, s, r, dt, rg, sh, c in raw:
+            name = devs[d]
+            if p:
+                key = (name, p)
                 if key in seen:
                     continue
                 seen.add(key)
-            rname = (region_names[region] or None) if 0 < region < nreg else None
-            out.append((name, nbytes, ptr, born, site, rname, dtype, rg, shape, cat))
+            out.append((name, n, p, b, s, rnames[r] if r < nreg else None, dt, rg, sh, c))
     return now, out
 
 
