@@ -18,6 +18,7 @@ background:#eee}
 .err{white-space:pre-wrap;font-family:ui-monospace,monospace;font-size:12px;background:#fef2f2;
 border:1px solid #fecaca;border-radius:4px;padding:6px 8px;max-height:240px;overflow:auto}
 h3{font-size:14px;margin:12px 0 4px}
+.verdict{font-size:15px;margin:4px 0 10px}
 """
 
 _JS = """document.body.setAttribute('data-memlord-ready', performance.now().toFixed(1));"""
@@ -27,6 +28,10 @@ def _b(n: Any) -> str:
     if isinstance(n, bool) or not isinstance(n, int):
         return "n/a"
     return format_bytes(n)
+
+
+def _n(v: Any) -> str:
+    return "n/a" if isinstance(v, bool) or not isinstance(v, int) else f"{v:,}"
 
 
 def _pct(part: Any, whole: Any) -> str:
@@ -148,18 +153,11 @@ def _device(dev: str, d: dict[str, Any], top: int) -> str:
     out.append(_grouped("By call site", "site", d.get("by_site"), total))
     alloc = d.get("allocator")
     if isinstance(alloc, dict):
+        counts = ("retries", "ooms", "segments", "allocations")
         out.append(
             "<h3>The CUDA caching allocator</h3>"
             + _kv(
-                [
-                    (
-                        k.replace("_", " "),
-                        _b(v)
-                        if k not in ("retries", "ooms", "segments", "allocations")
-                        else str(v),
-                    )
-                    for k, v in alloc.items()
-                ]
+                [(k.replace("_", " "), _n(v) if k in counts else _b(v)) for k, v in alloc.items()]
             )
         )
     seg = d.get("segments")
@@ -224,6 +222,42 @@ def _device(dev: str, d: dict[str, Any], top: int) -> str:
     return "".join(out)
 
 
+def devices_of(doc: dict[str, Any]) -> dict[str, Any]:
+    d = doc.get("devices")
+    return d if isinstance(d, dict) else {}
+
+
+def _verdict(req: dict[str, Any], devices: dict[str, Any]) -> str:
+    """One sentence: what was asked, what memlord counts on that device, the largest
+    category and holder, and (CUDA) what the allocator and other processes hold."""
+    dev = req.get("device")
+    d = devices.get(dev) if isinstance(dev, str) else None
+    parts = [f"{_b(req.get('bytes'))} requested on {dev or '?'}"]
+    if isinstance(d, dict):
+        led = d.get("ledger") or {}
+        if isinstance(led.get("allocated"), int):
+            parts.append(f"memlord counts {_b(led['allocated'])} live there")
+        cats = d.get("categories") or {}
+        if cats:
+            cat, n = max(cats.items(), key=lambda kv: kv[1] if isinstance(kv[1], int) else -1)
+            if isinstance(n, int) and n > 0:
+                parts.append(f"most of it {cat} ({_b(n)})")
+        largest = d.get("largest") or []
+        if largest:
+            first = largest[0]
+            parts.append(f"the largest storage: {first.get('name')} ({_b(first.get('nbytes'))})")
+        alloc = d.get("allocator") or {}
+        if isinstance(alloc.get("reserved"), int):
+            parts.append(
+                f"the allocator has {_b(alloc.get('allocated'))} allocated, "
+                f"{_b(alloc.get('reserved'))} reserved"
+            )
+        drv = d.get("driver") or {}
+        if isinstance(drv.get("other_processes"), int):
+            parts.append(f"other processes hold {_b(drv['other_processes'])}")
+    return f'<p class="verdict">{_esc("; ".join(parts))}.</p>'
+
+
 def render(doc: dict[str, Any]) -> str:
     req = doc.get("request") or {}
     dev = req.get("device") or "?"
@@ -250,7 +284,7 @@ def render(doc: dict[str, Any]) -> str:
         ("regions open", " > ".join(map(str, req.get("regions") or []))),
         ("thread", str((req.get("thread") or {}).get("name") or "")),
     ]
-    body = _kv(rrows)
+    body = _verdict(req, devices_of(doc)) + _kv(rrows)
     stack = req.get("stack") or []
     if stack:
         body += "<h3>Stack (innermost last)</h3>" + _table(
@@ -262,9 +296,12 @@ def render(doc: dict[str, Any]) -> str:
         body += f'<h3>Error</h3><div class="err">{_esc(req["error"])}</div>'
     sections.append(f'<section id="request"><h2>The failed request</h2>{body}</section>')
     top = int(doc.get("top") or 20)
-    for name, d in (doc.get("devices") or {}).items():
-        if isinstance(d, dict):
-            sections.append(_device(str(name), d, top))
+    devices = doc.get("devices") or {}
+    # the failed request's device first
+    order = sorted(devices, key=lambda k: (k != dev, str(k)))
+    for name in order:
+        if isinstance(devices[name], dict):
+            sections.append(_device(str(name), devices[name], top))
     notes = doc.get("notes") or []
     if notes:
         sections.append(

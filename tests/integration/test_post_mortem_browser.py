@@ -43,6 +43,9 @@ def test_post_mortem_page_loads_in_chromium(browser, tmp_path):
     dom = loaded.dom
     assert "out of memory on cpu" in dom
     assert "4 PiB" in dom
+    # the one-sentence verdict: the request, what memlord counts, the largest holder
+    assert "4 PiB requested on cpu; memlord counts " in dom
+    assert "the largest storage: 0.weight (8 KiB)" in dom
     for name in ("0.weight", "grad of 0.weight", "optimizer state exp_avg of 0.weight"):
         assert f"<td>{name}</td>" in dom, name
     # the region name is text, not markup: no <img> element was made from it
