@@ -61,6 +61,9 @@ log = logging.getLogger("memlord")
 #: the tensors looked at to name storages (parameters, buffers, gradients, optimizer
 #: state) at most: a bound on the work of naming; the rest keep their category and site
 MAX_NAMED = 1_000_000
+#: models (modules that are no other module's child) a scan of Python's objects names at
+#: most
+MAX_ROOTS = 10_000
 #: blocks of the synthetic memory_viz pickle per device at most (the largest storages;
 #: the rest is one block)
 MAX_PICKLE_BLOCKS = 20_000
@@ -301,6 +304,9 @@ def collect_names(lords: Sequence[Any], notes: list[str]) -> _Names:
         t0 = time.perf_counter()
         models = _roots(_scan(torch.nn.Module))
         names.sources.append(f"object scan ({(time.perf_counter() - t0) * 1e3:.1f} ms)")
+        if len(models) > MAX_ROOTS:
+            notes.append(f"naming: {len(models)} models found, the first {MAX_ROOTS} named")
+            del models[MAX_ROOTS:]
     with torch._C.DisableTorchFunction():
         for m in models:
             if names._count > MAX_NAMED:
