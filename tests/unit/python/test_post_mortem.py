@@ -420,3 +420,35 @@ def test_a_time_out_of_range_still_gives_a_document(tmp_path):
         doc = build_post_mortem([], {"time": when})
         assert isinstance(doc["time"], float)
         write_post_mortem(doc, tmp_path, f"pm-{len(os.listdir(tmp_path))}", html=False)
+
+
+class _Greedy(nn.Module):
+    """A layer whose forward asks for 4 PiB (a real OOM) and builds the post-mortem there,
+    as memlord does when a request inside a model fails."""
+
+    def __init__(self, lord: MemLord) -> None:
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.lord = [lord]  # not a submodule
+        self.doc: dict | None = None
+
+    def forward(self, x):
+        try:
+            torch.empty(1 << 50)
+        except RuntimeError as exc:
+            self.doc = build_post_mortem(self.lord, {"device": "cpu", "error": str(exc)})
+        return self.lin(x)
+
+
+def test_the_request_names_the_module_regions_open_when_it_failed():
+    lord = MemLord()
+    with lord.hook_into_python(ops=True):
+        model = nn.Sequential(nn.Linear(8, 8), _Greedy(lord))
+        with lord.track_modules(model):
+            model(torch.randn(2, 8))
+    req = model[1].doc["request"]
+    assert req["regions"] == ["Sequential", "1"]
+    assert req["module"] == "1"
+    # the first layer's output, alive while the second runs, is named by its module
+    names = [e["name"] for e in model[1].doc["devices"]["cpu"]["largest"]]
+    assert "activation of 0 (forward)" in names, names
