@@ -861,8 +861,18 @@ def build_post_mortem(lords: Any, request: dict[str, Any], *, top: int = 20) -> 
         raise TypeError(
             f"build_post_mortem(): argument 'request' must be a dict, not {type(request).__name__}"
         )
-    if not isinstance(lords, (list, tuple)):
-        lords = [lords] if lords is not None else []
+    if lords is None:
+        lords = []
+    elif hasattr(lords, "_live"):  # one lord
+        lords = [lords]
+    elif not isinstance(lords, (list, tuple)):
+        try:
+            lords = list(lords)
+        except TypeError:
+            raise TypeError(
+                "build_post_mortem(): argument 'lords' must be a MemLord or a sequence of them, "
+                f"not {type(lords).__name__}"
+            ) from None
     # the cyclic GC off while building: the document's objects would otherwise trigger
     # collections over the whole heap (a model's every tensor) many times over
     gc_was_enabled = gc.isenabled()
@@ -934,11 +944,15 @@ def _build(lords: Sequence[Any], request: dict[str, Any], top: int) -> dict[str,
         storages_by_dev: dict[str, list[tuple[int, int, str]]] = {}
         with notes.guard("attributing the live storages"):
             storages_by_dev = _attribute_live(devices, live, names, now_ns, top)
-        snap = _cuda_sections(devices, storages_by_dev, request, top, notes)
+        snap = None
+        with notes.guard("the CUDA allocator"):
+            snap = _cuda_sections(devices, storages_by_dev, request, top, notes)
     doc["devices"] = dict(sorted(devices.items()))
     # the memory_viz snapshot of the same moment (in memory only: keys with "_" are not
     # written to the JSON)
-    if snap is not None:
+    if snap is not None and _cuda_index(str(rdev)) is not None:
+        # a CUDA request: torch's own snapshot of the moment (a CPU request's pickle
+        # shows memlord's storages of every device instead)
         doc["_memory_snapshot"] = snap
         doc["pickle_source"] = "torch.cuda.memory._snapshot()"
     else:

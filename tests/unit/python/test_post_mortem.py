@@ -452,3 +452,15 @@ def test_the_request_names_the_module_regions_open_when_it_failed():
     # the first layer's output, alive while the second runs, is named by its module
     names = [e["name"] for e in model[1].doc["devices"]["cpu"]["largest"]]
     assert "activation of 0 (forward)" in names, names
+
+
+def test_lords_may_be_one_lord_or_any_iterable_of_them():
+    lord = MemLord()
+    with lord.hook_into_python():
+        keep = torch.empty(10)
+        for lords in (lord, [lord], (lord,), iter([lord]), {lord}):
+            doc = build_post_mortem(lords, {})
+            assert doc["devices"]["cpu"]["tracked"]["bytes"] == 40
+    with pytest.raises(TypeError, match="lords"):
+        build_post_mortem(3, {})
+    del keep
