@@ -302,6 +302,9 @@ def test_default_stem_names_host_pid_and_count():
         default_stem("1")
 
 
+@pytest.mark.skipif(
+    not torch.distributed.is_available(), reason="this torch is built without torch.distributed"
+)
 def test_default_stem_names_the_rank_when_torch_distributed_is_initialised(tmp_path):
     code = textwrap.dedent(
         """
