@@ -186,46 +186,52 @@ class _Names:
         self._skip = _tracing_types()
         self._count = 0
 
-    def _key(self, t: Any) -> tuple[bool, int] | None:
-        """(on CUDA, the storage's data pointer): CUDA's unified addressing keeps the
-        pointers of different GPUs apart, so the device index is not needed."""
-        if not isinstance(t, torch.Tensor) or (self._skip and isinstance(t, self._skip)):
-            return None
-        if t.is_meta or t.is_sparse:
-            return None
+    def _add(self, t: Any, name: str, module: str | None) -> None:
+        """Name t's storage, keyed by (on CUDA, data pointer): CUDA's unified addressing
+        keeps the pointers of different GPUs apart.  A tensor of tracing (FakeTensor) is
+        never read; a meta tensor's pointer is 0, a sparse one has no storage."""
+        self._count += 1
+        if self._skip and isinstance(t, self._skip):
+            return
         try:
             ptr = t.untyped_storage().data_ptr()
-        except Exception:  # noqa: BLE001 - no readable storage (nested, ...)
-            return None
-        if not ptr:
-            return None
-        return (t.is_cuda, ptr)
-
-    def _add(self, t: Any, name: str, module: str | None) -> None:
-        key = self._key(t)
-        self._count += 1
-        if key is not None and key not in self.by_key:
-            self.by_key[key] = (name, module)
+        except Exception:  # noqa: BLE001 - no readable storage (sparse, nested, ...)
+            return
+        if ptr:
+            key = (t.is_cuda, ptr)
+            if key not in self.by_key:
+                self.by_key[key] = (name, module)
 
     def add_model(self, root: torch.nn.Module) -> None:
+        """Name the parameters (qualified names, as ``named_parameters()`` gives them; a
+        tied parameter by its first name), their gradients and the buffers of a model:
+        one walk of its modules."""
         root_name = type(root).__name__
         self.module_names.add(root_name)
-        for qual, _mod in root.named_modules():
+        seen: set[int] = set()
+        buffers = []
+        for qual, mod in root.named_modules():
             if qual:
                 self.module_names.add(qual)
-        for name, p in root.named_parameters():
-            owner = name.rpartition(".")[0] or root_name
-            self.param_names.setdefault(id(p), name)
-            self._add(p, name, owner)
-            g = p.grad
-            if g is not None:
-                self._add(g, f"grad of {name}", owner)
+            owner = qual or root_name
+            prefix = qual + "." if qual else ""
+            for pname, p in mod.__dict__.get("_parameters", {}).items():
+                if p is None or id(p) in seen:
+                    continue
+                seen.add(id(p))
+                name = prefix + pname
+                self.param_names.setdefault(id(p), name)
+                self._add(p, name, owner)
+                g = p.grad
+                if g is not None:
+                    self._add(g, f"grad of {name}", owner)
+            for bname, buf in mod.__dict__.get("_buffers", {}).items():
+                if isinstance(buf, torch.Tensor):
+                    buffers.append((buf, prefix + bname, owner))
             if self._count > MAX_NAMED:
                 return
-        for name, b in root.named_buffers():
-            self._add(b, name, name.rpartition(".")[0] or root_name)
-            if self._count > MAX_NAMED:
-                return
+        for buf, name, owner in buffers:  # after the parameters: a parameter's name wins
+            self._add(buf, name, owner)
 
     def add_optimizer(self, opt: Any) -> None:
         state = getattr(opt, "state", None)
