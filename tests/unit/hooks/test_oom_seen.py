@@ -10,6 +10,7 @@ tried to allocate N bytes"), and for the error the same call made without memlor
 
 from __future__ import annotations
 
+import gc
 import logging
 import re
 import sys
@@ -239,12 +240,14 @@ def test_references_unchanged(source, fn, hook):
     bare = _raised(fn)
     counts_bare = (sys.getrefcount(bare), sys.getrefcount(bare.__traceback__))
     del bare
+    gc.collect()  # frames of earlier calls in cycles go now, not in the middle
     code_before = sys.getrefcount(code)
     lord = MemLord()
     with hook(lord):
         got = _raised(fn)
         counts = (sys.getrefcount(got), sys.getrefcount(got.__traceback__))
         del got
+    gc.collect()
     assert counts == counts_bare
-    assert sys.getrefcount(code) == code_before
+    assert sys.getrefcount(code) <= code_before  # no reference of memlord's
     assert _ooms(lord) == 1

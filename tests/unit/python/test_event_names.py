@@ -163,6 +163,7 @@ def test_python_names_are_the_c_cores_for_every_code() -> None:
         "grad": " (grad)",
         "load": " (load)",
         "tensor": " (seen)",
+        "allocator": " (allocator)",
     }
 
 
