@@ -157,13 +157,19 @@ def gather(lord: Any, group: Any = None, *, top: int = 5) -> list[dict[str, Any]
             "gather(): torch.distributed is not initialised: call "
             "torch.distributed.init_process_group() first, on every rank"
         )
+    not_member = ValueError(
+        "gather(): this process is not a member of 'group' (new_group() gives a non-member "
+        "GroupMember.NON_GROUP_MEMBER): only the group's ranks call gather() with it"
+    )
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise not_member
     if group is not None and not isinstance(group, dist.ProcessGroup):
         raise TypeError(
             "gather(): argument 'group' must be a torch.distributed.ProcessGroup or None, "
             "not " + type(group).__name__
         )
     if dist.get_rank(group) < 0:
-        raise ValueError("gather(): this process is not a member of 'group'")
+        raise not_member
     backend = str(dist.get_backend(group))
     mine = summary(lord, top=top, backend=backend)
     out: list[Any] = [None] * dist.get_world_size(group)
