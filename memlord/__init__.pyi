@@ -12,6 +12,7 @@ from typing import Any, Literal, TypeVar, final, overload
 
 import numpy
 import torch
+import torch.distributed
 from typing_extensions import Self
 
 from ._types import (
@@ -236,6 +237,11 @@ class MemLord:
         top: int = 20,
         limit: int = 5,
     ) -> OOMWatch: ...
+
+    # several ranks: a collective over a torch.distributed group (docs/ranks.md)
+    def gather(
+        self, group: torch.distributed.ProcessGroup | None = None, *, top: int = 5
+    ) -> list[dict[str, Any]]: ...
 
     # reports: the format by the file name (.json, .trace.json, .pickle/.pkl, .html/.htm)
     def export(self, path: str | os.PathLike[str], *, top: int = 10) -> str: ...
