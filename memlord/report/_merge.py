@@ -495,6 +495,7 @@ def render_merged_html(doc: dict[str, Any]) -> str:
                     r["host"] or "",
                     "" if r["pid"] is None else str(r["pid"]),
                     r["kind"],
+                    Path(r["file"]).name,
                     dev,
                     _bytes(d["peak"]),
                     _bytes(d["live"]),
@@ -505,9 +506,9 @@ def render_merged_html(doc: dict[str, Any]) -> str:
     sections.append(
         '<section id="ranks"><h2>Ranks</h2>'
         + _table(
-            ["rank", "host", "pid", "file", "device", "peak", "live", "peak at", "OOMs"],
+            ["rank", "host", "pid", "kind", "file", "device", "peak", "live", "peak at", "OOMs"],
             table_rows,
-            {2, 5, 6, 7, 8},
+            {2, 6, 7, 8, 9},
         )
         + '<p class="note">Live: at the end of a profile, or when memory ran out for a '
         "post-mortem.</p></section>"
