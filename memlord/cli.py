@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-COMMANDS = ("run", "report", "gantt", "merge")
+COMMANDS = ("run", "report", "gantt", "top", "merge")
 
 
 def _interval(text: str) -> float | None:
@@ -86,10 +86,23 @@ def _parser() -> argparse.ArgumentParser:
         help="write no post-mortem when memory runs out (default: one per OOM, up to 5, "
         "memlord-oom-*.json beside the profile)",
     )
+    run.add_argument(
+        "--no-publish",
+        action="store_true",
+        help="do not publish this run's memory to `python -m memlord top` (default: publish)",
+    )
     run.add_argument("script", help="the Python script to run")
     run.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     rep = sub.add_parser("report", help="convert a saved JSON profile")
     rep.add_argument("input", help="a profile written by memlord (or the memory profiler)")
+    top = sub.add_parser(
+        "top", help="every process of this user on the host that publishes its memory, live"
+    )
+    top.add_argument(
+        "--interval", type=float, default=1.0, metavar="S", help="seconds between refreshes"
+    )
+    top.add_argument("--once", action="store_true", help="print one table and exit")
+    top.add_argument("--json", action="store_true", help="print one JSON document and exit")
     rep.add_argument("-o", "--output", metavar="OUT", help="the HTML report (default IN.html)")
     rep.add_argument("--trace", metavar="F", help="also a Perfetto trace (.trace.json)")
     rep.add_argument("--pickle", metavar="F", help="also a torch memory snapshot pickle")
@@ -212,6 +225,11 @@ def run(args: argparse.Namespace) -> int:
     sys.path.insert(0, str(script.resolve().parent))
     modules = None
     tracker.start()
+    if not args.no_publish and tracker.source is not None:
+        try:
+            tracker.source.lord.publish(" ".join([args.script, *args.args])[:127])
+        except Exception as exc:  # noqa: BLE001 - publishing is an aid, never the run's end
+            _say(f"not publishing to `memlord top`: {exc}")
     if args.modules:
         modules = _module_spans(tracker)
     pid = os.getpid()
@@ -313,6 +331,16 @@ def gantt(args: argparse.Namespace) -> int:
     return _convert(args.input, [args.output])
 
 
+def top(args: argparse.Namespace) -> int:
+    """``python -m memlord top``: see memlord/_top.py."""
+    from . import _top
+
+    if not args.interval > 0:
+        _say(f"--interval must be a number of seconds > 0, got {args.interval}")
+        return 2
+    return _top.main(args.interval, once=args.once, as_json=args.json)
+
+
 def merge(args: argparse.Namespace) -> int:
     from .report._merge import command
 
@@ -321,7 +349,8 @@ def merge(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    return {"run": run, "report": report, "gantt": gantt, "merge": merge}[args.command](args)
+    commands = {"run": run, "report": report, "gantt": gantt, "top": top, "merge": merge}
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":  # pragma: no cover

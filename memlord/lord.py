@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from . import _config, _core, _oom, _ranks
+from . import _config, _core, _oom, _publish, _ranks
 from ._errors import type_name
 from ._events import EventsMixin
 from ._memapi import MemoryAPIMixin
@@ -146,6 +146,40 @@ class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, SnapshotMixin, _core.Lo
         """``(torch.device, "file:line", bytes)`` of the biggest cumulative free site, or
         None."""
         return self._top_site(True, device)
+
+    # ---- several processes --------------------------------------------------------------
+
+    def publish(self, name: str | None = None, *, cooperate: bool = False) -> _publish.Publisher:
+        """Keep this lord's memory readable by the other processes of this user on the host
+        (``python -m memlord top``) while the returned handle is enabled: a fixed-size
+        record the C core updates as the ledger changes.  ``name`` defaults to the
+        script and its arguments.  ``cooperate=True`` answers other processes'
+        ``request_memory`` calls: the cache is released and the ``on_pressure``
+        callbacks run on the main thread.  One record per lord: a second call updates
+        it.  See docs/ranks.md."""
+        return _publish.publish(self, name, cooperate=cooperate)
+
+    def on_pressure(self, fn):  # type: ignore[no-untyped-def]
+        """Register ``fn(device, nbytes)``, run on the main thread when another process
+        asks for memory while this lord publishes with ``cooperate=True``.  Returns
+        ``fn``."""
+        return _publish.on_pressure(self, fn)
+
+    def request_memory(self, device: Any, nbytes: int, *, timeout: float = 10.0) -> bool:
+        """Ask the cooperating processes of this user on the host to give memory back on
+        ``device``: True once the device's free memory (the driver's, or ``MemAvailable``
+        for cpu) reaches ``nbytes``, False after ``timeout`` seconds."""
+        return _publish.request_memory(self, device, nbytes, timeout=timeout)
+
+    def hook_into_torch(self) -> Any:
+        handle = super().hook_into_torch()
+        _publish.publish_from_env(self)
+        return handle
+
+    def hook_into_python(self, *args: Any, **kwargs: Any) -> Any:
+        handle = super().hook_into_python(*args, **kwargs)
+        _publish.publish_from_env(self)
+        return handle
 
     # ---- out of memory ---------------------------------------------------------------------
 

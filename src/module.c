@@ -11,6 +11,7 @@
 #include "hooks/hook.h"
 #include "hooks/hooks.h"
 #include "sinks/log.h"
+#include "sinks/publish.h"
 #include "core/sites.h"
 #include "hooks/lifetime.h"
 #include "hooks/ops.h"
@@ -423,6 +424,37 @@ static PyObject *core_hooks_poll(PyObject *Py_UNUSED(module), PyObject *Py_UNUSE
     Py_RETURN_NONE;
 }
 
+/* _core._pending_call(fn): run fn() on the main thread between two bytecodes
+ * (Py_AddPendingCall), from any thread.  One callable at a time is kept:
+ * memlord/_publish.py's, which serves pressure requests. */
+static PyObject *pending_fn;
+
+static int run_pending(void *Py_UNUSED(arg))
+{
+    PyObject *fn = pending_fn != NULL ? Py_NewRef(pending_fn) : NULL;
+    if (fn != NULL) {
+        PyObject *r = PyObject_CallNoArgs(fn);
+        if (r == NULL) {
+            PyErr_WriteUnraisable(fn); /* never into the code it interrupted */
+        }
+        Py_XDECREF(r);
+        Py_DECREF(fn);
+    }
+    return 0;
+}
+
+static PyObject *core_pending_call(PyObject *Py_UNUSED(module), PyObject *fn)
+{
+    if (!PyCallable_Check(fn)) {
+        PyErr_SetString(PyExc_TypeError, "_pending_call(): fn must be callable");
+        return NULL;
+    }
+    if (pending_fn != fn) {
+        Py_XSETREF(pending_fn, Py_NewRef(fn));
+    }
+    return PyBool_FromLong(Py_AddPendingCall(run_pending, NULL) == 0);
+}
+
 static PyMethodDef core_methods[] = {
     {"_site", (PyCFunction)core_site, METH_O, "(filename, line) of a site id, or None."},
     {"_site_stack", (PyCFunction)core_site_stack, METH_O,
@@ -449,6 +481,11 @@ static PyMethodDef core_methods[] = {
      "operator and counts the outputs it creates."},
     {"_hooks_poll", (PyCFunction)core_hooks_poll, METH_NOARGS,
      "Credit the deferred frees whose CUDA events have completed (every lord's)."},
+    {"_pending_call", (PyCFunction)core_pending_call, METH_O,
+     "Run fn() on the main thread between two bytecodes (Py_AddPendingCall); False when "
+     "the queue is full."},
+    {"_publish_layout", (PyCFunction)ml_publish_layout, METH_NOARGS,
+     "The layout of a published record (memlord/_publish.py)."},
     {"_hooked_lords", (PyCFunction)ml_hooks_lords, METH_NOARGS,
      "The live lords subscribed to either kind of hooks, each once."},
     {"_oom_claim", (PyCFunction)ml_hooks_oom_claim, METH_NOARGS,

@@ -12,6 +12,7 @@
 #include "sinks/hotspots.h"
 #include "sinks/regions.h"
 #include "sinks/ring.h"
+#include "sinks/publish.h"
 #include "torch/sizing.h"
 #include "api/snapshot.h"
 
@@ -748,7 +749,8 @@ static PyObject *lord_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObjec
     self->book.regions = ml_regions_new();
     self->book.region_done = self->book.regions != NULL ? PyList_New(0) : NULL;
     self->book.ring = self->book.region_done != NULL ? ml_ring_new() : NULL;
-    self->book.region_name_ix = self->book.ring != NULL ? PyDict_New() : NULL;
+    self->book.publish = self->book.ring != NULL ? ml_publish_new() : NULL;
+    self->book.region_name_ix = self->book.publish != NULL ? PyDict_New() : NULL;
     /* index 0 is "no region": an empty name, never interned */
     self->book.region_names = self->book.region_name_ix != NULL ? Py_BuildValue("[s]", "") : NULL;
     if (self->book.region_names == NULL) {
@@ -765,9 +767,13 @@ static PyObject *lord_new(PyTypeObject *type, PyObject *Py_UNUSED(args), PyObjec
     ring.busy = ml_ring_busy(self->book.ring);
     ml_sink autogc = ml_autogc_sink;
     autogc.busy = ml_autogc_busy(self->book.st);
+    ml_sink publish = ml_publish_sink_proto;
+    publish.data = self->book.publish;
+    publish.busy = ml_publish_busy(self->book.publish);
     if (ml_sink_add(&self->book, &ml_hotspot_sink) < 0 ||
         ml_sink_add(&self->book, &ml_log_sink) < 0 || ml_sink_add(&self->book, &autogc) < 0 ||
-        ml_sink_add(&self->book, &regions) < 0 || ml_sink_add(&self->book, &ring) < 0) {
+        ml_sink_add(&self->book, &regions) < 0 || ml_sink_add(&self->book, &ring) < 0 ||
+        ml_sink_add(&self->book, &publish) < 0) {
         Py_DECREF(self);
         return NULL;
     }
@@ -818,6 +824,8 @@ static void lord_dealloc(MemLordObject *self)
     self->book.regions = NULL;
     ml_ring_free(self->book.ring);
     self->book.ring = NULL;
+    ml_publish_free(self->book.publish);
+    self->book.publish = NULL;
     tp->tp_free(self);
     Py_DECREF(tp);
 }
@@ -912,6 +920,15 @@ static PyMethodDef lord_methods[] = {
      "_now_ns($self, /)\n--\n\nThe monotonic clock of births and events, in ns."},
     {"_device_name", (PyCFunction)ml_lord_device_name, METH_O,
      "_device_name($self, key, /)\n--\n\nThe device string of a device key."},
+    {"_publish_attach", (PyCFunction)ml_lord_publish_attach, METH_O,
+     "_publish_attach($self, buffer, /)\n--\n\nPublish this lord's counters into buffer (an "
+     "mmap of a record: memlord/_publish.py); None stops."},
+    {"_publish_write", (PyCFunction)(void (*)(void))ml_lord_publish_write, METH_FASTCALL,
+     "_publish_write($self, offset, data, /)\n--\n\nWrite data into the record under its "
+     "sequence counter."},
+    {"_innermost_region", (PyCFunction)ml_lord_innermost_region, METH_NOARGS,
+     "_innermost_region($self, /)\n--\n\nThe name of the region opened last on any thread, "
+     "or None."},
     {"_open_regions", (PyCFunction)ml_lord_open_regions, METH_NOARGS,
      "_open_regions($self, /)\n--\n\nThe names of the regions open on this thread, outermost "
      "first."},

@@ -44,6 +44,7 @@ typedef struct ml_book {
     struct ml_regions *regions; /* regions.c: open regions (sink data), owned */
     PyObject *region_done;      /* list: (name, raw) of closed regions, for Python to fold */
     struct ml_ring *ring;       /* ring.c: the event ring (sink data), owned */
+    struct ml_publish *publish; /* publish.c: the published record (sink data), owned */
     PyObject *region_name_ix;   /* dict: region name -> index in region_names (the ring) */
     PyObject *region_names;     /* list: index -> name; [0] is "" (no region) */
 } ml_book;

@@ -337,6 +337,17 @@ PyObject *ml_lord_open_regions(PyObject *self, PyObject *Py_UNUSED(unused))
     return out;
 }
 
+PyObject *ml_lord_innermost_region(PyObject *self, PyObject *Py_UNUSED(unused))
+{
+    const struct ml_regions *r = ((ml_book *)self)->regions;
+    for (int k = r->n - 1; k >= 0; k--) {
+        if (r->open[k].name != NULL) {
+            return Py_NewRef(r->open[k].name);
+        }
+    }
+    Py_RETURN_NONE;
+}
+
 /* ---- the sink ------------------------------------------------------------ */
 
 static int reg_reserve(void *data, ml_book *lord, const ml_event *ev, int n)

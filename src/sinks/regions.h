@@ -35,6 +35,9 @@ struct ml_book;
 /* lord._open_regions(): the names of the regions open on the calling
  * thread, outermost first (a tuple of str). */
 PyObject *ml_lord_open_regions(PyObject *self, PyObject *unused);
+/* lord._innermost_region(): the name of the region opened last and still
+ * open, on any thread, or None. */
+PyObject *ml_lord_innermost_region(PyObject *self, PyObject *unused);
 PyObject *ml_lord_region(PyObject *self, PyObject *name);
 PyObject *ml_lord_region_with_sink(PyObject *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *ml_region_new(struct ml_book *lord, PyObject *name, PyObject *sink);
