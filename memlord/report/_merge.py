@@ -628,8 +628,12 @@ def command(
     written, or a file is bad without ``--keep-going`` (nothing written); 1 when
     ``--keep-going`` wrote the report of the good files and left bad ones out."""
     try:
-        output_format(output)
-    except ValueError as exc:
+        fmt = output_format(output)
+        if fmt == "html":
+            from ._html import _plotly
+
+            _plotly()  # the chart needs plotly: say so before reading anything
+    except (ValueError, ImportError) as exc:
         say(str(exc))
         return 2
     rows, bad = merge_files(files)
@@ -644,9 +648,6 @@ def command(
     doc = merge_rows(rows, bad)
     try:
         write_merged(doc, output)
-    except ImportError as exc:
-        say(str(exc))
-        return 2
     except OSError as exc:
         say(f"cannot write {output}: {exc.strerror or exc}")
         return 2

@@ -161,3 +161,20 @@ def test_in_a_real_process_the_exit_status_and_lines(good, bad, tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text())["bad_inputs"] == []
+
+
+def test_html_without_plotly_is_refused_first(capsys, good, tmp_path, no_plotly):
+    out = tmp_path / "out.html"
+    code, lines = _merge(capsys, *good[0], str(tmp_path / "missing.json"), "-o", str(out))
+    assert code == 2 and not out.exists()  # said before any file is read
+    assert lines == [
+        "memlord: the HTML report needs plotly, an optional extra: pip install memlord[report]"
+    ]
+
+
+def test_an_output_that_cannot_be_written_is_one_line(capsys, good, tmp_path):
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "file" / "out.json"  # its folder is a file
+    code, lines = _merge(capsys, *good[0], "-o", str(out))
+    assert code == 2 and len(lines) == 1
+    assert lines[0].startswith(f"memlord: cannot write {out}: ")
