@@ -187,3 +187,35 @@ def test_merged_html_in_a_browser(job, tmp_path, browser):
     # the chart drew a stacked bar per rank
     chart = dom.partition('id="peaks"')[2].partition("</section>")[0]
     assert len(re.findall(r'class="point"', chart)) >= world
+
+
+TRAIN = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+kept = torch.empty((dist.get_rank() + 1) << 20, dtype=torch.uint8)
+dist.barrier()
+dist.destroy_process_group()  # the profile is written at exit, after this
+"""
+
+
+def test_torchrun_memlord_run_writes_a_file_per_rank_that_merge_reads(tmp_path):
+    """``torchrun -m memlord run train.py``: each rank's profile is written at exit, after
+    the script destroyed its process group, and still names its rank (the launcher's
+    RANK and WORLD_SIZE)."""
+    (tmp_path / "train.py").write_text(TRAIN)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    launch += ["--master-port", str(_free_port()), "-m", "memlord", "run", "train.py"]
+    proc = subprocess.run(
+        launch, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    files = sorted(tmp_path.glob("memory_profile_*.json"))
+    assert [re.search(r"_rank(\d)\.json$", f.name).group(1) for f in files] == ["0", "1"]
+    out = tmp_path / "merged.json"
+    merged = _merge([str(f) for f in files], out)
+    assert merged.returncode == 0, merged.stderr
+    doc = json.loads(out.read_text())
+    assert [(r["rank"], r["world_size"]) for r in doc["ranks"]] == [(0, 2), (1, 2)]
+    assert [r["devices"]["cpu"]["live"] for r in doc["ranks"]] == [MiB, 2 * MiB]
+    assert doc["peaked"]["rank"] == 1 and doc["imbalance"]["cpu"]["ratio"] == 2.0
