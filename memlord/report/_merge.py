@@ -285,7 +285,13 @@ def read_input(path: str) -> dict[str, Any]:
             + " or ".join(repr(s) for s in READERS)
             + ")",
         )
-    return reader(data, path)
+    try:
+        return reader(data, path)
+    except InputError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a value no check foresaw: still one line
+        what = "profile" if reader is row_from_profile else "post-mortem"
+        raise InputError(path, f"not a readable {what}: {type(exc).__name__}: {exc}") from None
 
 
 # ---- the merged document -------------------------------------------------------------------

@@ -133,3 +133,18 @@ def test_a_real_post_mortem_merges(capsys, tmp_path):
     )
     assert row["devices"]["cpu"]["live"] == nbytes and row["ooms"] == 1
     assert row["top_sites"][0]["bytes"] == nbytes
+
+
+def test_names_from_the_files_stay_text_in_the_page(tmp_path):
+    pytest.importorskip("plotly", reason="the HTML report needs the report extra (plotly)")
+    doc = _documented_post_mortem(0, MiB, MiB)
+    doc["host"] = "<b>node</b>"
+    doc["devices"]["cpu"]["by_site"]["top"][0]["name"] = "<script>alert(1)</script>:1"
+    pm = tmp_path / "<i>pm.json"
+    pm.write_text(json.dumps(doc))
+    out = tmp_path / "m.html"
+    assert main(["merge", str(pm), "-o", str(out)]) == 0
+    page = out.read_text()
+    assert "<b>node</b>" not in page and "&lt;b&gt;node&lt;/b&gt;" in page
+    assert "<script>alert(1)" not in page and "&lt;script&gt;alert(1)" in page
+    assert "<i>pm" not in page and "&lt;i&gt;pm.json" in page
