@@ -30,6 +30,7 @@ from ._core import CATEGORIES, Hooks, PythonHooks, TorchHooks, format_bytes
 from ._events import EVENT_DTYPE, EVENT_KINDS, EVENT_SOURCES
 from ._memapi import MemoryProfile
 from ._oom import OOMWatch, oom_retry, retry_on_oom
+from ._publish import Publisher
 from ._regions import ModuleTracker, Region
 from ._snapshot import LeakCheck
 from ._types import (
@@ -60,6 +61,7 @@ __all__ = [
     "ModuleTracker",
     "OOMWatch",
     "PythonHooks",
+    "Publisher",
     "Region",
     "TorchHooks",
     "format_bytes",

@@ -213,9 +213,18 @@ class OOMWatch:
 
         try:
             doc = _postmortem.build_post_mortem([lord], request, top=self.top)
-            directory, stem = self._directory_and_stem(_postmortem.default_stem(n))
-            directory.mkdir(parents=True, exist_ok=True)
-            paths = _postmortem.write_post_mortem(doc, str(directory), stem, html=self.html)
+            paths = None
+            for _ in range(100):  # a name a process of the same pid left: the next n
+                directory, stem = self._directory_and_stem(_postmortem.default_stem(n))
+                directory.mkdir(parents=True, exist_ok=True)
+                try:
+                    paths = _postmortem.write_post_mortem(doc, str(directory), stem, html=self.html)
+                    break
+                except FileExistsError:
+                    with _lock:
+                        n = next(_serial)
+            if paths is None:
+                raise FileExistsError(f"no free post-mortem name in {directory}")
         except Exception as e:  # noqa: BLE001 - the OOM error must reach the caller untouched
             with _lock:
                 _written -= 1

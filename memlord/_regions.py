@@ -733,4 +733,10 @@ class RegionsMixin:
 
     def track_modules(self, model: torch.nn.Module, *, backward: bool = True) -> ModuleTracker:
         """Open a region per submodule forward (and backward) call; returns the handle."""
-        return ModuleTracker(self, model, backward)
+        tracker = ModuleTracker(self, model, backward)
+        # weakly remembered for the OOM post-mortem (memlord/report/_postmortem.py): the
+        # models name their storages, the trackers say which module regions are open
+        d = self.__dict__
+        d.setdefault("_tracked_models", weakref.WeakSet()).add(model)
+        d.setdefault("_module_trackers", weakref.WeakSet()).add(tracker)
+        return tracker

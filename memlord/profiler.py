@@ -181,6 +181,7 @@ class MemoryTracker:
         self.events = events
         self.oom = oom
         self._oom_watch: Any = None  # the lord's OOM watch this tracker turned on
+        self._oom_written: list[str] = []
         self._own_ring = False
         self._frozen: tuple[Any, dict[str, Any]] | None = None  # the ring at stop
         self._frozen_dropped = 0
@@ -211,6 +212,13 @@ class MemoryTracker:
     @property
     def running(self) -> bool:
         return self._running
+
+    @property
+    def oom_post_mortems(self) -> list[str]:
+        """The OOM post-mortems (JSON paths) written while this tracker ran."""
+        if self._oom_watch is not None:
+            return [p["json"] for p in self._oom_watch.written]
+        return list(self._oom_written)
 
     @property
     def source(self) -> LedgerSource | None:
@@ -292,6 +300,7 @@ class MemoryTracker:
             atexit.unregister(self._at_exit)
             self._atexit_registered = False
         if self._oom_watch is not None:
+            self._oom_written = [p["json"] for p in self._oom_watch.written]
             self._oom_watch.disable()
             self._oom_watch = None
         if self._source is not None:

@@ -73,8 +73,9 @@ MEMLORD_TEST_SHUFFLE=$seed step suite "suite (shuffle seed $seed)" 300 \
 
 # ---- each CUDA test file alone --------------------------------------------------------
 for f in tests/unit/platform/test_hooks_cuda.py tests/unit/api/test_device_memory.py tests/unit/sinks/test_auto_gc.py \
-    tests/unit/api/test_cuda_host_indices.py tests/unit/platform/test_ops_cuda.py tests/unit/platform/test_oom_cuda.py \
-    tests/unit/platform/test_fakecuda*.py; do
+    tests/unit/api/test_cuda_host_indices.py tests/unit/platform/test_ops_cuda.py \
+    tests/unit/platform/test_oom_cuda.py tests/unit/platform/test_post_mortem_cuda.py \
+    tests/unit/platform/test_publish_cuda.py tests/unit/platform/test_fakecuda*.py; do
     [ -e "$f" ] || continue
     step "alone_$(basename "$f" .py)" "alone: $(basename "$f")" 120 "$PY" -m pytest -q -p no:cacheprovider "$f"
 done

@@ -29,6 +29,8 @@ from ._model import (
     concat_events,
 )
 from ._pickle import to_snapshot, write_pickle
+from ._postmortem import SCHEMA as POST_MORTEM_SCHEMA
+from ._postmortem import build_post_mortem, load_post_mortem, write_post_mortem
 from ._series import Series, decimate_indices, lanes, memory_series
 from ._trace import write_trace
 from ._util import Progress, ProgressBar, no_progress
@@ -37,6 +39,7 @@ from ._validate import ProfileError
 __all__ = [
     "EVENT_COLUMNS",
     "KNOWN_KINDS",
+    "POST_MORTEM_SCHEMA",
     "SAMPLE_COLUMNS",
     "SCHEMA",
     "SCHEMA_VERSION",
@@ -49,6 +52,7 @@ __all__ = [
     "Samples",
     "Series",
     "Span",
+    "build_post_mortem",
     "concat_events",
     "decimate_indices",
     "dumps",
@@ -57,6 +61,7 @@ __all__ = [
     "from_dict",
     "lanes",
     "load",
+    "load_post_mortem",
     "memory_series",
     "no_progress",
     "to_dict",
@@ -64,6 +69,7 @@ __all__ = [
     "write_html",
     "write_json",
     "write_pickle",
+    "write_post_mortem",
     "write_trace",
 ]
 
