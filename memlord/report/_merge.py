@@ -181,21 +181,16 @@ def row_from_post_mortem(data: dict[str, Any], path: str) -> dict[str, Any]:
     docs/oom.md): per device the ledger's peak, live bytes and categories at the OOM,
     the live bytes' top sites, one OOM at the document's ``time``.
 
-    ADAPTER: it reads only the documented top-level keys (``host``, ``pid``, ``rank``,
-    ``world_size``, ``time``, ``devices[d].ledger``, ``devices[d].by_site``) and reads
-    each defensively; the post-mortem's own checks (``validate_post_mortem``) run first
-    where memlord has them."""
-    try:  # the post-mortem's own schema check, where this memlord has it
-        from ._postmortem import validate_post_mortem  # type: ignore[import-not-found]
-    except ImportError:
-        validate_post_mortem = None
-    if validate_post_mortem is not None:
-        try:
-            validate_post_mortem(data, path)
-        except ValueError as exc:
-            problem = str(exc)
-            problem = problem.removeprefix(f"{path}: ")
-            raise InputError(path, problem) from None
+    ADAPTER: after the post-mortem's own check (``validate_post_mortem``), it reads only
+    documented keys (``host``, ``pid``, ``rank``, ``world_size``, ``time``,
+    ``request.device``, ``devices[d].ledger``, ``devices[d].by_site``), each
+    defensively: a value of another type reads as unknown."""
+    from ._postmortem import validate_post_mortem
+
+    try:  # the post-mortem's own check of its schema and top-level keys
+        validate_post_mortem(data, path)
+    except ValueError as exc:
+        raise InputError(path, str(exc).removeprefix(f"{path}: ")) from None
     devices = data.get("devices")
     if not isinstance(devices, dict):
         raise InputError(path, "not a readable post-mortem: 'devices' is not an object")
