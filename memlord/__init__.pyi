@@ -12,6 +12,7 @@ from typing import Any, Literal, TypeVar, final, overload
 
 import numpy
 import torch
+import torch.distributed
 from typing_extensions import Self
 
 from ._types import (
@@ -242,6 +243,11 @@ class MemLord:
     def publish(self, name: str | None = None, *, cooperate: bool = False) -> Publisher: ...
     def on_pressure(self, fn: _PressureFn, /) -> _PressureFn: ...
     def request_memory(self, device: _Device, nbytes: int, *, timeout: float = 10.0) -> bool: ...
+
+    # several ranks: a collective over a torch.distributed group (docs/ranks.md)
+    def gather(
+        self, group: torch.distributed.ProcessGroup | None = None, *, top: int = 5
+    ) -> list[dict[str, Any]]: ...
 
     # reports: the format by the file name (.json, .trace.json, .pickle/.pkl, .html/.htm)
     def export(self, path: str | os.PathLike[str], *, top: int = 10) -> str: ...

@@ -61,19 +61,21 @@ COMMANDS_HELP = """commands (each has its own --help):
                   the interactive Gantt chart of a saved profile
   top [--interval S] [--once] [--json]
                   every process of this user on the host publishing its memory, live
+  merge FILES... -o OUT.json|OUT.html [--keep-going]
+                  one report of several ranks' profiles or post-mortems
 
 With no command it runs the demo (options above)."""
 
 
 def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
-    if args_in and args_in[0] in ("run", "report", "gantt", "top"):
+    if args_in and args_in[0] in ("run", "report", "gantt", "top", "merge"):
         from .cli import main as cli_main
 
         return cli_main(args_in)
     parser = argparse.ArgumentParser(
         prog="python -m memlord",
-        usage="python -m memlord {run,report,gantt,top} ...\n"
+        usage="python -m memlord {run,report,gantt,top,merge} ...\n"
         "       python -m memlord [-h] [--layers LAYERS] [--info] [--version]",
         description=__doc__.splitlines()[0],
         epilog=COMMANDS_HELP,

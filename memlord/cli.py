@@ -4,6 +4,7 @@
                           [--interval S] [--events N] script.py [args...]
     python -m memlord report IN.json [-o OUT.html] [--trace F] [--pickle F]
     python -m memlord gantt IN.json OUT.html
+    python -m memlord merge FILES... -o OUT.json|OUT.html [--keep-going]
 
 ``run`` executes an unmodified script as ``__main__`` with memlord's torch and lifetime
 hooks on and writes the requested reports when the program ends, as ``atexit`` sees it
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-COMMANDS = ("run", "report", "gantt")
+COMMANDS = ("run", "report", "gantt", "top", "merge")
 
 
 def _interval(text: str) -> float | None:
@@ -108,6 +109,10 @@ def _parser() -> argparse.ArgumentParser:
     gantt = sub.add_parser("gantt", help="the interactive Gantt chart of a saved profile")
     gantt.add_argument("input")
     gantt.add_argument("output")
+    mrg = sub.add_parser("merge", help="one report of several ranks' profiles or post-mortems")
+    mrg.add_argument("files", nargs="+", metavar="FILE", help="per-rank profiles, post-mortems")
+    mrg.add_argument("-o", "--output", metavar="OUT", required=True, help="OUT.json or OUT.html")
+    mrg.add_argument("--keep-going", action="store_true", help="merge the good files anyway")
     return parser
 
 
@@ -338,9 +343,16 @@ def top(args: argparse.Namespace) -> int:
     return _top.main(args.interval, once=args.once, as_json=args.json)
 
 
+def merge(args: argparse.Namespace) -> int:
+    from .report._merge import command
+
+    return command(args.files, args.output, keep_going=args.keep_going, say=_say)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    return {"run": run, "report": report, "gantt": gantt, "top": top}[args.command](args)
+    commands = {"run": run, "report": report, "gantt": gantt, "top": top, "merge": merge}
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":  # pragma: no cover

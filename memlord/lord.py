@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from . import _config, _core, _oom, _publish
+from . import _config, _core, _oom, _publish, _ranks
 from ._errors import type_name
 from ._events import EventsMixin
 from ._memapi import MemoryAPIMixin
@@ -199,6 +199,15 @@ class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, SnapshotMixin, _core.Lo
         most ``limit`` post-mortems per process.  One watch per lord: calling again
         updates it.  See docs/oom.md."""
         return _oom.watch_oom(self, path, html=html, top=top, limit=limit)
+
+    # ---- several ranks -------------------------------------------------------------------
+
+    def gather(self, group=None, *, top: int = 5) -> list[dict[str, Any]]:
+        """A collective (every rank of ``group`` calls it): every rank's compact summary
+        of its lord (host, pid, rank, devices' live and peak bytes by category, OOMs, the
+        ``top`` allocation sites and regions), in the group's rank order.  RuntimeError
+        when torch.distributed is not initialised.  See docs/ranks.md."""
+        return _ranks.gather(self, group, top=top)
 
     # ---- reports -------------------------------------------------------------------------
 

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from . import __version__, _oom
+from ._ranks import rank_info, rank_metadata
 from .report import Events, Profile, SampleBuilder, Span, export, format_of
 from .report._lord import (
     category_baseline,
@@ -621,6 +622,7 @@ class MemoryTracker:
             "top_tensors_from": self._top_from,
             "event_baseline": baseline,
             **ring_meta,
+            **rank_metadata(),
         }
         return Profile(
             metadata=metadata,
@@ -647,7 +649,9 @@ class MemoryTracker:
             if self._written_path is None:
                 while True:
                     stamp = _dt.datetime.now().strftime("%Y%m%d_%H%M%S")
-                    name = f"memory_profile_{stamp}_{os.getpid()}_{next(_name_counter)}.json"
+                    rank = rank_info().get("rank")
+                    tail = "" if rank is None else f"_rank{rank}"
+                    name = f"memory_profile_{stamp}_{os.getpid()}_{next(_name_counter)}{tail}.json"
                     path = self.output_dir / name
                     if not path.exists():
                         break

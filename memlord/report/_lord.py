@@ -269,6 +269,7 @@ def thread_names(idents: set[int]) -> dict[str, str]:
 
 def base_metadata(title: str, start_ns: int) -> dict[str, Any]:
     from memlord import __version__
+    from memlord._ranks import rank_metadata
 
     now_mono, now_unix = time.monotonic_ns(), time.time()
     return {
@@ -281,6 +282,7 @@ def base_metadata(title: str, start_ns: int) -> dict[str, Any]:
         "python_version": platform.python_version(),
         "torch_version": torch.__version__,
         "memlord_version": __version__,
+        **rank_metadata(),
     }
 
 

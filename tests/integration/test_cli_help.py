@@ -1,4 +1,4 @@
-"""``python -m memlord --help`` names every command (run, report and gantt among them), so
+"""``python -m memlord --help`` names every command (run, report, gantt, top, merge), so
 a new user finds them; each command's own --help works."""
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ def _help(capsys, argv):
 
 def test_top_level_help_lists_every_command(capsys):
     out = _help(capsys, ["--help"])
-    for command in ("run", "report", "gantt"):
+    for command in ("run", "report", "gantt", "top", "merge"):
         assert re.search(rf"^  {command} ", out, re.M), out
-    assert "{run,report,gantt,top}" in out, out
+    assert "{run,report,gantt,top,merge}" in out, out
     assert "--layers" in out and "--info" in out
 
 
-@pytest.mark.parametrize("command", ["run", "report", "gantt"])
+@pytest.mark.parametrize("command", ["run", "report", "gantt", "top", "merge"])
 def test_each_command_has_its_help(capsys, command):
     out = _help(capsys, [command, "--help"])
     assert out.startswith(f"usage: python -m memlord {command}")
