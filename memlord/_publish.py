@@ -298,20 +298,11 @@ def _default_name() -> str:
 
 
 def _rank() -> tuple[int, int]:
-    try:
-        import torch.distributed as dist
+    """(rank, world size), or (-1, -1): memlord/_ranks.py's answer, the one definition."""
+    from ._ranks import rank_info
 
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except Exception:  # noqa: BLE001
-        pass
-    for r, w in (("RANK", "WORLD_SIZE"), ("LOCAL_RANK", "LOCAL_WORLD_SIZE")):
-        if r in os.environ and w in os.environ:
-            try:
-                return int(os.environ[r]), int(os.environ[w])
-            except ValueError:
-                pass
-    return -1, -1
+    info = rank_info()
+    return info.get("rank", -1), info.get("world_size", -1)
 
 
 class Publisher:
