@@ -466,6 +466,9 @@ class Publisher:
     def _run(self) -> None:
         last_beat = time.monotonic()
         while not self._stop.wait(POLL_S):
+            if self._lord() is None:  # the lord died without disable(): its record goes
+                self.disable()
+                return
             try:
                 if self.cooperate and self._pressure_changed():
                     self._schedule_serve()

@@ -102,15 +102,17 @@ def test_a_buffer_too_small_is_refused():
         lord._publish_attach(b"read-only bytes are not writable" * 100)
 
 
-def test_the_lord_dying_releases_the_mapping(rtdir):
+def test_the_lord_dying_releases_the_mapping_and_the_record(rtdir):
     lord = MemLord()
     pub = lord.publish()
     path = pub.path
     lord.allocate(torch.empty(100, dtype=torch.uint8))
     del lord
     gc.collect()
-    # the sink let go of its buffer: the handle can close its mapping
-    pub.disable()
+    # the sink let go of its buffer; the heartbeat thread sees the lord gone and
+    # removes the record
+    pub._thread.join(timeout=5)
+    assert not pub.enabled
     assert not path.exists()
     with pytest.raises(ValueError):
         pub._mm[:1]  # closed
