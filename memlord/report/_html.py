@@ -644,7 +644,15 @@ def render_html(
             + "</section>"
         )
     progress(0.85, "html page")
-    page = "".join(
+    page = plotly_page(title, header, sections, payload)
+    progress(1.0, "html")
+    return page
+
+
+def plotly_page(title: str, header: str, sections: list[str], payload: str) -> str:
+    """A self-contained report page: the title, the header line (HTML), the sections,
+    plotly.js inlined and the figures' JSON (``payload``) that the page's script draws."""
+    return "".join(
         [
             '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
             '<meta name="viewport" content="width=device-width, initial-scale=1">',
@@ -652,7 +660,7 @@ def render_html(
             f'<header><h1>{_esc(title)}</h1><div class="meta">{header}</div></header><main>',
             "".join(sections),
             "</main>\n<script>",
-            offline.get_plotlyjs().replace("</script", "<\\/script"),
+            _plotly()[1].get_plotlyjs().replace("</script", "<\\/script"),
             '</script>\n<script type="application/json" id="memlord-data">',
             _json_for_script(payload),
             "</script>\n<script>",
@@ -660,8 +668,6 @@ def render_html(
             "</script></body></html>\n",
         ]
     )
-    progress(1.0, "html")
-    return page
 
 
 def write_html(

@@ -417,17 +417,16 @@ def render_merged_html(doc: dict[str, Any]) -> str:
     CSS, tables and category colors); the chart of peaks by category needs plotly, as
     the profile's report does."""
     from ._html import (
-        _CSS,
         CATEGORY_COLORS,
         OTHER_COLOR,
         _esc,
-        _json_for_script,
         _plot_text,
         _plotly,
         _table,
+        plotly_page,
     )
 
-    go, offline = _plotly()
+    go, _ = _plotly()
     rows = doc["ranks"]
     imb = doc["imbalance"]
     peaked = doc["peaked"]
@@ -578,23 +577,7 @@ def render_merged_html(doc: dict[str, Any]) -> str:
         )
     payload = '{"peaks":' + fig.to_json() + "}"
     title = "memlord: ranks merged"
-    return "".join(
-        [
-            '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
-            '<meta name="viewport" content="width=device-width, initial-scale=1">',
-            f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>",
-            f'<header><h1>{_esc(title)}</h1><div class="meta">{" · ".join(parts)}</div>'
-            "</header><main>",
-            "".join(sections),
-            "</main>\n<script>",
-            offline.get_plotlyjs().replace("</script", "<\\/script"),
-            '</script>\n<script type="application/json" id="memlord-data">',
-            _json_for_script(payload),
-            "</script>\n<script>",
-            _JS,
-            "</script></body></html>\n",
-        ]
-    )
+    return plotly_page(title, " · ".join(parts), sections, payload)
 
 
 def _label_of(who: dict[str, Any]) -> str:

@@ -28,6 +28,29 @@ SEGMENT_BASE = 0x7F0000000000
 SEGMENT_STRIDE = 1 << 40
 
 
+def segment(
+    index: int, device: str, address: int, total: int, allocated: int, blocks: list
+) -> dict[str, Any]:
+    """One synthetic segment of torch's snapshot layout: ``total`` bytes at ``address``
+    on device ``index`` (memlord's name in ``memlord_device``), ``allocated`` of them in
+    active blocks."""
+    return {
+        "device": index,
+        "address": address,
+        "total_size": total,
+        "allocated_size": allocated,
+        "active_size": allocated,
+        "requested_size": allocated,
+        "stream": 0,
+        "segment_type": "large",
+        "segment_pool_id": (0, 0),
+        "is_expandable": False,
+        "frames": [],
+        "blocks": blocks,
+        "memlord_device": device,
+    }
+
+
 def device_indices(devices: list[str]) -> dict[str, int]:
     out: dict[str, int] = {}
     top = -1
@@ -162,23 +185,7 @@ def to_snapshot(doc: Profile, progress: Progress = no_progress) -> dict[str, Any
                     "frames": [],
                 }
             )
-        segments.append(
-            {
-                "device": index[dev],
-                "address": address,
-                "total_size": peak,
-                "allocated_size": final,
-                "active_size": final,
-                "requested_size": final,
-                "stream": 0,
-                "segment_type": "large",
-                "segment_pool_id": (0, 0),
-                "is_expandable": False,
-                "frames": [],
-                "blocks": blocks,
-                "memlord_device": dev,
-            }
-        )
+        segments.append(segment(index[dev], dev, address, peak, final, blocks))
     progress(1.0, "pickle")
     return {
         "segments": segments,

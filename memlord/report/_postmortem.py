@@ -641,7 +641,7 @@ def synthetic_snapshot(
     ``MAX_PICKLE_BLOCKS``, the rest one block), each with its birth site's frames; the
     device traces of the lords' event ring when one records, and an ``oom`` entry for the
     failed request."""
-    from ._pickle import SEGMENT_BASE, SEGMENT_STRIDE, device_indices, to_snapshot
+    from ._pickle import SEGMENT_BASE, SEGMENT_STRIDE, device_indices, segment, to_snapshot
 
     devices = sorted(doc["devices"])
     index = device_indices(devices)
@@ -705,23 +705,7 @@ def synthetic_snapshot(
                 }
             )
             offset += size
-        segments.append(
-            {
-                "device": index[dev],
-                "address": base,
-                "total_size": offset,
-                "allocated_size": offset,
-                "active_size": offset,
-                "requested_size": offset,
-                "stream": 0,
-                "segment_type": "large",
-                "segment_pool_id": (0, 0),
-                "is_expandable": False,
-                "frames": [],
-                "blocks": blocks,
-                "memlord_device": dev,
-            }
-        )
+        segments.append(segment(index[dev], dev, base, offset, offset, blocks))
     req = doc.get("request") or {}
     rdev = req.get("device")
     if rdev in index:
