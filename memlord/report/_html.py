@@ -649,9 +649,12 @@ def render_html(
     return page
 
 
-def plotly_page(title: str, header: str, sections: list[str], payload: str) -> str:
+def plotly_page(
+    title: str, header: str, sections: list[str], payload: str, script: str | None = None
+) -> str:
     """A self-contained report page: the title, the header line (HTML), the sections,
-    plotly.js inlined and the figures' JSON (``payload``) that the page's script draws."""
+    plotly.js inlined and the figures' JSON (``payload``) that the page's ``script``
+    (default: the profile report's) draws."""
     return "".join(
         [
             '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">',
@@ -664,7 +667,7 @@ def plotly_page(title: str, header: str, sections: list[str], payload: str) -> s
             '</script>\n<script type="application/json" id="memlord-data">',
             _json_for_script(payload),
             "</script>\n<script>",
-            _JS,
+            _JS if script is None else script,
             "</script></body></html>\n",
         ]
     )

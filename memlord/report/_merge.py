@@ -577,7 +577,7 @@ def render_merged_html(doc: dict[str, Any]) -> str:
         )
     payload = '{"peaks":' + fig.to_json() + "}"
     title = "memlord: ranks merged"
-    return plotly_page(title, " · ".join(parts), sections, payload)
+    return plotly_page(title, " · ".join(parts), sections, payload, _JS)
 
 
 def _label_of(who: dict[str, Any]) -> str:
