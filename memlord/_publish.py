@@ -193,6 +193,7 @@ def decode(data: bytes) -> dict[str, Any] | None:
         "request": request,
         "served": py["served"],
         "released_bytes": py["released"],
+        "last_release_ns": py["last_release_ns"] or None,
     }
 
 
