@@ -146,6 +146,7 @@ _serial = itertools.count(1)  # post-mortems numbered per process
 _written = 0  # post-mortems this process wrote
 _local = threading.local()  # .busy: handling an OOM; .last: (error id, message, paths)
 _observer_attached = False
+_observer_queued = False  # waiting for CUDA's initialisation
 
 
 class OOMWatch:
@@ -284,17 +285,34 @@ def watch_oom(
 
 def _attach_observer() -> None:
     """torch's CUDA OOM observer, attached once per process (torch has no way to detach
-    one): it does nothing while no lord is hooked or watching."""
-    global _observer_attached
-    attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
-    if _observer_attached or attach is None:
+    one): it does nothing while no lord is hooked or watching.  torch hands an observer
+    to the device allocators that exist, which are made when CUDA initialises: before
+    that the attachment waits for the initialisation (``torch.cuda._lazy_call``)."""
+    global _observer_queued
+    if _observer_attached or _observer_queued:
+        return
+    if getattr(torch._C, "_cuda_attach_out_of_memory_observer", None) is None:
         return
     try:
         if not torch.cuda.is_available():
             return
-        attach(_observer)
-        _observer_attached = True
+        if torch.cuda.is_initialized():
+            _attach_now()
+        else:
+            _observer_queued = True
+            torch.cuda._lazy_call(_attach_now)
     except Exception as e:  # noqa: BLE001 - post-mortems then come from the hooks only
+        logger.warning("could not attach to torch's CUDA OOM observer: %s", e)
+
+
+def _attach_now() -> None:
+    global _observer_attached
+    if _observer_attached:
+        return
+    try:
+        torch._C._cuda_attach_out_of_memory_observer(_observer)
+        _observer_attached = True
+    except Exception as e:  # noqa: BLE001 - e.g. the cudaMallocAsync backend has none
         logger.warning("could not attach to torch's CUDA OOM observer: %s", e)
 
 
