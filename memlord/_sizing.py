@@ -151,7 +151,9 @@ def _adopt_untracked(lord: Any) -> None:
     """Track the live tensors' storages ``lord`` does not track yet (found by a scan of
     the objects the cyclic GC knows: the model's parameters and whatever was made before
     the lord), so that their bytes count in its peaks and their deaths are credited;
-    parameters and their gradients under their categories, the rest as ``other``."""
+    parameters, their gradients and the state of live optimizers under their categories,
+    the rest as ``other``."""
+    from ._core import _gc_objects_of
     from ._ops import _categorize
     from ._snapshot import _live_tensors, _skipped
 
@@ -167,13 +169,24 @@ def _adopt_untracked(lord: Any) -> None:
             params.append(t)
             if t.grad is not None:
                 grads.append(t.grad)
-    if found:
-        lord.allocate(found)
+    if not found:
+        return
+    lord.allocate(found)
     if params:
         _categorize(params, "parameter", None)
     if grads:
         _categorize(grads, "gradient", None)
-    del found, params, grads
+    state = [
+        v
+        for opt in _gc_objects_of(gc.get_objects, torch.optim.Optimizer, ())
+        for per_param in getattr(opt, "state", {}).values()
+        if isinstance(per_param, dict)
+        for v in per_param.values()
+        if isinstance(v, torch.Tensor)
+    ]
+    if state:
+        _categorize(state, "optimizer_state", None)
+    del found, params, grads, state
 
 
 def _measure(step: Callable[[int], Any], sizes: Iterable[int], warmup: int) -> list[dict]:
@@ -186,6 +199,7 @@ def _measure(step: Callable[[int], Any], sizes: Iterable[int], warmup: int) -> l
     lord = MemLord(auto_gc_bytes=None)
     hooks = lord.hook_into_python(ops=True)
     out = []
+    base: dict[str, dict[str, int]] | None = None
     try:
         _adopt_untracked(lord)
         for _ in range(warmup):
@@ -200,15 +214,23 @@ def _measure(step: Callable[[int], Any], sizes: Iterable[int], warmup: int) -> l
                     torch.cuda.reset_peak_memory_stats(i)
             _adopt_untracked(lord)
             lord._reset_peak(None)
+            at_start = {d: st["categories"] for d, st in lord.stats().items()}
+            if base is None:
+                # what was live before the first measured step stands for every step:
+                # what dies between steps (the previous step's leftovers, other code's
+                # garbage) moves no size's figure; what the step itself frees does
+                base = at_start
             _run(step, n, "measured")
             if cuda:
                 torch.cuda.synchronize()
             stats = lord.stats()
             samples: dict[str, _Sample] = {}
-            for dev, st in sorted(stats.items()):
+            for dev in sorted(set(stats) | set(base)):
                 s = samples[dev] = _Sample()
-                for c, b in st["peak_categories"].items():
-                    s.categories[c] += b
+                peak = stats[dev]["peak_categories"] if dev in stats else {}
+                for c in CATEGORIES:
+                    before = at_start.get(dev, {}).get(c, 0)
+                    s.categories[c] = base.get(dev, {}).get(c, 0) + peak.get(c, 0) - before
                 s.live = sum(s.categories.values())
                 if cuda and dev.startswith("cuda"):
                     i = torch.device(dev).index or 0
@@ -266,6 +288,8 @@ class MemoryFit:
         devices = sorted(set().union(*samples))
         if device is not None and device not in devices:
             devices.append(device)  # nothing was measured there: all zeros
+        if not devices:
+            devices.append("cpu")  # the step allocated nothing anywhere
         self.devices = tuple(devices)
         self.measured: dict[str, tuple[int, ...]] = {
             d: tuple(s[d].live if d in s else 0 for s in samples) for d in devices
@@ -360,7 +384,7 @@ class MemoryFit:
         rounding and fragmentation included) when they are more."""
         n = _check_size("predict", "batch_size", batch_size)
         d = self._device("predict", device)
-        return max(0, math.ceil(self._predict(n, d)))
+        return max(0, math.ceil(round(self._predict(n, d), 3)))
 
     def max_batch_size(
         self, budget: int | None = None, *, headroom: float = 0.05, device: Any = None
@@ -386,7 +410,7 @@ class MemoryFit:
         limit = budget * (1.0 - headroom)
 
         def fits(n: int) -> bool:
-            return self._predict(n, d) <= limit
+            return round(self._predict(n, d), 3) <= limit
 
         if not fits(1):
             return 0
@@ -566,7 +590,10 @@ def find_batch_size(
         batch_sizes = tuple(s for s in (1, 2, 4) if s <= start)
     sizes = _check_sizes("find_batch_size", batch_sizes, 2)
     fit = fit_memory(step, sizes, device=device, warmup=warmup)
-    n = max(1, min(start, fit.max_batch_size(budget, headroom=headroom, device=device)))
+    try:
+        n = max(1, min(start, fit.max_batch_size(budget, headroom=headroom, device=device)))
+    except ValueError:  # the peak does not grow with the batch: nothing bounds it
+        n = start
     while True:
         error = _step_or_oom(step, n)
         if error is None:
