@@ -248,6 +248,7 @@ class LifetimeAnalyzer:
         self._lord = lord
         self._module_names = _module_names(modules)
         self._usage: dict[tuple[str, int], list[Any]] = {}
+        self._recorded: set[int] = set()
         self._unit = "ns" if lord is not None else "step"
         self._window_arg = self._check_steps(steps)
         self._cols: _Columns | None = None
@@ -307,6 +308,7 @@ class LifetimeAnalyzer:
         for t in items:
             if not isinstance(t, torch.Tensor):
                 raise _name("record_usage", "tensors", t, "tensors only")
+        self._recorded.add(s)
         for t in items:
             st = t.untyped_storage()
             key = (str(st.device), st.data_ptr())
@@ -467,7 +469,10 @@ class LifetimeAnalyzer:
     def steps(self) -> list[int]:
         """The step numbers the analysis covers (births' steps in the window)."""
         c = self._columns()
-        got = np.unique(c.step).tolist()
+        if self._unit == "step":
+            got = sorted(self._recorded)
+        else:
+            got = sorted(set(np.unique(c.step).tolist()) | set(self._marks[0].tolist()))
         w = self._window_arg
         if w is None:
             return got
