@@ -249,6 +249,7 @@ class LifetimeAnalyzer:
         self._module_names = _module_names(modules)
         self._usage: dict[tuple[str, int], list[Any]] = {}
         self._recorded: set[int] = set()
+        self._peaks: dict[tuple, tuple] = {}
         self._unit = "ns" if lord is not None else "step"
         self._window_arg = self._check_steps(steps)
         self._cols: _Columns | None = None
@@ -321,6 +322,7 @@ class LifetimeAnalyzer:
                 row[1] = max(row[1], s)
                 row[2] = max(row[2], int(st.nbytes()))
         self._cols = None
+        self._peaks.clear()
 
     def _from_usage(self) -> _Columns:
         c = _Columns()
@@ -341,20 +343,27 @@ class LifetimeAnalyzer:
     def _from_lord(self, lord: Any) -> _Columns:
         from ._events import EVENT_KINDS
         from ._sites import site_text
-        from .report._lord import read_consistent, storage_categories
+        from .report._lord import read_consistent
 
         alloc_k, free_k, reset_k = (EVENT_KINDS.index(k) for k in ("alloc", "free", "reset"))
         recs, _stats = read_consistent(lord)
         resets = np.flatnonzero(recs["kind"] == reset_k)
         if resets.size:
             recs = recs[int(resets[-1]) + 1 :]
-        cat = storage_categories(lord, recs)
-        kind, addr, dev, t = recs["kind"], recs["address"], recs["device"], recs["t_ns"]
+        # contiguous copies of the columns read: indexing a field of a structured array
+        # strides over 64-byte records
+        col = {f: np.ascontiguousarray(recs[f]) for f in ("kind", "address", "device", "t_ns")}
+        cat = recs["category"].astype(np.int16)
+        kind, addr, dev, t = col["kind"], col["address"], col["device"], col["t_ns"]
         one = (recs["count"] == 1) & (addr != 0)
         alloc = (kind == alloc_k) & one
         free = (kind == free_k) & one
         idx = np.flatnonzero(alloc | free)
-        order = idx[np.lexsort((idx, addr[idx], dev[idx]))]
+        # lexsort is stable: within one address the events keep their order
+        if idx.size and dev[idx].min() == dev[idx].max():
+            order = idx[np.argsort(addr[idx], kind="stable")]
+        else:
+            order = idx[np.lexsort((addr[idx], dev[idx]))]
         a, b = order[:-1], order[1:]
         same = (dev[a] == dev[b]) & (addr[a] == addr[b])
         # an alloc dies at the next event of its address (its free; or, when the free was
@@ -365,6 +374,12 @@ class LifetimeAnalyzer:
         born = order[is_alloc]
         dies_at = nxt[is_alloc]
         death = np.where(dies_at >= 0, t[np.maximum(dies_at, 0)], ALIVE)
+        # each storage under the category it ended with (a gradient made in backward is
+        # a gradient): its free's, or for one still alive its category in the registry
+        born_cat = cat[born]
+        freed = dies_at >= 0
+        freed &= free[np.maximum(dies_at, 0)]
+        born_cat[freed] = cat[dies_at[freed]]
         # a free nothing before it was born of (the storage was born before the ring)
         prev = np.full(order.shape[0], -1, np.int64)
         prev[1:] = np.where(same, a, -1)
@@ -380,8 +395,14 @@ class LifetimeAnalyzer:
         except Exception:  # noqa: BLE001 - no registry: the ring alone
             live_now = []
         if live_now:
-            seen = set(zip(dev[born].tolist(), addr[born].tolist(), strict=True))
-            extra = [e for e in live_now if (e[0], e[2]) not in seen and e[2]]
+            now = {(e[0], e[2]): _CAT_INDEX.get(e[-1], 0) for e in live_now if e[2]}
+            alive = np.flatnonzero(death == ALIVE)
+            keys = zip(dev[born[alive]].tolist(), addr[born[alive]].tolist(), strict=True)
+            for j, key in zip(alive.tolist(), keys, strict=True):
+                c = now.pop(key, None)
+                if c is not None:
+                    born_cat[j] = c
+            extra = [e for e in live_now if e[2] and (e[0], e[2]) in now]
         names = lord._region_names()
 
         c = _Columns()
@@ -416,7 +437,7 @@ class LifetimeAnalyzer:
         )
         c.category = np.concatenate(
             [
-                cat[born],
+                born_cat,
                 cat[orphan],
                 np.fromiter((_CAT_INDEX.get(e[-1], 0) for e in extra), np.int16, ne),
             ]
@@ -516,6 +537,13 @@ class LifetimeAnalyzer:
 
     def _peak(self, step: int | None, device: Any) -> tuple[int, int, int, np.ndarray]:
         """(device index, peak time, peak bytes, mask of storages live then)."""
+        key = (step, None if device is None else str(device))
+        got = self._peaks.get(key)
+        if got is None:
+            got = self._peaks[key] = self._find_peak(step, device)
+        return got
+
+    def _find_peak(self, step: int | None, device: Any) -> tuple[int, int, int, np.ndarray]:
         c = self._columns()
         t0, t1, _steps = self._window(step)
         best = (-1, 0, -1, np.zeros(len(c), bool))
@@ -694,25 +722,32 @@ class LifetimeAnalyzer:
         inside &= c.step == self._step_of(c.death)  # freed within the step it was born in
         full_steps = [k for k in steps if self._unit == "step" or k in set(self._marks[0].tolist())]
         if inside.any() and len(full_steps) >= 2:
-            keys = np.stack([c.site[inside].astype(np.int64), c.nbytes[inside], c.step[inside]], 1)
-            per, g, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
+            # one int64 key per (site, size, step): each factorised, then combined
+            site_i = c.site[inside].astype(np.int64)
+            sizes, size_i = np.unique(c.nbytes[inside], return_inverse=True)
+            step_u, step_i = np.unique(c.step[inside], return_inverse=True)
+            nsz, nst = len(sizes), len(step_u)
+            key = (site_i * nsz + size_i.reshape(-1)) * nst + step_i.reshape(-1)
+            per, g, counts = np.unique(key, return_inverse=True, return_counts=True)
             g = g.reshape(-1)
             # the most storages of one (site, size) alive at once within a step: the
             # buffers a preallocation keeps (each group's births and deaths balance, so
-            # the running count starts each group at 0)
+            # the running count starts each group at 0; a death sorts before a birth at
+            # the same moment)
             m = g.shape[0]
-            ends = np.concatenate([c.death[inside], c.birth[inside]])
+            ends = np.concatenate([c.death[inside] * 2, c.birth[inside] * 2 + 1])
             delta = np.concatenate([-np.ones(m, np.int64), np.ones(m, np.int64)])
             gg = np.concatenate([g, g])
-            order = np.lexsort((delta, ends, gg))
+            order = np.lexsort((ends, gg))
             level = np.cumsum(delta[order])
             starts = np.flatnonzero(np.r_[True, gg[order][1:] != gg[order][:-1]])
             overlap = np.maximum.reduceat(level, starts)
-            ok = np.isin(per[:, 2], full_steps)
+            ok = np.isin(step_u[per % nst], full_steps)
             per, counts, overlap = per[ok], counts[ok], overlap[ok]
             if per.shape[0]:
-                pair, inv = np.unique(per[:, :2], axis=0, return_inverse=True)
+                pair_key, inv = np.unique(per // nst, return_inverse=True)
                 inv = inv.reshape(-1)
+                pair = np.stack([pair_key // nsz, sizes[pair_key % nsz]], 1)
                 nsteps = np.bincount(inv, minlength=pair.shape[0])
                 most = np.zeros(pair.shape[0], np.int64)
                 np.maximum.at(most, inv, overlap)
