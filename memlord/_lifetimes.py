@@ -31,6 +31,8 @@ __all__ = ["LifetimeAnalyzer", "ReusePlan"]
 
 #: A storage still alive when the analysis was made dies "never".
 ALIVE = np.iinfo(np.int64).max
+#: Times are doubled in sort keys: "alive" is clipped to this first.
+_CLIP = 1 << 61
 _BACKWARD = " (backward)"
 #: Categories that hold state across steps: never "free earlier" candidates.
 _STATE = frozenset({"parameter", "buffer", "gradient", "optimizer_state"})
@@ -82,7 +84,14 @@ def _table(codes: np.ndarray, name_of: Any, none: Any) -> tuple[np.ndarray, list
     ``none``)."""
     if not codes.shape[0]:
         return np.empty(0, np.int32), []
-    uniq, inverse = np.unique(codes, return_inverse=True)
+    top = int(codes.max()) if codes.dtype != object else -1
+    if 0 <= top < 1 << 24 and int(codes.min()) >= 0:  # small codes: a lookup, no sort
+        uniq = np.flatnonzero(np.bincount(codes.astype(np.int64), minlength=top + 1))
+        inverse = np.zeros(top + 1, np.int64)
+        inverse[uniq] = np.arange(uniq.shape[0])
+        inverse = inverse[codes]
+    else:
+        uniq, inverse = np.unique(codes, return_inverse=True)
     names: list[str] = []
     index: dict[str, int] = {}
     remap = np.empty(uniq.shape[0], np.int32)
@@ -343,10 +352,9 @@ class LifetimeAnalyzer:
     def _from_lord(self, lord: Any) -> _Columns:
         from ._events import EVENT_KINDS
         from ._sites import site_text
-        from .report._lord import read_consistent
 
         alloc_k, free_k, reset_k = (EVENT_KINDS.index(k) for k in ("alloc", "free", "reset"))
-        recs, _stats = read_consistent(lord)
+        recs = lord.events()
         resets = np.flatnonzero(recs["kind"] == reset_k)
         if resets.size:
             recs = recs[int(resets[-1]) + 1 :]
@@ -556,14 +564,14 @@ class LifetimeAnalyzer:
         for d in devs:
             on = c.device == d
             birth, death, nbytes = c.birth[on], c.death[on], c.nbytes[on]
-            n = birth.shape[0]
-            times = np.concatenate([death, birth])
-            delta = np.concatenate([-nbytes, nbytes])
-            births = np.concatenate([np.zeros(n, bool), np.ones(n, bool)])
-            order = np.lexsort((births, times))
-            level = np.cumsum(delta[order])
-            tt = times[order]
-            cand = births[order] & (tt >= t0) & (tt <= t1)
+            # one int64 key per end: time * 2, + 1 for a birth (a death sorts first at
+            # the same moment); "alive" clipped so that it doubles without overflow
+            key = np.concatenate([np.minimum(death, _CLIP) * 2, birth * 2 + 1])
+            order = np.argsort(key)
+            sorted_key = key[order]
+            level = np.cumsum(np.concatenate([-nbytes, nbytes])[order])
+            tt = sorted_key >> 1
+            cand = (sorted_key & 1).astype(bool) & (tt >= t0) & (tt <= t1)
             if not cand.any():
                 # nothing born in the window: the level at its start
                 before = tt < t0
@@ -629,9 +637,12 @@ class LifetimeAnalyzer:
         (or ``device``), assigned to shared buffers whose members' lifetimes do not
         overlap (:func:`assign_buffers`)."""
         s = _step_arg("compute_reuse_plan", step)
-        c = self._columns()
         t0, t1, _ = self._window(s)
         d = self._peak(s, device)[0]
+        return self._plan(t0, t1, d, device)
+
+    def _plan(self, t0: int, t1: int, d: int, device: Any = None) -> ReusePlan:
+        c = self._columns()
         if d < 0:
             empty = {k: np.empty(0, np.int64) for k in ("birth", "death", "nbytes", "site")}
             return ReusePlan(
@@ -671,7 +682,8 @@ class LifetimeAnalyzer:
                 "suggestions": [],
             }
         peak_step = int(self._step_of(np.array([when], np.int64))[0])
-        plan = self.compute_reuse_plan(peak_step if s is None else s, device=c.devices[d])
+        pt0, pt1, _ = self._window(peak_step if s is None else s)
+        plan = self._plan(pt0, pt1, d)
         out: list[dict[str, Any]] = []
         share = (lambda b: b / peak) if peak else (lambda b: 0.0)
 
