@@ -493,6 +493,32 @@ class LifetimeAnalyzer:
             self._cols = self._from_usage()
         return self._cols
 
+    def storages(self) -> dict[str, Any]:
+        """Every storage, one row each, as NumPy columns: ``birth``, ``death`` (ns, or
+        steps when fed by hand; ``ALIVE``, the int64 maximum, for one still alive),
+        ``nbytes``, ``step`` (the step it was born in), and ``device``, ``site``,
+        ``region``, ``module``, ``category`` as indices into the lists under
+        ``"tables"`` (-1: none)."""
+        c = self._columns()
+        return {
+            "birth": c.birth.copy(),
+            "death": c.death.copy(),
+            "nbytes": c.nbytes.copy(),
+            "step": c.step.copy(),
+            "device": c.device.copy(),
+            "site": c.site.copy(),
+            "region": c.region.copy(),
+            "module": c.module.copy(),
+            "category": c.category.copy(),
+            "tables": {
+                "device": list(c.devices),
+                "site": list(c.sites),
+                "region": list(c.regions),
+                "module": list(c.modules),
+                "category": list(CATEGORIES),
+            },
+        }
+
     # ---- windows -------------------------------------------------------------------------
 
     def steps(self) -> list[int]:

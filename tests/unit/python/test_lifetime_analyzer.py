@@ -7,6 +7,7 @@ model."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from support.tiny_lm import training
@@ -51,6 +52,16 @@ def test_peak_composition_is_the_ledgers_peak():
     names = {n for n, _ in model.named_modules()} | {"TinyLM", None}
     assert set(pc["by_module"]) <= names
     assert a.steps() == [1, 2, 3]
+    # the rows: each storage's bytes, category, module; the live ones sum to the ledger
+    rows = a.storages()
+    alive = rows["death"] == np.iinfo(np.int64).max
+    assert int(rows["nbytes"][alive].sum()) == stats["allocated"]
+    cats = rows["tables"]["category"]
+    params_rows = rows["category"] == cats.index("parameter")
+    assert int(rows["nbytes"][params_rows].sum()) == params
+    assert (rows["birth"] < rows["death"]).all()
+    mods = rows["tables"]["module"]
+    assert {"blocks.0", "blocks.1"} <= {mods[i] for i in rows["module"].tolist() if i >= 0}
     # per step: the first step has no optimizer state until its end; the peak is later
     firsts = a.peak_composition(step=1)
     assert firsts["step"] == 1 and firsts["bytes"] <= pc["bytes"]
