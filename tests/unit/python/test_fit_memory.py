@@ -123,8 +123,7 @@ def test_sequence_sweep_with_the_quadratic_term_within_5_percent():
     # the scores of 2 layers x 4 heads x batch 2 in float32, a few of each alive
     assert fit.quadratic_bytes >= 2 * 4 * 2 * 4
     assert "quadratic" in fit.categories() and "quadratic_bytes=" in repr(fit)
-    assert abs(fit.validate(384)) <= 0.05
-    assert abs(fit.validate(512)) <= 0.05
+    assert abs(fit.validate(512)) <= 0.05  # 1.6x the longest length fitted
 
 
 def test_fit_runs_warmup_plus_one_step_per_size():
