@@ -535,38 +535,47 @@ def fit_memory(
     return MemoryFit(step, sizes, terms, samples, dev)
 
 
-def _is_oom(error: BaseException) -> bool:
-    oom = getattr(torch, "OutOfMemoryError", None)
-    if oom is not None and isinstance(error, oom):
-        return True
-    if isinstance(error, MemoryError):
-        return True
-    text = str(error)
-    return isinstance(error, RuntimeError) and (
-        "out of memory" in text or "can't allocate memory" in text
-    )
+def _shrunk(n: int) -> int:
+    """The next batch size after ``n`` ran out of memory: 10% smaller, at least 1 less."""
+    return min(n - 1, int(n * SHRINK))
 
 
-def _step_or_oom(step: Callable[[int], Any], n: int) -> BaseException | None:
-    """Run ``step(n)``; return None, or the out-of-memory error it raised, handled after
-    its ``except`` block ended (traceback dropped: the failed step's frames and tensors
-    can go), with the garbage collected and CUDA's cache emptied.  Any other error
-    passes through with the batch size in its notes."""
-    error: BaseException | None = None
-    try:
-        step(n)
-    except Exception as e:  # noqa: BLE001 - sorted below
-        if not _is_oom(e):
-            _note(e, f"memlord: the step raised at batch_size={n}")
+def _confirm(step: Callable[[int], Any], n: int) -> int:
+    """Run ``step(n)``, and on out-of-memory errors ``step`` of ever smaller sizes
+    (:func:`_shrunk`) down to 1, through ``memlord.retry_on_oom``: each retry runs after
+    the failed step's ``except`` block has ended, its traceback dropped, deferred frees
+    credited, the garbage collected and CUDA's cache emptied.  Returns the size that
+    ran.  Any other error passes through with the batch size in its notes."""
+    from ._oom import is_oom, retry_on_oom
+
+    ladder = [n]
+    while ladder[-1] > 1:
+        ladder.append(_shrunk(ladder[-1]))
+    tried: list[int] = []
+
+    def attempt(k: int) -> None:
+        tried.append(k)
+        try:
+            step(k)
+        except BaseException as e:
+            if not is_oom(e):
+                _note(e, f"memlord: the step raised at batch_size={k}")
             raise
-        error = e
-    if error is None:
-        return None
-    error.__traceback__ = None
-    gc.collect()
-    if _cuda_ready():
-        torch.cuda.empty_cache()
-    return error
+
+    try:
+        retry_on_oom(
+            attempt,
+            n,
+            attempts=len(ladder),
+            backoff=0.0,
+            max_backoff=0.0,
+            shrink=lambda args, kwargs: ((_shrunk(args[0]),), kwargs),
+        )
+    except BaseException as e:
+        if is_oom(e):
+            _note(e, f"memlord: find_batch_size ran out of memory down to batch_size={tried[-1]}")
+        raise
+    return tried[-1]
 
 
 def find_batch_size(
@@ -582,7 +591,8 @@ def find_batch_size(
     """The largest batch size up to ``start`` that fits: fitted on small sizes
     (``batch_sizes``, default the powers of two 1, 2, 4 up to ``start``), predicted with
     ``max_batch_size(budget, headroom=headroom)``, then confirmed with a real step;
-    a step that runs out of memory shrinks the batch by 10% and tries again.  Returns
+    a step that runs out of memory shrinks the batch by 10% and tries again (through
+    ``retry_on_oom``, outside the failed step's ``except`` frame).  Returns
     ``(batch_size, fit)``."""
     step = _check_step("find_batch_size", step)
     start = _check_size("find_batch_size", "start", start, 2 if batch_sizes is None else 1)
@@ -594,12 +604,4 @@ def find_batch_size(
         n = max(1, min(start, fit.max_batch_size(budget, headroom=headroom, device=device)))
     except ValueError:  # the peak does not grow with the batch: nothing bounds it
         n = start
-    while True:
-        error = _step_or_oom(step, n)
-        if error is None:
-            return n, fit
-        smaller = min(n - 1, int(n * SHRINK))
-        if smaller < 1:
-            _note(error, f"memlord: find_batch_size ran out of memory down to batch_size={n}")
-            raise error
-        n = smaller
+    return _confirm(step, n), fit
