@@ -28,10 +28,12 @@ except ImportError:
 from . import _backend, _log, _sites
 from ._core import CATEGORIES, Hooks, PythonHooks, TorchHooks, format_bytes
 from ._events import EVENT_DTYPE, EVENT_KINDS, EVENT_SOURCES
+from ._lifetimes import LifetimeAnalyzer, ReusePlan
 from ._memapi import MemoryProfile
 from ._oom import OOMWatch, oom_retry, retry_on_oom
 from ._publish import Publisher
 from ._regions import ModuleTracker, Region
+from ._sizing import MemoryFit, find_batch_size, fit_memory
 from ._snapshot import LeakCheck
 from ._types import (
     AutoGCBand,
@@ -56,14 +58,19 @@ __all__ = [
     "EVENT_SOURCES",
     "Hooks",
     "LeakCheck",
+    "LifetimeAnalyzer",
     "MemLord",
+    "MemoryFit",
     "MemoryProfile",
     "ModuleTracker",
     "OOMWatch",
     "PythonHooks",
     "Publisher",
     "Region",
+    "ReusePlan",
     "TorchHooks",
+    "find_batch_size",
+    "fit_memory",
     "format_bytes",
     "oom_retry",
     "retry_on_oom",

@@ -5,7 +5,7 @@
 # import them under `if typing.TYPE_CHECKING:`.
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, TypeVar, final, overload
@@ -37,14 +37,19 @@ __all__ = [
     "EVENT_SOURCES",
     "Hooks",
     "LeakCheck",
+    "LifetimeAnalyzer",
     "MemLord",
+    "MemoryFit",
     "MemoryProfile",
     "ModuleTracker",
     "OOMWatch",
     "PythonHooks",
     "Publisher",
     "Region",
+    "ReusePlan",
     "TorchHooks",
+    "find_batch_size",
+    "fit_memory",
     "format_bytes",
     "oom_retry",
     "retry_on_oom",
@@ -428,3 +433,91 @@ class Hooks:
 
 TorchHooks = Hooks
 PythonHooks = Hooks
+
+# ---- sizing and lifetimes (docs/sizing.md) ----------------------------------------------
+
+_Term = Literal["fixed", "linear", "quadratic"]
+
+def fit_memory(
+    step: Callable[[int], object],
+    batch_sizes: Iterable[int] = (2, 4, 8),
+    *,
+    device: _Device | None = None,
+    warmup: int = 1,
+    terms: Iterable[_Term] = ("fixed", "linear"),
+) -> MemoryFit: ...
+def find_batch_size(
+    step: Callable[[int], object],
+    start: int,
+    *,
+    device: _Device | None = None,
+    batch_sizes: Iterable[int] | None = None,
+    budget: int | None = None,
+    headroom: float = 0.05,
+    warmup: int = 1,
+) -> tuple[int, MemoryFit]: ...
+
+class MemoryFit:
+    """What fit_memory() measured and fitted."""
+
+    batch_sizes: tuple[int, ...]
+    terms: tuple[_Term, ...]
+    devices: tuple[str, ...]
+    device: str
+    measured: dict[str, tuple[int, ...]]
+    reserved_measured: dict[str, tuple[int, ...]]
+    @property
+    def fixed_bytes(self) -> float: ...
+    @property
+    def per_sample_bytes(self) -> float: ...
+    @property
+    def quadratic_bytes(self) -> float: ...
+    @property
+    def residuals(self) -> tuple[float, ...]: ...
+    def categories(self, device: _Device | None = None) -> dict[str, dict[str, float]]: ...
+    def predict(self, batch_size: int, device: _Device | None = None) -> int: ...
+    def max_batch_size(
+        self, budget: int | None = None, *, headroom: float = 0.05, device: _Device | None = None
+    ) -> int: ...
+    def validate(self, batch_size: int) -> float: ...
+    def summary(self) -> str: ...
+
+class ReusePlan:
+    """Storages grouped into shared buffers whose lifetimes do not overlap."""
+
+    device: str
+    storages: dict[str, numpy.ndarray[Any, Any]]
+    buffer_of: numpy.ndarray[Any, Any]
+    buffer_bytes: numpy.ndarray[Any, Any]
+    bytes_before: int
+    bytes_after: int
+    @property
+    def saved_bytes(self) -> int: ...
+    def __len__(self) -> int: ...
+    def groups(self) -> list[list[int]]: ...
+    def summary(self) -> str: ...
+
+class LifetimeAnalyzer:
+    """Storage lifetimes from a lord's event ring, or recorded by hand."""
+
+    def __init__(
+        self,
+        lord: MemLord | None = None,
+        *,
+        steps: int | Iterable[int] | None = None,
+        modules: torch.nn.Module | ModuleTracker | Iterable[str] | None = None,
+    ) -> None: ...
+    def record_usage(
+        self, step: int, tensors: torch.Tensor | Iterable[torch.Tensor] | dict[Any, torch.Tensor]
+    ) -> None: ...
+    def steps(self) -> list[int]: ...
+    def storages(self) -> dict[str, Any]: ...
+    def peak_composition(
+        self, step: int | None = None, *, device: _Device | None = None
+    ) -> dict[str, Any]: ...
+    def get_optimization_suggestions(
+        self, step: int | None = None, *, device: _Device | None = None
+    ) -> dict[str, Any]: ...
+    def compute_reuse_plan(
+        self, step: int | None = None, *, device: _Device | None = None
+    ) -> ReusePlan: ...

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import time
 from collections import deque
 from typing import Any
 
@@ -40,6 +41,8 @@ from ._sites import site_text
 
 #: Step samples kept for growth(): growth(min_steps) needs min_steps + 1 of them.
 MAX_STEPS = 64
+#: Step marks (``(steps, monotonic ns)`` of each ``step()``) kept for LifetimeAnalyzer.
+MAX_STEP_MARKS = 1 << 16
 
 _SINCE_ALL = -(2**63)
 
@@ -364,6 +367,10 @@ class SnapshotMixin:
         sample = lord._live_by_site()
         self.__dict__["_step_count"] = self.__dict__.get("_step_count", 0) + 1
         self._step_samples().append(sample)
+        marks = self.__dict__.get("_step_marks")
+        if marks is None:
+            marks = self.__dict__.setdefault("_step_marks", deque(maxlen=MAX_STEP_MARKS))
+        marks.append((self.__dict__["_step_count"], time.monotonic_ns()))
         return self.__dict__["_step_count"]
 
     @property

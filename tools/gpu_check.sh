@@ -6,7 +6,9 @@
 #   2. runs the whole suite (CUDA tests included) in a random order whose seed it prints
 #      (MEMLORD_TEST_SHUFFLE), with pytest-xdist when it is there;
 #   3. runs each CUDA test file alone, in a fresh process: no test may depend on another
-#      having initialised CUDA or loaded the driver first;
+#      having initialised CUDA or loaded the driver first (test_fit_memory_cuda.py: the
+#      batch max_batch_size() predicts under a memory fraction runs, and is >= 80% of the
+#      true largest found by bisection);
 #   4. runs the GPU benchmarks (bench/bench_hooks.py: the casts and the 4 KiB non_blocking
 #      move; bench/bench_gpu.py: the layer-offload loop and a training step);
 #   5. prints one summary: a line per step with its result, then the benchmark table.
@@ -75,7 +77,8 @@ MEMLORD_TEST_SHUFFLE=$seed step suite "suite (shuffle seed $seed)" 300 \
 for f in tests/unit/platform/test_hooks_cuda.py tests/unit/api/test_device_memory.py tests/unit/sinks/test_auto_gc.py \
     tests/unit/api/test_cuda_host_indices.py tests/unit/platform/test_ops_cuda.py \
     tests/unit/platform/test_oom_cuda.py tests/unit/platform/test_post_mortem_cuda.py \
-    tests/unit/platform/test_publish_cuda.py tests/unit/platform/test_fakecuda*.py; do
+    tests/unit/platform/test_publish_cuda.py tests/unit/platform/test_fit_memory_cuda.py \
+    tests/unit/platform/test_fakecuda*.py; do
     [ -e "$f" ] || continue
     step "alone_$(basename "$f" .py)" "alone: $(basename "$f")" 120 "$PY" -m pytest -q -p no:cacheprovider "$f"
 done

@@ -263,6 +263,64 @@ def _span_categories(span: Span) -> str:
     return "".join(parts)
 
 
+#: Rows per grouping in the peak composition.
+PEAK_ROWS = 8
+
+
+def _peak_composition_rows(doc: Profile) -> list[list[str]]:
+    """Per device, what was live at its peak of the events' running sum: the storages
+    allocated at or before the peak whose next event at the same address comes after it,
+    by category, by module or region (the innermost region at birth) and by call site
+    (the largest :data:`PEAK_ROWS` of each); bytes the events do not attribute to one
+    storage (alive before the first event, aggregates) as "(not attributed)"."""
+    ev = doc.events
+    if not len(ev) or "alloc" not in ev.kinds or "free" not in ev.kinds:
+        return []
+    kind, addr, nbytes = ev["kind"], ev["address"], ev["bytes"]
+    alloc, free = kind == ev.kinds.index("alloc"), kind == ev.kinds.index("free")
+    signed = np.where(alloc, nbytes, np.where(free, -nbytes, 0))
+    baseline = doc.metadata.get("event_baseline") or {}
+    rows: list[list[str]] = []
+    for d, dev in enumerate(ev.devices):
+        idx = np.flatnonzero(ev["device"] == d)
+        if not idx.size:
+            continue
+        level = int(baseline.get(dev, 0)) + np.cumsum(signed[idx])
+        k = int(np.argmax(level))
+        peak, at = int(level[k]), int(idx[k])
+        if peak <= 0:
+            continue
+        one = idx[(alloc[idx] | free[idx]) & (addr[idx] != 0)]
+        order = one[np.lexsort((one, addr[one]))]
+        nxt = np.full(order.shape[0], -1, np.int64)
+        if order.shape[0] > 1:
+            nxt[:-1] = np.where(addr[order[1:]] == addr[order[:-1]], order[1:], -1)
+        live = order[alloc[order] & (order <= at) & ((nxt < 0) | (nxt > at))]
+        weights = nbytes[live].astype(np.float64)
+        rest = peak - int(weights.sum())
+
+        def group(
+            codes: np.ndarray, names: list[str], live: np.ndarray = live, w: np.ndarray = weights
+        ) -> list[tuple[str, int]]:
+            sums = np.bincount(codes[live] + 1, weights=w, minlength=len(names) + 1)
+            pairs = [
+                (names[i - 1] if i else "(none)", int(v)) for i, v in enumerate(sums.tolist()) if v
+            ]
+            return sorted(pairs, key=lambda kv: (-kv[1], kv[0]))[:PEAK_ROWS]
+
+        cats = group(ev["category"], ev.categories)
+        if rest > 0:
+            cats.append(("(not attributed)", rest))
+        for by, pairs in (
+            ("category", cats),
+            ("module or region", group(ev["region"], ev.regions)),
+            ("site", group(ev["site"], ev.sites)),
+        ):
+            for name, b in pairs:
+                rows.append([dev, by, name, human_bytes(b), f"{b / peak:.1%}"])
+    return rows
+
+
 def _signed(n: int) -> str:
     return ("" if n < 0 else "+") + human_bytes(n)
 
@@ -539,6 +597,16 @@ def render_html(
             )
             + '<p class="note">What the ledger holds by category: at the end of the profile, '
             "when the device reached its peak, and each category's own highest.</p></section>"
+        )
+    peak_rows = _peak_composition_rows(doc)
+    if peak_rows:
+        sections.append(
+            '<section id="peak-composition"><h2>Peak composition</h2>'
+            + _table(["device", "by", "name", "bytes", "share of the peak"], peak_rows, {3, 4})
+            + '<p class="note">What was live when each device reached its peak: the '
+            "storages the events show alive at that moment, by category (the one each "
+            "storage ended with, as in the timeline), by the module or region it was made "
+            "in, and by the line that made it.</p></section>"
         )
     decimated = any(len(s) > 2 * buckets for s in series.values())
     note = (

@@ -78,6 +78,13 @@ def _state(lord):
             TypeError,
             ["decode_events", "'events'", "float64"],
         ),
+        (lambda L: memlord.fit_memory(L), TypeError, ["fit_memory()", "'step'"]),
+        (lambda L: memlord.fit_memory(print, (8,)), ValueError, ["'batch_sizes'", "at least 2"]),
+        (lambda L: memlord.fit_memory(print, (2, 2)), ValueError, ["'batch_sizes'", "twice"]),
+        (lambda L: memlord.fit_memory(print, (0, 1)), ValueError, ["'batch_sizes'", "positive"]),
+        (lambda L: memlord.find_batch_size(print, 0), ValueError, ["'start'", ">= 2"]),
+        (lambda L: memlord.LifetimeAnalyzer(L, steps=0), ValueError, ["'steps'", ">= 1"]),
+        (lambda L: memlord.LifetimeAnalyzer(L, modules=3), TypeError, ["'modules'", "int"]),
     ],
 )
 def test_bad_argument_is_named_and_changes_nothing(lord, call, exc, words):
