@@ -171,7 +171,16 @@ def _adopt_untracked(lord: Any) -> None:
                 grads.append(t.grad)
     if not found:
         return
-    lord.allocate(found)
+    try:
+        lord.allocate(found)
+    except (TypeError, ValueError):
+        # one tensor memlord cannot read (an invalid storage another library left
+        # behind) fails the whole call, which changes nothing: count the others
+        for t in found:
+            try:
+                lord.allocate(t)
+            except (TypeError, ValueError):
+                pass
     if params:
         _categorize(params, "parameter", None)
     if grads:

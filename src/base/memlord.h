@@ -216,7 +216,7 @@ typedef struct {
     /* configured from Python (memlord/__init__.py) */                                             \
     X(PyObject *, release_cache) /* callable(type_name, index) or NULL */                          \
     X(PyObject *, module_grads)  /* callable(module) -> its parameters' gradients, or NULL */      \
-    X(PyObject *, oom_handler)   /* hooks/oom.c: memlord._oom's handler, or NULL */               \
+    X(PyObject *, oom_handler)   /* hooks/oom.c: memlord._oom's handler, or NULL */                \
     X(PyObject *, torch_prefix)  /* directory of the torch package, with trailing slash */         \
     X(PyObject *, memlord_prefix)                                                                  \
     /* sites.c: library code (site-packages, the standard library): file name prefixes and         \

@@ -47,11 +47,11 @@ static int is_non_blocking(PyObject *const *args, Py_ssize_t nargs, PyObject *kw
 /* The end of the outermost hooked call of this thread (depth back at 0):
  * an error leaving it is offered to the OOM handler, unless torch's OOM
  * observer reported it already. */
-ML_COLD static void outermost_done(ml_hook_tls *tl, PyObject *result, PyObject *what, int source)
+ML_COLD static void outermost_done(ml_hook_tls *tl, int failed, PyObject *what, int source)
 {
     int claimed = tl->oom_claimed;
     tl->oom_claimed = 0;
-    if (result == NULL && !claimed && ml_disp.st != NULL) {
+    if (failed && !claimed && ml_disp.st != NULL) {
         tl->depth++; /* what the handler runs is not offered again */
         ml_oom_offer(ml_disp.st, what, source);
         tl->depth--;
@@ -74,7 +74,7 @@ static inline PyObject *run_original(ml_hook_tls *tl, const HookObject *self, Py
     tl->cur_name = saved_name;
     tl->cur_src = saved_src;
     if (ML_UNLIKELY(result == NULL || tl->oom_claimed) && tl->depth == 0) {
-        outermost_done(tl, result, (PyObject *)self, source);
+        outermost_done(tl, result == NULL, (PyObject *)self, source);
     }
     return result;
 }
@@ -84,12 +84,12 @@ void ml_hook_call_enter(void)
     hook_tls.depth++;
 }
 
-void ml_hook_call_exit(PyObject *result, PyObject *what, int source)
+void ml_hook_call_exit(int failed, PyObject *what, int source)
 {
     ml_hook_tls *tl = &hook_tls;
     tl->depth--;
-    if ((result == NULL || tl->oom_claimed) && tl->depth == 0) {
-        outermost_done(tl, result, what, source);
+    if ((failed || tl->oom_claimed) && tl->depth == 0) {
+        outermost_done(tl, failed, what, source);
     }
 }
 

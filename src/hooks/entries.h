@@ -9,9 +9,9 @@
 vectorcallfunc ml_hook_entry(int kind);
 
 /* The dispatch mode (ops.c) runs an operator as a hooked call of this
- * thread: enter before, exit after with its result (NULL: it failed, the
- * error set; offered to the OOM handler when the call was the outermost). */
+ * thread: enter before, exit after (failed: it returned NULL with the error
+ * set, offered to the OOM handler when the call was the outermost). */
 void ml_hook_call_enter(void);
-void ml_hook_call_exit(PyObject *result, PyObject *what, int source);
+void ml_hook_call_exit(int failed, PyObject *what, int source);
 
 #endif

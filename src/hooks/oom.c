@@ -15,7 +15,8 @@ void ml_oom_offer(ml_state *st, PyObject *what, int source)
     /* held for the call: the handler may replace itself */
     PyObject *handler = Py_NewRef(st->oom_handler);
     PyObject *src = PyLong_FromLong(source);
-    PyObject *r = src != NULL ? PyObject_CallFunctionObjArgs(handler, exc, what, src, NULL) : NULL;
+    PyObject *call_args[3] = {exc, what, src};
+    PyObject *r = src != NULL ? PyObject_Vectorcall(handler, call_args, 3, NULL) : NULL;
     if (r == NULL) {
         /* the handler never raises into the caller: the caller gets its error */
         PyErr_WriteUnraisable(handler);

@@ -501,7 +501,7 @@ PyObject *ml_ops_dispatch(PyObject *module, PyObject *const *args, Py_ssize_t na
     }
     ml_hook_call_enter();
     PyObject *result = PyObject_Call(call, fargs, fkwargs);
-    ml_hook_call_exit(result, func, ML_SRC_OP);
+    ml_hook_call_exit(result == NULL, func, ML_SRC_OP);
     Py_DECREF(call);
     Py_DECREF(fargs);
     if (outs.n > 0) {
