@@ -231,9 +231,15 @@ def _gc_torture():
 
 @pytest.fixture(autouse=True)
 def _quiet_environment(monkeypatch):
-    """Tests start with DEBUG and NO_COLOR unset, whatever the caller's shell has."""
+    """Tests start with DEBUG and NO_COLOR unset, whatever the caller's shell has, and
+    memlord told so now: left to its next event, a DEBUG=1 of the test before would still
+    be on when this test sets the "memlord" logger's level (caplog), and turning it off
+    then would put back the level saved when it went on, undoing the test's."""
     monkeypatch.delenv("DEBUG", raising=False)
     monkeypatch.delenv("NO_COLOR", raising=False)
+    from memlord import _log
+
+    _log._debug_env_changed(None)
 
 
 class MemLog:

@@ -330,7 +330,9 @@ def op_optimizer_step(w, i, j):
         p.grad = torch.randn_like(p)
     opt = torch.optim.Adam(params) if j % 2 else torch.optim.SGD(params, lr=0.1, momentum=0.9)
     opt.step()
-    w.seen(*(p.grad for p in params), opt)
+    # the step's category sources count what they see and nothing tracks: the
+    # parameters too (after a free() of their module, say), as docs/guide.md says
+    w.seen(*params, *(p.grad for p in params), opt)
     w.opts.append(opt)
     if len(w.opts) > 2:
         w.opts.pop(0)
