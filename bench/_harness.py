@@ -66,7 +66,7 @@ class Row:
     median_ns: float
     floor_name: str
     floor_median_ns: float
-    target: float
+    target: float | None  # None: a measurement without a target (a floor of its own)
     note: str = ""
     unit: str = "ns"  # "ns" for times; any other unit is printed as is ("B")
     samples_ns: list[float] = field(default_factory=list, repr=False)
@@ -78,7 +78,7 @@ class Row:
 
     @property
     def passed(self) -> bool:
-        return self.ratio <= self.target
+        return self.target is None or self.ratio <= self.target
 
 
 _TEMPLATE = """
@@ -251,8 +251,8 @@ def table(rows: Sequence[Row]) -> str:
             r.floor_name,
             format_value(r.floor_median_ns, r.unit),
             f"{r.ratio:.2f}x",
-            f"<= {r.target:g}x",
-            "pass" if r.passed else "FAIL",
+            "-" if r.target is None else f"<= {r.target:g}x",
+            "measured" if r.target is None else "pass" if r.passed else "FAIL",
         ]
         for r in rows
     ]

@@ -27,10 +27,12 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+import types
 
 import torch
 from _harness import Config, Row, main
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import memlord
 
@@ -83,6 +85,12 @@ def _offload_variant(name: str, layers, x) -> tuple[float, int]:
             _offload_step(layers, x, empty_each=name == "every layer")
             times.append(time.perf_counter() - t0)
         peak = torch.cuda.max_memory_reserved()
+        if lord is not None:
+            s = lord.stats().get("cuda:0", {})
+            print(
+                f"  auto-GC round: gc_runs {s.get('gc_runs')}, freed {s.get('freed_total')} B, "
+                f"pending {hooks.pending()} B, peak reserved {peak >> 20} MiB"
+            )
     finally:
         if hooks is not None:
             hooks.disable()
@@ -152,59 +160,116 @@ def _train_step(model, opt, x) -> None:
     opt.step()
 
 
+class _DoNothingMode(TorchDispatchMode):
+    """A dispatch mode in Python that only calls the operator: what any dispatch mode costs
+    a step (torch calls into Python for every operator), the floor of ``ops=True``."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+#: the variants of the training step, each timed in its own samples, interleaved
+TRAIN_VARIANTS = ("bare", "default hooks", "everything on", "ops", "do-nothing mode")
+
+
 def training_rows(cfg: Config) -> list[Row]:
     model, opt, x = _train_model()
     for _ in range(3):
         _train_step(model, opt, x)
     torch.cuda.synchronize()
 
-    def sample(on: bool | str) -> float:
-        lord = handles = None
-        if on == "ops":
+    def sample(variant: str) -> float:
+        lord = None
+        handles: list = []
+        if variant == "ops":
             lord = memlord.MemLord()
             handles = [lord.hook_into_python(ops=True)]
-        elif on:
+        elif variant == "default hooks":
+            lord = memlord.MemLord()
+            handles = [lord.hook_into_torch(), lord.hook_into_python()]
+        elif variant == "everything on":
             lord = memlord.MemLord()
             handles = [lord.hook_into_torch(), lord.hook_into_python(), lord.track_modules(model)]
             lord.record_events(1 << 16)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        elif variant == "do-nothing mode":
+            mode = _DoNothingMode()
+            mode.__enter__()
+            handles = [types.SimpleNamespace(disable=lambda: mode.__exit__(None, None, None))]
         try:
+            # one step first, untimed: a new lord meets the model's parameters, gradients
+            # and optimizer state once (what a long run pays once, not per step)
+            _train_step(model, opt, x)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
             for _ in range(STEPS_PER_ROUND):
                 _train_step(model, opt, x)
-                if lord is not None and on is True:
+                if lord is not None and variant == "everything on":
                     lord.step()
             torch.cuda.synchronize()
+            return (time.perf_counter() - t0) / STEPS_PER_ROUND * 1e9
         finally:
-            for h in reversed(handles or []):
+            for h in reversed(handles):
                 h.disable()
-        return (time.perf_counter() - t0) / STEPS_PER_ROUND * 1e9
 
-    on, off, ops = [], [], []
-    order = [(True, on), ("ops", ops), (False, off)]
+    got: dict[str, list[float]] = {v: [] for v in TRAIN_VARIANTS}
     for i in range(max(cfg.samples // 3, 7)):
-        for flag, out in order if i % 2 == 0 else order[::-1]:
-            out.append(sample(flag))
+        order = TRAIN_VARIANTS if i % 2 == 0 else TRAIN_VARIANTS[::-1]
+        for v in order:
+            got[v].append(sample(v))
+    med = {v: statistics.median(x) for v, x in got.items()}
+    for v, ns in med.items():
+        print(f"  train step {v:<16} {ns / 1e6:8.2f} ms  ({ns / med['bare']:.2f}x of bare)")
+    shape = "width 512, 16 x 128"
     return [
         Row(
-            "6-layer transformer train step, everything on",
-            statistics.median(on),
+            "6-layer transformer train step, default hooks",
+            med["default hooks"],
             "the same step, bare torch",
-            statistics.median(off),
+            med["bare"],
             TRAIN_TARGET,
-            note="both hooks, track_modules, the event ring, step(); width 512, 16 x 128",
-            samples_ns=on,
-            floor_samples_ns=off,
+            note=f"hook_into_torch() and hook_into_python(); {shape}",
+            samples_ns=got["default hooks"],
+            floor_samples_ns=got["bare"],
+        ),
+        Row(
+            "6-layer transformer train step, everything on",
+            med["everything on"],
+            "the same step, bare torch",
+            med["bare"],
+            TRAIN_TARGET,
+            note=f"both hooks, track_modules, the event ring, step(); {shape}",
+            samples_ns=got["everything on"],
+            floor_samples_ns=got["bare"],
         ),
         Row(
             "6-layer transformer train step, hook_into_python(ops=True)",
-            statistics.median(ops),
+            med["ops"],
             "the same step, bare torch",
-            statistics.median(off),
+            med["bare"],
             OPS_TARGET,
-            note="every operator's output counted (a dispatch mode in C); width 512, 16 x 128",
-            samples_ns=ops,
-            floor_samples_ns=off,
+            note=f"every operator's output counted (a dispatch mode in C); {shape}",
+            samples_ns=got["ops"],
+            floor_samples_ns=got["bare"],
+        ),
+        Row(
+            "6-layer transformer train step, do-nothing dispatch mode",
+            med["do-nothing mode"],
+            "the same step, bare torch",
+            med["bare"],
+            None,
+            note="the floor of ops=True: torch calls into Python for every operator",
+            samples_ns=got["do-nothing mode"],
+            floor_samples_ns=got["bare"],
+        ),
+        Row(
+            "6-layer transformer train step, hook_into_python(ops=True)",
+            med["ops"],
+            "the same step, do-nothing dispatch mode",
+            med["do-nothing mode"],
+            1.0,
+            note="memlord's mode against the least any dispatch mode costs",
+            samples_ns=got["ops"],
+            floor_samples_ns=got["do-nothing mode"],
         ),
     ]
 

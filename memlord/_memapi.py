@@ -325,7 +325,10 @@ class MemoryAPIMixin:
             )
         if not devs:
             lines.append("(no device seen)")
-        lines.append("drift: bytes the backend's allocator holds that memlord does not count")
+        lines.append(
+            "drift: bytes the backend's allocator holds that memlord does not count "
+            "(library workspaces such as cuBLAS's, block rounding)"
+        )
         blocks = 0
         for dev in devs:
             cats = _categories([self._ledger(dev)])

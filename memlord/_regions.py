@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import logging
 import struct
 import threading
@@ -367,7 +368,7 @@ class _TaskCalls(list):
 
     def __init__(self) -> None:
         super().__init__()
-        self.ends: dict[int, _Hooked] = {}  # id(node) -> calls; the nodes live meanwhile
+        self.ends: dict[int, _Hooked] = {}  # node key -> calls; the nodes live meanwhile
         self.handles: list = []
 
 
@@ -402,27 +403,47 @@ def _at_backward_end(call: _BackwardCall, needed: list) -> None:
     if new:
         _ENGINE.queue_callback(functools.partial(_finish_calls, calls))
     for node in needed:
-        hooked = calls.ends.get(id(node))
+        key = _node_key(node)
+        hooked = calls.ends.get(key)
         if hooked is None:
-            hooked = calls.ends[id(node)] = _Hooked()
+            hooked = calls.ends[key] = _Hooked()
             calls.handles.append(node.register_prehook(functools.partial(_run_ends, hooked)))
         hooked.append(call)
 
 
-#: per thread, id(output node) -> (weak output tensor, weak _Hooked): the calls whose
+#: per thread, output node key -> (weak output tensor, weak _Hooked): the calls whose
 #: backward starts at that node, so that an enclosing module returning the same output
 #: (its forward hook runs after the inner one's) opens its backward region first
 _CLAIMS = threading.local()
 
 
+_NODE_KEYS = itertools.count(1)
+_NODE_KEY = "memlord.node"
+
+
+def _node_key(node: Any) -> int:
+    """A key for a graph node that outlives its Python object: torch (2.11) may hand out a
+    new Python object for the same node once the first one died (``t.grad_fn`` twice: two
+    ids), so an ``id()`` kept from the forward missed the node in its backward.  The key
+    lives in the node's own ``metadata`` dict (kept by the C++ node)."""
+    try:
+        meta = node.metadata
+        key = meta.get(_NODE_KEY)
+        if key is None:
+            key = meta[_NODE_KEY] = -next(_NODE_KEYS)  # negative: never an id()
+        return key
+    except Exception:  # noqa: BLE001 - a node without metadata: its object's id
+        return id(node)
+
+
 def _grad_outputs(obj: Any, depth: int = 0, out: dict | None = None) -> dict:
-    """id(node) -> (node, tensor) for the non-leaf tensors needing a gradient in obj."""
+    """node key -> (node, tensor) for the non-leaf tensors needing a gradient in obj."""
     if out is None:
         out = {}
     if isinstance(obj, torch.Tensor):
         node = obj.grad_fn if obj.requires_grad else None
-        if node is not None and id(node) not in out:
-            out[id(node)] = (node, obj)
+        if node is not None and _node_key(node) not in out:
+            out[_node_key(node)] = (node, obj)
     elif depth < 6:
         if isinstance(obj, (tuple, list)):
             for x in obj:
@@ -453,7 +474,7 @@ def _watch_backward(
         claim = claims.get(key)
         if claim is not None:
             t, hooked = claim[0](), claim[1]()
-            if t is not None and hooked is not None and t.grad_fn is node:
+            if t is not None and hooked is not None and _node_key(t.grad_fn) == key:
                 hooked.insert(0, call)  # encloses the calls already hooked there
                 continue
         hooked = _Hooked([call])

@@ -41,7 +41,8 @@ static int load_interned(ml_state *st)
             intern(&st->s_row_indices, "row_indices") || intern(&st->s_values_pub, "values") ||
             intern(&st->s_write, "write") || intern(&st->s_flush, "flush") ||
             intern(&st->s_demo_py, "_demo.py") || intern(&st->s_dtype, "dtype") ||
-            intern(&st->s_shape, "shape") || intern(&st->s_requires_grad, "requires_grad"))
+            intern(&st->s_shape, "shape") || intern(&st->s_requires_grad, "requires_grad") ||
+            intern(&st->s_is_nested, "is_nested"))
                ? -1
                : 0;
 }
@@ -94,6 +95,7 @@ static int load_torch(ml_state *st)
     load_descriptor(st->tensor_type, st->s_dtype, &st->d_dtype);
     load_descriptor(st->tensor_type, st->s_shape, &st->d_shape);
     load_descriptor(st->tensor_type, st->s_requires_grad, &st->d_requires_grad);
+    load_descriptor(st->tensor_type, st->s_is_nested, &st->d_is_nested);
     if (!(st->dtypes = PyList_New(0)) || !(st->dtype_ix = PyDict_New())) {
         return -1;
     }

@@ -666,7 +666,9 @@ def synthetic_snapshot(
         by_dev.setdefault(e[0], []).append(e)
     frames_of: dict[int, list[dict[str, Any]]] = {}
     segments = []
-    for dev in devices:
+    # in the order of the devices' indices: segments[i] is memlord_devices[i]'s (CUDA
+    # devices first, at their own index; a GPU host's post-mortem lists every one)
+    for dev in sorted(devices, key=index.__getitem__):
         entries = by_dev.get(dev, [])
         kept = _largest(entries, MAX_PICKLE_BLOCKS)
         rest_bytes = sum(e[1] for e in entries) - sum(e[1] for e in kept)

@@ -180,6 +180,7 @@ typedef struct {
     X(PyObject *, d_dtype)                                                                         \
     X(PyObject *, d_shape)                                                                         \
     X(PyObject *, d_requires_grad)                                                                 \
+    X(PyObject *, d_is_nested)                                                                     \
     /* dtypes lifetime tracking has met (walk.c, ml_tmeta_read): a tracker keeps a dtype as its    \
      * index + 1 in dtypes (0: unknown) */                                                         \
     X(PyObject *, dtypes)     /* list of torch.dtype, at most ML_MAX_DTYPES */                     \
@@ -200,6 +201,7 @@ typedef struct {
     X(PyObject *, s_dtype)                                                                         \
     X(PyObject *, s_shape)                                                                         \
     X(PyObject *, s_requires_grad)                                                                 \
+    X(PyObject *, s_is_nested)                                                                     \
     X(PyObject *, s_parameters)                                                                    \
     X(PyObject *, s_buffers)                                                                       \
     X(PyObject *, s_modules)                                                                       \
@@ -229,7 +231,7 @@ typedef struct {
     ML_STATE_OBJECTS(ML_STATE_FIELD_)
     /* torch's own descriptors' C functions (the d_ objects above) */
     ml_fast f_untyped_storage, f_device, f_data_ptr, f_nbytes, f_storage_device, f_tensor_nbytes,
-        f_layout, f_dtype, f_shape, f_requires_grad;
+        f_layout, f_dtype, f_shape, f_requires_grad, f_is_nested;
     uint8_t abi_dtype[64]; /* c10 ScalarType code -> index + 1, 0: not met yet */
     int meta_type;         /* c10 code of "meta", -1 if unknown */
     int device_struct_ok;  /* torch.device layout verified: read type/index in place */

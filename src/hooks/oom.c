@@ -3,9 +3,12 @@
 
 void ml_oom_offer(ml_state *st, PyObject *what, int source)
 {
+    /* RecursionError is a RuntimeError, never an OOM: the handler, being Python,
+     * would only hit the same limit (and report itself as unraisable) */
     if (st == NULL || st->oom_handler == NULL ||
         (!PyErr_ExceptionMatches(PyExc_RuntimeError) &&
-         !PyErr_ExceptionMatches(PyExc_MemoryError))) {
+         !PyErr_ExceptionMatches(PyExc_MemoryError)) ||
+        PyErr_ExceptionMatches(PyExc_RecursionError)) {
         return;
     }
     PyObject *exc = ml_err_get_raised();
@@ -18,8 +21,14 @@ void ml_oom_offer(ml_state *st, PyObject *what, int source)
     PyObject *call_args[3] = {exc, what, src};
     PyObject *r = src != NULL ? PyObject_Vectorcall(handler, call_args, 3, NULL) : NULL;
     if (r == NULL) {
-        /* the handler never raises into the caller: the caller gets its error */
-        PyErr_WriteUnraisable(handler);
+        /* the handler never raises into the caller: the caller gets its error.  Out of
+         * stack or memory itself, it has nothing to say that could be said. */
+        if (PyErr_ExceptionMatches(PyExc_RecursionError) ||
+            PyErr_ExceptionMatches(PyExc_MemoryError)) {
+            PyErr_Clear();
+        } else {
+            PyErr_WriteUnraisable(handler);
+        }
     }
     Py_XDECREF(r);
     Py_XDECREF(src);

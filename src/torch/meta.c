@@ -147,7 +147,18 @@ void ml_tmeta_read(ml_state *st, PyObject *t, ml_tmeta *m)
     int32_t code;
     int ndim;
     int64_t dims[ML_SHAPE_PACKED_MAX];
-    if (ml_abi_dtype_shape(st, t, &code, dims, &ndim, ML_SHAPE_PACKED_MAX)) {
+    /* A nested tensor has no sizes: torch's shim answers an error for it and
+     * (torch 2.11) logs the exception with a backtrace on stderr; its getter
+     * raises.  Its shape stays unknown. */
+    PyObject *nested = get_fast(&st->f_is_nested, t, st->s_is_nested, st->d_is_nested);
+    int is_nested = nested == Py_True;
+    if (nested == NULL) {
+        PyErr_Clear();
+    }
+    Py_XDECREF(nested);
+    if (is_nested) {
+        m->dtype = dtype_by_getter(st, t);
+    } else if (ml_abi_dtype_shape(st, t, &code, dims, &ndim, ML_SHAPE_PACKED_MAX)) {
         if (code >= 0 && code < 64 && st->abi_dtype[code] != 0) {
             m->dtype = st->abi_dtype[code];
         } else {

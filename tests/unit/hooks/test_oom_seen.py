@@ -251,3 +251,39 @@ def test_references_unchanged(source, fn, hook):
     assert counts == counts_bare
     assert sys.getrefcount(code) <= code_before  # no reference of memlord's
     assert _ooms(lord) == 1
+
+
+def test_a_recursion_error_at_the_limit_is_not_an_oom_and_nothing_is_unraisable(monkeypatch):
+    """RecursionError is a RuntimeError: left to the OOM handler at the recursion limit, the
+    handler (Python) hit the same limit and was reported as unraisable ("Exception ignored
+    in: _hook_error"), once per hooked call, on stderr or in pytest's unraisable hook (seen
+    on CPython 3.12 with torch 2.11)."""
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u.exc_type))
+    t = torch.arange(6.0)
+    lord = MemLord(auto_gc_bytes=None)
+
+    def down(n):
+        return t.half() if n == 0 else down(n - 1)
+
+    def depth():
+        f, n = sys._getframe(), 0
+        while f is not None:
+            f, n = f.f_back, n + 1
+        return n
+
+    errors = 0
+    limit = sys.getrecursionlimit()
+    with lord.hook_into_torch(), lord.hook_into_python(ops=True):
+        sys.setrecursionlimit(depth() + 100)
+        try:
+            for n in range(120):
+                try:
+                    down(n)
+                except RecursionError:
+                    errors += 1
+        finally:
+            sys.setrecursionlimit(limit)
+    assert errors > 0  # the limit was reached, inside the hooked calls too
+    assert seen == []
+    assert _ooms(lord) == 0

@@ -1,8 +1,9 @@
 """Where the dispatch mode (``hook_into_python(ops=True)``) cannot be invisible, and what bounds it.
 
-Two rows of the transparency corpus (test_transparency.py) are expected to fail in its
-``ops`` mode, because torch treats *every* dispatch mode so; these tests hold memlord to the
-least that any dispatch mode costs:
+Two rows of the transparency corpus (test_transparency.py) differ from bare torch in its
+``ops`` mode, because torch treats *every* dispatch mode so (the corpus holds such a row to
+what a do-nothing dispatch mode observes, or marks it xfail where even that differs); these
+tests hold memlord to the least that any dispatch mode costs:
 
 * ``jit_trace_conversions``: torch's Python dispatch hands a mode a JIT wrapped-number
   tensor as a Python number, which the operator then rejects. A do-nothing
@@ -42,7 +43,7 @@ def test_jit_trace_under_ops_is_what_any_dispatch_mode_gets():
         any_mode = corpus.observe(row)
     ops = under_ops(lambda: corpus.observe(row))
     assert ops == any_mode
-    assert any_mode != bare  # torch's own limitation: the corpus's xfail is still real
+    assert any_mode != bare  # torch's own limitation, still real
     assert any_mode[:2] == ["raise", "RuntimeError"] and "Expected a value of type" in any_mode[2]
 
 

@@ -692,14 +692,11 @@ def jit_script_module():
     return torch.jit.script(nn.Linear(2, 2).double())(torch.ones(1, 2, dtype=torch.float64))
 
 
-@row(
-    xfail={
-        "ops": "torch's Python dispatch hands every dispatch mode a JIT wrapped-number tensor "
-        "(the traced NumToTensor of the 2) as a Python int, which the operator then rejects; "
-        "a bare TorchDispatchMode fails alike (test_ops_mode_transparency checks that memlord "
-        "adds nothing to it)"
-    }
-)
+# ops: torch's Python dispatch hands every dispatch mode a JIT wrapped-number tensor (the
+# traced NumToTensor of the 2) as a Python int, which the operator then rejects; a bare
+# TorchDispatchMode fails alike, the reference test_same_with_hooks holds the mode to
+# (test_ops_mode_transparency checks it too)
+@row
 def jit_trace_conversions():
     def f(x):
         return x.to(torch.float64) * 2 + torch.ones_like(x).double()
@@ -1441,11 +1438,34 @@ def test_corpus_is_large_enough():
     assert len(ROWS) >= 80, len(ROWS)
 
 
+_UNDER_A_MODE: dict[str, list] = {}
+
+
+class _IdentityMode(TorchDispatchMode):
+    """torch's own dispatch mode doing nothing: what any dispatch mode costs a program."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def reference_under_a_mode(name: str):
+    """The row's observation under a dispatch mode that does nothing (no memlord)."""
+    if name not in _UNDER_A_MODE:
+        with _IdentityMode():
+            _UNDER_A_MODE[name] = observe(ROWS[name][0])
+    return _UNDER_A_MODE[name]
+
+
 @pytest.mark.parametrize(("name", "mode"), list(_cases()))
 def test_same_with_hooks(name, mode):
     expected = reference(name)
     with hooks(mode):
         got = observe(ROWS[name][0])
+    if got != expected and mode == "ops" and reference_under_a_mode(name) != expected:
+        # what torch itself does under any dispatch mode (torch 2.11: a named tensor cannot
+        # pass one, "NYI: Named tensors are currently unsupported in TorchScript"): the
+        # dispatch mode is memlord's, the difference torch's
+        expected = reference_under_a_mode(name)
     assert got == expected
 
 

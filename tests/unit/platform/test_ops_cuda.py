@@ -13,6 +13,7 @@ import gc
 
 import pytest
 import torch
+from support.cuda import library_workspace_bytes
 from torch import nn
 
 from memlord import MemLord
@@ -40,8 +41,12 @@ def test_ledger_within_5_percent_of_memory_allocated_after_a_training_step():
         torch.cuda.synchronize()
         gc.collect()
         ours = lord.allocated("cuda:0")[0]
+        summary = lord.memory_summary("cuda:0")
+        # the cuBLAS workspaces the step made (64 MiB on an H100): no storage, measured by
+        # torch releasing them
+        workspaces = library_workspace_bytes(0)
         theirs = torch.cuda.memory_allocated() - base
-        assert ours == pytest.approx(theirs, rel=0.05), lord.memory_summary("cuda:0")
+        assert ours == pytest.approx(theirs, rel=0.05), (workspaces, summary)
         cats = lord.stats("cuda:0")["cuda:0"]["categories"]
         params = sum(p.untyped_storage().nbytes() for p in model.parameters())
         assert cats["parameter"] == params

@@ -32,7 +32,11 @@ def test_record_and_top_on_cuda(tmp_path, monkeypatch):
         doc = _top.collect()
         gpu = doc["devices"][dev["device"]]
         free, total = torch.cuda.mem_get_info(x.device)
-        assert gpu["total"] == total
-        assert abs(gpu["used"] - (total - free)) <= 64 << 20  # other processes move
+        # NVML's total is the card's; CUDA's leaves out what the driver keeps for itself
+        # (480 MiB of an H100's 80 GiB)
+        assert total <= gpu["total"] <= total * 1.02, (gpu["total"], total)
+        # NVML's used against torch's own NVML reading (other processes move)
+        assert abs(gpu["used"] - torch.cuda.device_memory_used(x.device)) <= 64 << 20
+        assert gpu["used"] >= total - free - (64 << 20)
         assert gpu["unaccounted"] is not None
         del x

@@ -33,6 +33,7 @@ from memlord.report._postmortem import (
     default_stem,
     load_post_mortem,
     render_html,
+    synthetic_snapshot,
     write_post_mortem,
 )
 
@@ -190,7 +191,24 @@ def test_without_lifetime_tracking_the_document_says_what_it_lacks():
     assert any("lifetime tracking is off" in n for n in doc["notes"])
     # no lord at all: still a document
     empty = build_post_mortem([], {})
-    assert empty["schema"] == SCHEMA and empty["devices"] == {}
+    # where torch has initialised CUDA, every CUDA device's allocator view is there
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    gpus = {f"cuda:{i}" for i in range(torch.cuda.device_count())} if cuda else set()
+    assert empty["schema"] == SCHEMA and set(empty["devices"]) == gpus
+    assert all(empty["devices"][d]["ledger"] is None for d in gpus)
+
+
+def test_the_pickle_lists_segments_in_the_order_of_its_devices():
+    """segments[i] belongs to memlord_devices[i], CUDA devices first at their index: on a
+    GPU host a CPU request's pickle holds cuda:0 (empty) and cpu, and cpu's blocks were in
+    segments[0] while memlord_devices said cpu was 1."""
+    doc = {"devices": {"cpu": {}, "cuda:0": {}, "cuda:1": {}}, "request": {"device": "cpu"}}
+    live = [("cpu", 4096, 0, 0, 0, 0, None, False, None, "other")]
+    snap = synthetic_snapshot(doc, live, {}, [])
+    assert snap["memlord_devices"] == ["cuda:0", "cuda:1", "cpu"]
+    assert [s["device"] for s in snap["segments"]] == [0, 1, 2]
+    assert [len(s["blocks"]) for s in snap["segments"]] == [0, 0, 1]
+    assert "total_allocated: 4.0KiB" in memory_viz.segsum(snap)
 
 
 def test_json_round_trip_and_schema_check(work, tmp_path):
