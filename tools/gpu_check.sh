@@ -19,7 +19,9 @@
 # GPU_CHECK_DEADLINE (seconds, default 480) bounds the whole run: each step gets what is left,
 # and the steps past it are skipped and listed, so the run returns inside a device call.
 #
-# GPU_CHECK_TESTS=tests/unit/core/test_stats.py narrows the suite step (a smoke test of this script).
+# GPU_CHECK_TESTS=tests/unit/core/test_stats.py narrows the suite step (a smoke test of this script);
+# GPU_CHECK_ALONE="FILE ..." names the files run alone, GPU_CHECK_BENCHES="gpu" the benchmark
+# modules ("hooks gpu" by default): for a re-check in what is left of a device budget.
 #
 # Packages the machine lacks (hypothesis, which the suite needs; pytest-xdist) travel as
 # wheels in .whl/ (git-ignored): `bash tools/gpu_wheels.sh` here downloads them, and the
@@ -93,20 +95,26 @@ MEMLORD_TEST_SHUFFLE=$seed step suite "suite (shuffle seed $seed)" 300 \
     --junitxml="$LOGS/suite.xml" ${GPU_CHECK_TESTS:-tests}
 
 # ---- each CUDA test file alone --------------------------------------------------------
-for f in tests/unit/platform/test_hooks_cuda.py tests/unit/api/test_device_memory.py tests/unit/sinks/test_auto_gc.py \
-    tests/unit/api/test_cuda_host_indices.py tests/unit/platform/test_ops_cuda.py \
-    tests/unit/platform/test_oom_cuda.py tests/unit/platform/test_post_mortem_cuda.py \
-    tests/unit/platform/test_publish_cuda.py tests/unit/platform/test_fit_memory_cuda.py \
-    tests/unit/api/test_memory_api.py; do
+ALONE_DEFAULT="tests/unit/platform/test_hooks_cuda.py tests/unit/api/test_device_memory.py
+    tests/unit/sinks/test_auto_gc.py tests/unit/api/test_cuda_host_indices.py
+    tests/unit/platform/test_ops_cuda.py tests/unit/platform/test_oom_cuda.py
+    tests/unit/platform/test_post_mortem_cuda.py tests/unit/platform/test_publish_cuda.py
+    tests/unit/platform/test_fit_memory_cuda.py tests/unit/api/test_memory_api.py"
+for f in ${GPU_CHECK_ALONE:-$ALONE_DEFAULT}; do
     [ -e "$f" ] || continue
-    step "alone_$(basename "$f" .py)" "alone: $(basename "$f")" 120 "$PY" -m pytest -q -p no:cacheprovider "$f"
+    step "alone_$(basename "$f" .py)" "alone: $(basename "$f")" 120 "$PY" -m pytest -q -rP -p no:cacheprovider "$f"
 done
 
 # ---- benchmarks --------------------------------------------------------------------------
-step bench_hooks "bench: hooks (casts, 4 KiB move)" 150 \
-    "$PY" bench/bench_hooks.py --samples 15 --json "$OUT/bench_hooks.json"
-step bench_gpu "bench: gpu (offload, train step)" 150 \
-    "$PY" bench/bench_gpu.py --samples 15 --json "$OUT/bench_gpu.json"
+BENCHES=${GPU_CHECK_BENCHES:-hooks gpu}
+case " $BENCHES " in *" hooks "*)
+    step bench_hooks "bench: hooks (casts, 4 KiB move)" 150 \
+        "$PY" bench/bench_hooks.py --samples 15 --json "$OUT/bench_hooks.json" ;;
+esac
+case " $BENCHES " in *" gpu "*)
+    step bench_gpu "bench: gpu (offload, train step)" 150 \
+        "$PY" bench/bench_gpu.py --samples 15 --json "$OUT/bench_gpu.json" ;;
+esac
 
 # ---- summary ---------------------------------------------------------------------------
 echo
@@ -115,5 +123,6 @@ printf '%s\n' "${summary[@]}"
 echo
 grep -hE "^(FAILED|ERROR)" "$LOGS"/suite.log "$LOGS"/alone_*.log 2>/dev/null | head -n 60
 for f in "$LOGS"/bench_hooks.log "$LOGS"/bench_gpu.log; do
+    [ -e "$f" ] || continue
     grep -E "^\|" "$f" || tail -n 5 "$f"
 done

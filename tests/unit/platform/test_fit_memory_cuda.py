@@ -24,6 +24,7 @@ pytestmark = [
 ]
 
 LIMIT = 2 << 30  # what the fraction leaves this process: 2 GiB
+SIZES = (16, 32, 64)
 
 
 def _fits(step, n: int) -> bool:
@@ -54,13 +55,16 @@ def test_max_batch_size_runs_and_is_near_the_true_largest_batch():
     torch.cuda.empty_cache()
     torch.cuda.set_per_process_memory_fraction(LIMIT / total, 0)
     try:
-        fit = fit_memory(step, (4, 8, 16))
+        # sizes near the range predicted (docs/sizing.md): at 4, 8 and 16 the reserved bytes
+        # grow faster per sample (mid-size blocks rounded into 20 MiB segments) than at
+        # hundreds, and max_batch_size() said 460 where 640 ran (72%, H100, torch 2.11)
+        fit = fit_memory(step, SIZES)
         assert fit.device == "cuda:0" and fit.per_sample_bytes > 0
         assert fit.reserved_measured["cuda:0"]
         # the live peak against torch's own count of allocated bytes at the peak, less the
         # cuBLAS workspaces it held all along (no storage; measured by torch releasing them)
         torch.cuda.reset_peak_memory_stats(0)
-        step(16)
+        step(SIZES[-1])
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated(0)
         workspaces = library_workspace_bytes(0)
@@ -68,7 +72,7 @@ def test_max_batch_size_runs_and_is_near_the_true_largest_batch():
         assert ours == pytest.approx(peak - workspaces, rel=0.05), (ours, peak, workspaces)
 
         n = fit.max_batch_size()
-        assert n > 16
+        assert n > SIZES[-1]
         assert _fits(step, n), f"max_batch_size() = {n} ran out of memory"
         # the true largest batch, by bisection with real steps
         lo, hi = n, 2 * n
