@@ -117,7 +117,9 @@ def calibrate(loop: Callable[[int], int], sample_ns: float) -> int:
     return n
 
 
-def compare(subject: Case, floor: Case, *, target: float, cfg: Config, note: str = "") -> Row:
+def compare(
+    subject: Case, floor: Case, *, target: float | None, cfg: Config, note: str = ""
+) -> Row:
     """Time subject and floor in alternation; one row with their medians."""
     cases = (subject, floor)
     loops = [make_loop(c) for c in cases]

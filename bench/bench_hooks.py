@@ -29,7 +29,7 @@ import statistics
 import sys
 
 import torch
-from _harness import Case, Config, Row, main, switch_compare
+from _harness import Case, Config, Row, compare, main, switch_compare
 from torch import nn
 
 from memlord import MemLord, _core
@@ -140,6 +140,7 @@ def cuda_rows(cfg: Config) -> list[Row]:
         x.to(cpu, non_blocking=True)
     torch.cuda.synchronize()
     sync = getattr(torch.cuda.synchronize, "__wrapped__", torch.cuda.synchronize)
+    stream = torch.cuda.current_stream()
     return [
         hooked_vs_unhooked(
             Case(
@@ -152,7 +153,27 @@ def cuda_rows(cfg: Config) -> list[Row]:
             target=CUDA_MOVE_TARGET,
             note="a CUDA event per move; pending frees credited at disable() after each sample",
             after_sample=sync,
-        )
+        ),
+        # what recording one CUDA event per move costs without memlord (through torch's
+        # Python Event.record: its Python is in it too): the mechanism a deferred free
+        # stands on, measured beside it
+        compare(
+            Case(
+                "4 KiB cuda->cpu non_blocking + Event.record() (no memlord)",
+                "x.to(cpu, non_blocking=True); ev.record(stream)",
+                {"x": x, "cpu": cpu, "ev": torch.cuda.Event(), "stream": stream},
+                unroll=10,
+            ),
+            Case(
+                "4 KiB cuda->cpu non_blocking (no memlord)",
+                "x.to(cpu, non_blocking=True)",
+                {"x": x, "cpu": cpu},
+                unroll=10,
+            ),
+            target=None,
+            cfg=cfg,
+            note="the floor of an event per move, recorded from Python",
+        ),
     ]
 
 
