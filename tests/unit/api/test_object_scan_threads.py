@@ -145,7 +145,9 @@ def unfrozen():
         yield
     finally:
         if frozen:
-            gc.collect()
+            for _ in range(100):  # all garbage first: some is freed a little per pass
+                if gc.collect() == 0:
+                    break
             gc.freeze()
 
 
