@@ -152,11 +152,25 @@ def _shape_or_none(t: Any) -> tuple[int, ...] | None:
         return None
 
 
+def _owner_rank(t: Any) -> int:
+    """How well a tensor describes the storage it shares with others: the tensor that
+    owns it (no view of another; a parameter first) ranks above a view of it, so that
+    which one a scan meets first (the order of the collector's generations, which
+    depends on when it last ran) does not decide the shape reported."""
+    try:
+        view = bool(t._is_view())
+    except Exception:  # noqa: BLE001 - a subclass may refuse: it ranks as a view
+        view = True
+    return (0 if view else 2) + (1 if isinstance(t, torch.nn.Parameter) else 0)
+
+
 def _untracked_storages(lord: Any) -> list[dict[str, Any]]:
     """Entries for the storages of live tensors that lord does not track, found with a
-    scan of the objects the cyclic GC knows; one per storage (the first tensor found
-    gives its shape, dtype and requires_grad)."""
+    scan of the objects the cyclic GC knows; one per storage, its shape, dtype and
+    requires_grad those of the tensor that owns it (see :func:`_owner_rank`; among
+    equals, the first found)."""
     seen: dict[int, Any] = {}  # id(storage) -> storage, kept alive for the scan
+    found: dict[int, tuple[int, dict[str, Any]]] = {}  # id(storage) -> (rank, entry)
     out = []
     for obj in _live_tensors():
         try:
@@ -164,6 +178,11 @@ def _untracked_storages(lord: Any) -> list[dict[str, Any]]:
                 continue
             storage = obj.untyped_storage()
             if id(storage) in seen:
+                known = found.get(id(storage))
+                rank = _owner_rank(obj)
+                if known is not None and rank > known[0]:
+                    known[1].update(_describe(obj))
+                    found[id(storage)] = (rank, known[1])
                 continue
             seen[id(storage)] = storage
             device = storage.device
@@ -174,20 +193,32 @@ def _untracked_storages(lord: Any) -> list[dict[str, Any]]:
                 continue
             entry = {
                 "nbytes": int(nbytes),
-                "shape": _shape_or_none(obj),
-                "dtype": str(obj.dtype),
+                "shape": None,
+                "dtype": None,
                 "device": str(device),
-                "requires_grad": bool(obj.requires_grad),
+                "requires_grad": False,
                 "site": None,
                 "region": None,
                 "age_s": None,
                 "tracked": False,
-                "category": "parameter" if isinstance(obj, torch.nn.Parameter) else "other",
+                "category": "other",
             }
+            entry.update(_describe(obj))
+            found[id(storage)] = (_owner_rank(obj), entry)
         except Exception:  # noqa: BLE001 - a tensor without a readable storage (sparse, ...)
             continue
         out.append(entry)
     return out
+
+
+def _describe(t: Any) -> dict[str, Any]:
+    """The fields of an untracked storage's entry that come from a tensor of it."""
+    return {
+        "shape": _shape_or_none(t),
+        "dtype": str(t.dtype),
+        "requires_grad": bool(t.requires_grad),
+        "category": "parameter" if isinstance(t, torch.nn.Parameter) else "other",
+    }
 
 
 def _sort_key(entry: dict[str, Any]) -> tuple:

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from memlord import MemLord
-from memlord._snapshot import _live_tensors, _skipped
+from memlord._snapshot import _live_tensors, _owner_rank, _skipped
 
 log = logging.getLogger("memlord")
 
@@ -291,7 +291,9 @@ class LedgerSource:
         """The live tensors Python can see, per device: count, total bytes (each storage
         once) and the ``top`` largest, found by scanning ``gc.get_objects()``."""
         devices: dict[str, dict[str, Any]] = {}
-        seen: set[tuple[str, int, int]] = set()
+        # each storage once, described by the tensor that owns it rather than a view of
+        # it (whichever the scan meets first): (rank, its row)
+        seen: dict[tuple[str, int, int], tuple[int, dict[str, Any]]] = {}
         for obj in _live_tensors():
             try:
                 if _skipped(obj):
@@ -301,23 +303,27 @@ class LedgerSource:
                 nbytes = int(storage.nbytes())
                 key = (device, int(storage.data_ptr()), nbytes)
                 meta = _tensor_meta(obj)
+                rank = _owner_rank(obj)
             except Exception:  # noqa: BLE001 - a subclass or fake tensor may refuse
                 continue
             entry = devices.setdefault(device, {"count": 0, "total_bytes": 0, "tensors": []})
             entry["count"] += 1
-            if key in seen:
+            known = seen.get(key)
+            if known is not None:
+                if rank > known[0]:
+                    known[1].update(meta)
+                    seen[key] = (rank, known[1])
                 continue
-            seen.add(key)
             entry["total_bytes"] += nbytes
-            entry["tensors"].append(
-                {
-                    "size_mb": round(nbytes / (1024 * 1024), 4),
-                    "nbytes": nbytes,
-                    **meta,
-                    "device": device,
-                    "operation": None,
-                }
-            )
+            row = {
+                "size_mb": round(nbytes / (1024 * 1024), 4),
+                "nbytes": nbytes,
+                **meta,
+                "device": device,
+                "operation": None,
+            }
+            seen[key] = (rank, row)
+            entry["tensors"].append(row)
         for entry in devices.values():
             entry["tensors"].sort(key=lambda t: -t["nbytes"])
             del entry["tensors"][top:]

@@ -133,11 +133,31 @@ def test_scan_with_a_training_thread_raises_nothing_there():
     assert errors == []
 
 
-def test_scan_finds_what_gc_finds():
-    """The same tensors as a scan of gc.get_objects() in Python (with no other thread),
-    less the tensors of tracing that earlier tests left alive."""
+@pytest.fixture
+def unfrozen():
+    """Nothing frozen during the test: gc.get_objects() leaves out what gc.freeze() froze
+    (conftest.py's heap, and whatever was alive when an earlier test froze: the tensors
+    other test modules hold), which memlord's scan rightly finds.  At the end everything
+    alive is frozen again, as test_scan_frozen_objects.py's fixture leaves it."""
+    frozen = gc.get_freeze_count()
+    gc.unfreeze()
+    try:
+        yield
+    finally:
+        if frozen:
+            for _ in range(100):  # all garbage first: some is freed a little per pass
+                if gc.collect() == 0:
+                    break
+            gc.freeze()
+
+
+def test_scan_finds_what_gc_finds(unfrozen):
+    """The same tensors as a scan of gc.get_objects() in Python (with no other thread and
+    nothing frozen, so that gc.get_objects() lists every tensor), less the tensors of
+    tracing that earlier tests left alive."""
     from memlord._snapshot import _live_tensors, _tracing_types
 
+    assert gc.get_freeze_count() == 0
     keep = [torch.zeros(3), torch.nn.Parameter(torch.ones(2))]
     gc.disable()
     try:

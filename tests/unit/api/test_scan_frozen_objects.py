@@ -26,11 +26,19 @@ from memlord._snapshot import _live_tensors
 
 @pytest.fixture
 def freezer():
-    """gc.freeze() for the test; at the end everything alive is frozen again, as
-    conftest.py left it."""
+    """gc.freeze() for the test, after the garbage earlier tests left is collected (all
+    of it: MemTracker's is freed a module per pass), so that only live objects are
+    frozen; at the end everything alive is frozen again, as conftest.py left it."""
+
+    def collect_all() -> None:
+        for _ in range(100):
+            if gc.collect() == 0:
+                return
+
+    collect_all()
     yield gc.freeze
     gc.unfreeze()
-    gc.collect()
+    collect_all()
     gc.freeze()
 
 
@@ -50,9 +58,16 @@ def test_snapshot_counts_frozen_untracked_tensors(freezer):
     expected = sum(w.untyped_storage().nbytes() for w in weights)
     lord = MemLord()
     with lord.hook_into_python():
-        before = lord.snapshot(include_untracked=True)
-        freezer()
-        after = lord.snapshot(include_untracked=True)
+        # no collection between the two snapshots: garbage an earlier test left (freed a
+        # little per pass, as MemTracker's) would leave the second one's count, not
+        # because of the freeze
+        gc.disable()
+        try:
+            before = lord.snapshot(include_untracked=True)
+            freezer()
+            after = lord.snapshot(include_untracked=True)
+        finally:
+            gc.enable()
     assert before["cpu"]["untracked_bytes"] >= expected
     assert after["cpu"]["untracked_bytes"] == before["cpu"]["untracked_bytes"]
     assert after["cpu"]["untracked_count"] == before["cpu"]["untracked_count"]
