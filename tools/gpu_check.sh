@@ -86,7 +86,7 @@ cat "$LOGS/info.log"
 seed=${MEMLORD_TEST_SHUFFLE:-$RANDOM}
 xdist=()
 if "$PY" -c "import xdist" >/dev/null 2>&1; then
-    xdist=(-n "$(($(nproc) > 12 ? 12 : $(nproc)))")
+    xdist=(-n "${GPU_CHECK_WORKERS:-$(($(nproc) > 12 ? 12 : $(nproc)))}")
 fi
 # the browser test needs a Chromium the device lacks (skipped there unless required);
 # the network test needs PyPI
