@@ -19,6 +19,7 @@ import traceback
 
 import pytest
 import torch
+from support.recursion import frame_depth
 
 import memlord
 from memlord import MemLord
@@ -266,16 +267,10 @@ def test_a_recursion_error_at_the_limit_is_not_an_oom_and_nothing_is_unraisable(
     def down(n):
         return t.half() if n == 0 else down(n - 1)
 
-    def depth():
-        f, n = sys._getframe(), 0
-        while f is not None:
-            f, n = f.f_back, n + 1
-        return n
-
     errors = 0
     limit = sys.getrecursionlimit()
     with lord.hook_into_torch(), lord.hook_into_python(ops=True):
-        sys.setrecursionlimit(depth() + 100)
+        sys.setrecursionlimit(frame_depth() + 100)
         try:
             for n in range(120):
                 try:

@@ -20,6 +20,7 @@ import sys
 
 import test_transparency as corpus
 import torch
+from support.recursion import frame_depth
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from memlord import MemLord
@@ -53,14 +54,8 @@ def deepest(call):
     def down(n):
         return call() if n == 0 else down(n - 1)
 
-    def depth():
-        f, n = sys._getframe(), 0
-        while f is not None:
-            f, n = f.f_back, n + 1
-        return n
-
     limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(depth() + 100)
+    sys.setrecursionlimit(frame_depth() + 100)
     try:
         for n in range(120):
             try:
