@@ -455,8 +455,8 @@ def _grad_outputs(obj: Any, depth: int = 0, out: dict | None = None) -> dict:
         out = {}
     if isinstance(obj, torch.Tensor):
         node = obj.grad_fn if obj.requires_grad else None
-        if node is not None and _node_key(node) not in out:
-            out[_node_key(node)] = (node, obj)
+        if node is not None:
+            out.setdefault(_node_key(node), (node, obj))
     elif depth < 6:
         if isinstance(obj, (tuple, list)):
             for x in obj:
