@@ -318,7 +318,8 @@ static PyObject *core_site_stack(PyObject *module, PyObject *arg)
     return ml_site_stack(&ml_state_of_module(module)->sites, (uint32_t)id);
 }
 
-/* _testing.sites_info(): (stacks, locations, raw slots in use) of the site table. */
+/* _testing.sites_info(): (stacks, locations, raw slots in use, frames resolved to a
+ * line, captures not among the recent stacks) of the site table. */
 static PyObject *core_sites_info(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     return ml_sites_info(&ml_state_of_module(module)->sites);

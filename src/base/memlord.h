@@ -85,7 +85,8 @@ typedef struct {
  * object, so generated code dies when its user drops it. */
 #define ML_SITES_MAX (1 << 20) /* stacks, and frame locations, each */
 #define ML_STACK_MAX 4         /* frames a site keeps */
-#define ML_RAW_SLOTS 1024      /* recently seen (code, offset) -> location */
+#define ML_RAW_SLOTS 1024      /* recently seen (code, offset) -> location; even */
+#define ML_RECENT_SLOTS 256    /* recently interned stacks, by innermost frame; even */
 #define ML_KIND_SLOTS 64       /* file name -> internal, library or user */
 
 typedef struct {
@@ -132,13 +133,15 @@ typedef struct {
     uint32_t nlocs, caplocs;
     uint32_t *locindex;
     uint32_t nlocindex;
-    ml_raw *raw;         /* ML_RAW_SLOTS entries, direct mapped, or NULL */
+    ml_raw *raw;         /* ML_RAW_SLOTS entries in sets of two, or NULL */
+    uint64_t resolved;   /* frames resolved to a line (PyCode_Addr2Line): raw misses */
+    uint64_t missed;     /* captures not among the recent stacks (interned by content) */
     ml_kind_entry *kind; /* ML_KIND_SLOTS entries, direct mapped, or NULL */
-    /* the stacks interned last, newest first: a loop hits one or two sites
-     * (two lines taking turns).  Each is its id, its frame count and the
-     * raw slots of its frames; a hit compares the frames walked with those
-     * slots, no hash. */
-    ml_recent recent[2];
+    /* recently interned stacks, in sets of two (newest first) chosen by the
+     * innermost frame's raw set: each is its id, its frame count and the raw
+     * sets of its frames; a hit compares the frames walked with those sets,
+     * no hash of the stack. */
+    ml_recent recent[ML_RECENT_SLOTS];
 } ml_sitetab;
 
 #define ML_MAX_DTYPES 255

@@ -4,11 +4,24 @@
 
 #include <string.h>
 
+_Static_assert(ML_RAW_SLOTS >= 2 && (ML_RAW_SLOTS & (ML_RAW_SLOTS - 1)) == 0,
+               "raw slots: a power of two, in sets of two");
+_Static_assert(ML_RECENT_SLOTS >= 2 && (ML_RECENT_SLOTS & (ML_RECENT_SLOTS - 1)) == 0,
+               "recent stacks: a power of two, in sets of two");
+
 /* ---- the site table ------------------------------------------------------ */
 
+/* splitmix64's finalizer: every bit of x moves every bit of the result, so
+ * keys that differ only in high bits (a code offset beside a pointer) or only
+ * in low bits spread over a table indexed by the low bits.  (A multiply alone
+ * leaves the low bits of the product to the low bits of x: the ten call
+ * sites of one function shared two raw slots and evicted each other.) */
 static inline uint32_t mix(uint64_t x)
 {
-    x *= 0x9E3779B97F4A7C15ULL;
+    x ^= x >> 30;
+    x *= 0xBF58476D1CE4E5B9ULL;
+    x ^= x >> 27;
+    x *= 0x94D049BB133111EBULL;
     return (uint32_t)(x ^ (x >> 31));
 }
 
@@ -155,10 +168,12 @@ static uint32_t stack_intern(ml_sitetab *t, ml_sitestack *s)
     return id;
 }
 
-static inline uint32_t raw_slot(const PyCodeObject *code, int offset)
+/* The first of the two raw slots (a set) where a frame's entry may be: the
+ * newer of the set's two entries sits first. */
+static inline uint32_t raw_set(const PyCodeObject *code, int offset)
 {
     return mix((uint64_t)(uintptr_t)code->co_linetable ^ (uint64_t)(uint32_t)offset << 40) &
-           (ML_RAW_SLOTS - 1);
+           (ML_RAW_SLOTS - 2);
 }
 
 /* Whether a raw entry is this frame: the fields its file, line and name
@@ -171,25 +186,44 @@ ML_HOT static inline int raw_is(const ml_raw *e, const PyCodeObject *code, int o
            e->firstlineno == code->co_firstlineno;
 }
 
-/* A capture that is one of the two stacks interned last: its id, else 0. */
+/* Whether raw set j holds this frame (either entry: a hit on the older one
+ * is swapped to the front by the next capture that interns). */
+ML_HOT static inline int raw_set_has(const ml_raw *raw, uint32_t j, const PyCodeObject *code,
+                                     int offset)
+{
+    return raw_is(&raw[j], code, offset) || raw_is(&raw[j + 1], code, offset);
+}
+
+/* The first of the two recent stacks (a set) a stack whose innermost frame
+ * is in raw set j may be in. */
+static inline uint32_t recent_set(uint32_t j)
+{
+    return (j >> 1) & (ML_RECENT_SLOTS - 2);
+}
+
+/* A capture that is a recently interned stack: its id, else 0.  Recent
+ * stacks are kept by their innermost frame, two per set: the hooked lines of
+ * one loop each hit their own entry, and a line called from two places keeps
+ * both stacks. */
 ML_HOT static inline uint32_t recent_id(ml_sitetab *t, const ml_walker *w)
 {
-    for (int r = 0; r < 2; r++) {
-        if (t->recent[r].id == 0 || t->recent[r].n != w->n ||
-            t->stacks[t->recent[r].id].elided != w->elided) {
+    uint32_t r = recent_set(raw_set(w->code[0], w->offset[0]));
+    for (uint32_t k = r; k < r + 2; k++) {
+        const ml_recent *c = &t->recent[k];
+        if (c->id == 0 || c->n != w->n || t->stacks[c->id].elided != w->elided) {
             continue;
         }
         int i = 0;
-        while (i < w->n && raw_is(&t->raw[t->recent[r].slot[i]], w->code[i], w->offset[i])) {
+        while (i < w->n && raw_set_has(t->raw, c->slot[i], w->code[i], w->offset[i])) {
             i++;
         }
         if (i == w->n) {
-            if (r == 1) { /* newest first */
-                ml_recent tmp = t->recent[0];
-                t->recent[0] = t->recent[1];
-                t->recent[1] = tmp;
+            if (k != r) { /* newest first */
+                ml_recent tmp = t->recent[r];
+                t->recent[r] = t->recent[k];
+                t->recent[k] = tmp;
             }
-            return t->recent[0].id;
+            return t->recent[r].id;
         }
     }
     return 0;
@@ -211,17 +245,30 @@ static uint32_t stack_id(ml_sitetab *t, const ml_walker *w, PyObject **old)
     uint16_t slots[ML_STACK_MAX];
     for (int i = 0; i < w->n; i++) {
         PyCodeObject *code = w->code[i];
-        uint32_t j = raw_slot(code, w->offset[i]);
+        uint32_t j = raw_set(code, w->offset[i]);
         ml_raw *e = &t->raw[j];
         if (!raw_is(e, code, w->offset[i])) {
+            if (raw_is(&t->raw[j + 1], code, w->offset[i])) {
+                /* the older of the set: it becomes the newer */
+                ml_raw tmp = t->raw[j];
+                t->raw[j] = t->raw[j + 1];
+                t->raw[j + 1] = tmp;
+                s.loc[i] = e->loc;
+                slots[i] = (uint16_t)j;
+                continue;
+            }
             int line = PyCode_Addr2Line(code, w->offset[i]);
             uint32_t loc = loc_intern(t, code->co_filename, ML_CODE_NAME(code), line);
             if (loc == 0) {
                 return 0;
             }
-            old[3 * i] = e->linetable;
-            old[3 * i + 1] = e->filename;
-            old[3 * i + 2] = e->name;
+            t->resolved++;
+            /* the older entry leaves the set, the newer moves down */
+            ml_raw *gone = &t->raw[j + 1];
+            old[3 * i] = gone->linetable;
+            old[3 * i + 1] = gone->filename;
+            old[3 * i + 2] = gone->name;
+            *gone = *e;
             *e = (ml_raw){Py_NewRef(code->co_linetable),
                           Py_NewRef(code->co_filename),
                           Py_NewRef(ML_CODE_NAME(code)),
@@ -235,10 +282,11 @@ static uint32_t stack_id(ml_sitetab *t, const ml_walker *w, PyObject **old)
     }
     uint32_t id = stack_intern(t, &s);
     if (id != 0) {
-        t->recent[1] = t->recent[0];
-        t->recent[0].id = id;
-        t->recent[0].n = (uint8_t)w->n;
-        memcpy(t->recent[0].slot, slots, sizeof(slots));
+        uint32_t r = recent_set(slots[0]);
+        t->recent[r + 1] = t->recent[r];
+        t->recent[r].id = id;
+        t->recent[r].n = (uint8_t)w->n;
+        memcpy(t->recent[r].slot, slots, sizeof(slots));
     }
     return id;
 }
@@ -262,6 +310,7 @@ ML_HOT static void capture(ml_state *st, ml_site *out, int in_place)
     ml_sitetab *t = &st->sites;
     out->id = w.n > 0 && t->raw != NULL ? recent_id(t, &w) : 0;
     if (out->id == 0 && w.n > 0) {
+        t->missed++;
         out->id = capture_new(t, &w);
     }
     if (w.drop != NULL) {
@@ -361,5 +410,6 @@ PyObject *ml_sites_info(const ml_sitetab *t)
     for (int i = 0; t->raw != NULL && i < ML_RAW_SLOTS; i++) {
         raw += t->raw[i].linetable != NULL;
     }
-    return Py_BuildValue("(IIn)", t->n, t->nlocs, raw);
+    return Py_BuildValue("(IInKK)", t->n, t->nlocs, raw, (unsigned long long)t->resolved,
+                         (unsigned long long)t->missed);
 }
