@@ -44,7 +44,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -491,11 +491,71 @@ def _cuda_index(device: str) -> int | None:
     return None
 
 
+_MIB = 1 << 20
+_CUBLAS_CONFIG = re.compile(r":([0-9]+):([0-9]+)")
+
+
+def _env_flag_unset_or_true(value: str | None) -> bool:
+    """c10's ``check_env`` read as torch reads TORCH_CUBLASLT_UNIFIED_WORKSPACE: unset or
+    true means on (outside fbcode)."""
+    if value is None:
+        return True
+    return value.strip().upper() not in ("0", "OFF", "NO", "FALSE", "N")
+
+
+def library_workspace_sizes(
+    major: int | None, environ: Mapping[str, str] | None = None
+) -> dict[int, str]:
+    """The sizes of the workspaces torch gives cuBLAS and cuBLASLt on a CUDA device of
+    compute capability ``major`` (``{bytes: name}``), computed as torch's
+    ``CublasHandlePool.cpp`` computes them: ``CUBLAS_WORKSPACE_CONFIG`` (``:SIZE:COUNT``
+    pairs in KiB) or the default (32 MiB on Hopper and Blackwell, ``:4096:2:16:8`` =
+    8 MiB + 128 KiB before); cuBLASLt shares cuBLAS's workspace unless
+    ``TORCH_CUBLASLT_UNIFIED_WORKSPACE=0``, then ``CUBLASLT_WORKSPACE_SIZE`` KiB (1 MiB).
+
+    torch allocates one per (handle or device, stream) through the caching allocator: no
+    tensor's storage, so no tracked storage holds them. The post-mortem names an untracked
+    block of exactly such a size (asked for with exactly that size) a library workspace:
+    nothing is read from torch's handles, and nothing is allocated or released. Empty for
+    ROCm (its sizes depend on the GPU's name) and for an unknown device."""
+    env = os.environ if environ is None else environ
+    if major is None or getattr(torch.version, "hip", None):
+        return {}
+    default = 32 * _MIB if major in (9, 10, 12) else 4096 * 1024 * 2 + 16 * 1024 * 8
+    cublas = default
+    config = env.get("CUBLAS_WORKSPACE_CONFIG")
+    if config is not None:
+        pairs = _CUBLAS_CONFIG.findall(config)
+        if pairs:
+            cublas = sum(int(size) * 1024 * int(count) for size, count in pairs)
+    unified = _env_flag_unset_or_true(env.get("TORCH_CUBLASLT_UNIFIED_WORKSPACE"))
+    lt_kib = cublas // 1024 if unified else 1024
+    raw = env.get("CUBLASLT_WORKSPACE_SIZE")
+    if raw is not None:
+        try:
+            lt_kib = int(raw.strip())
+        except ValueError:
+            pass
+    lt = lt_kib * 1024
+    if unified:
+        lt = min(lt, cublas)
+    if lt == cublas or unified:
+        # unified: cuBLASLt uses cuBLAS's workspace, no block of its own
+        return {cublas: "cuBLAS/cuBLASLt workspace"} if cublas > 0 else {}
+    out = {}
+    if cublas > 0:
+        out[cublas] = "cuBLAS workspace"
+    if lt > 0:
+        out.setdefault(lt, "cuBLASLt workspace")
+    return out
+
+
 def attribute_blocks(
     segments: Iterable[dict[str, Any]],
     storages: Sequence[tuple[int, int, str]],
     device_index: int,
     top: int = 20,
+    library_sizes: Mapping[int, str] | None = None,
 ) -> dict[str, Any]:
     """Attribute the allocator's blocks of one device to tracked storages (a pure function
     of ``torch.cuda.memory._snapshot()["segments"]``' format).
@@ -506,11 +566,19 @@ def attribute_blocks(
     block's start, or that starts inside the block; else it is ``untracked``.  A block
     without an ``address`` (older torch) is placed after the one before it in its segment.
 
+    An untracked block whose size (and requested size) is one of ``library_sizes`` is
+    named a library workspace (``library_workspace_sizes``).
+
     Returns the segments' count and reserved bytes, the bytes of blocks allocated,
     awaiting free and inactive, the allocated bytes attributed and untracked, the
-    fraction attributed, the ``top`` largest untracked blocks (with their frames, when
-    the allocator recorded them) and the ``top`` storages holding the most blocks' bytes.
+    fraction attributed, the untracked bytes named library workspaces and what is left
+    unexplained, the ``top`` largest untracked blocks (with their frames, when the
+    allocator recorded them, and their library name or None) and the ``top`` storages
+    holding the most blocks' bytes.
     """
+    sizes = dict(library_sizes or {})
+    library: dict[str, _Group] = {}
+    library_bytes = 0
     ordered = sorted((int(p), int(n), str(nm)) for p, n, nm in storages if p)
     ptrs = [p for p, _n, _nm in ordered]
     n_segments = reserved = allocated = awaiting = inactive = attributed = 0
@@ -541,12 +609,22 @@ def attribute_blocks(
                 if p >= start or p + max(n, 1) > start:
                     owner = nm
             if owner is None:
+                requested = int(blk.get("requested_size", size))
+                lib = sizes.get(size) if requested == size else None
+                if lib is not None:
+                    library_bytes += size
+                    g = library.get(lib)
+                    if g is None:
+                        g = library[lib] = _Group()
+                    g.bytes += size
+                    g.count += 1
                 untracked.append(
                     {
                         "address": start,
                         "size": size,
-                        "requested_size": int(blk.get("requested_size", size)),
+                        "requested_size": requested,
                         "frames": list(blk.get("frames", ()))[:8],
+                        "library": lib,
                     }
                 )
             else:
@@ -567,6 +645,16 @@ def attribute_blocks(
         "untracked": allocated - attributed,
         "untracked_blocks_count": len(untracked),
         "attributed_fraction": (attributed / allocated) if allocated else None,
+        "library_workspaces": {
+            "bytes": library_bytes,
+            "by_name": {
+                name: {"bytes": g.bytes, "blocks": g.count} for name, g in sorted(library.items())
+            },
+            "sizes": {str(k): v for k, v in sorted(sizes.items())},
+        },
+        "explained": attributed + library_bytes,
+        "explained_fraction": ((attributed + library_bytes) / allocated) if allocated else None,
+        "unexplained": allocated - attributed - library_bytes,
         "untracked_blocks": untracked[:top],
         "by_storage": _table(held, top),
     }
@@ -608,8 +696,15 @@ def _cuda_sections(
             d["allocator"] = allocator_stats(torch.cuda.memory_stats(idx))
         if snap is not None:
             with notes.guard(f"{dev}: segments"):
+                major = None
+                with notes.guard(f"{dev}: compute capability"):
+                    major = int(torch.cuda.get_device_capability(idx)[0])
                 d["segments"] = attribute_blocks(
-                    snap.get("segments", ()), storages_by_dev.get(dev, ()), idx, top
+                    snap.get("segments", ()),
+                    storages_by_dev.get(dev, ()),
+                    idx,
+                    top,
+                    library_workspace_sizes(major),
                 )
         with notes.guard(f"{dev}: the driver's free and total bytes"):
             free, total = torch.cuda.mem_get_info(idx)

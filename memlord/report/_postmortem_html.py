@@ -51,6 +51,28 @@ def _kv(rows: list[tuple[str, str]]) -> str:
     return f'<table class="kv"><tbody>{body}</tbody></table>'
 
 
+def _library_rows(seg: dict[str, Any]) -> list[tuple[str, str]]:
+    """The untracked bytes named library workspaces (by their size), and the rest."""
+    lib = seg.get("library_workspaces")
+    if not isinstance(lib, dict) or not isinstance(lib.get("by_name"), dict):
+        return []
+    rows = []
+    for name, g in lib["by_name"].items():
+        if isinstance(g, dict):
+            rows.append(
+                (
+                    f"of which {name} (by size)",
+                    f"{_b(g.get('bytes'))} in {_n(g.get('blocks'))} blocks",
+                )
+            )
+    share = _pct(seg.get("explained"), seg.get("allocated"))
+    rows.append(
+        ("tracked storages and library workspaces", f"{_b(seg.get('explained'))} ({share})")
+    )
+    rows.append(("unexplained", _b(seg.get("unexplained"))))
+    return rows
+
+
 def _category_bar(cats: dict[str, int]) -> str:
     total = sum(v for v in cats.values() if isinstance(v, int) and v > 0)
     if total <= 0:
@@ -178,6 +200,7 @@ def _device(dev: str, d: dict[str, Any], top: int) -> str:
                         "untracked",
                         f"{_b(seg.get('untracked'))} in {seg.get('untracked_blocks_count')} blocks",
                     ),
+                    *_library_rows(seg),
                     ("awaiting free", _b(seg.get("awaiting_free"))),
                     ("inactive (cached, free)", _b(seg.get("inactive"))),
                 ]
@@ -188,11 +211,12 @@ def _device(dev: str, d: dict[str, Any], top: int) -> str:
             out.append(
                 "<h3>Largest untracked blocks</h3>"
                 + _table(
-                    ["address", "bytes", "allocated at"],
+                    ["address", "bytes", "library", "allocated at"],
                     [
                         [
                             hex(int(b.get("address", 0))),
                             _b(b.get("size")),
+                            str(b.get("library") or ""),
                             "; ".join(
                                 f"{f.get('filename')}:{f.get('line')}"
                                 for f in (b.get("frames") or [])[:3]

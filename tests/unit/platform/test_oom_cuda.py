@@ -2,8 +2,10 @@
 ``torch.cuda.set_per_process_memory_fraction`` is counted once (torch's OOM observer
 reports it, the hook it then leaves does not count it again), as torch's own
 ``num_ooms`` counts it; the post-mortem attributes at least 95% of the caching
-allocator's allocated bytes to storages memlord tracks; ``retry_on_oom`` recovers a step
-that fits once the failed attempt's memory is released; the current device is unchanged.
+allocator's allocated bytes to storages memlord tracks and cuBLAS's workspaces (named by
+their size, the bytes ``torch._C._cuda_clearCublasWorkspaces()`` releases);
+``retry_on_oom`` recovers a step that fits once the failed attempt's memory is released;
+the current device is unchanged.
 
 Marked ``cuda``; skips itself without a GPU (tools/gpu_check.sh runs it alone too).
 """
@@ -76,6 +78,10 @@ def test_oom_counted_once_with_a_post_mortem(small_gpu, tmp_path):
     assert seg is not None, doc["notes"]
     assert seg["attributed"] >= 0.95 * (allocated - workspaces), (seg, allocated, workspaces)
     assert seg["untracked"] >= workspaces, (seg, workspaces)
+    # the workspaces named by their size are exactly what torch releases as workspaces, and
+    # with them the post-mortem explains at least 95% of every allocated byte
+    assert seg["library_workspaces"]["bytes"] == workspaces, (seg, workspaces)
+    assert seg["explained"] >= 0.95 * allocated, (seg, allocated)
     assert doc["request"]["source"] == "allocator"  # the observer wrote it, once
     del model, opt
 

@@ -69,6 +69,14 @@ SCRIPT = textwrap.dedent(
     assert alloc["allocated"] == theirs, (alloc, theirs)
     assert seg["allocated"] == theirs, (seg["allocated"], theirs)
     assert seg["attributed"] >= 0.95 * theirs, seg
+    # cuBLAS's workspaces, named by their size: what torch releases as workspaces
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated(0)
+    torch._C._cuda_clearCublasWorkspaces()
+    released = before - torch.cuda.memory_allocated(0)
+    print("library workspaces", seg["library_workspaces"], "released", released)
+    assert seg["library_workspaces"]["bytes"] == released, (seg["library_workspaces"], released)
+    assert seg["explained"] == seg["attributed"] + released
     assert alloc["ooms"] >= 1, alloc
     free, tot = torch.cuda.mem_get_info(0)
     assert drv["total"] == tot and drv["reserved"] == torch.cuda.memory_reserved(0), drv
