@@ -495,58 +495,45 @@ _MIB = 1 << 20
 _CUBLAS_CONFIG = re.compile(r":([0-9]+):([0-9]+)")
 
 
-def _env_flag_unset_or_true(value: str | None) -> bool:
-    """c10's ``check_env`` read as torch reads TORCH_CUBLASLT_UNIFIED_WORKSPACE: unset or
-    true means on (outside fbcode)."""
-    if value is None:
-        return True
-    return value.strip().upper() not in ("0", "OFF", "NO", "FALSE", "N")
-
-
 def library_workspace_sizes(
     major: int | None, environ: Mapping[str, str] | None = None
 ) -> dict[int, str]:
     """The sizes of the workspaces torch gives cuBLAS and cuBLASLt on a CUDA device of
     compute capability ``major`` (``{bytes: name}``), computed as torch's
-    ``CublasHandlePool.cpp`` computes them: ``CUBLAS_WORKSPACE_CONFIG`` (``:SIZE:COUNT``
-    pairs in KiB) or the default (32 MiB on Hopper and Blackwell, ``:4096:2:16:8`` =
-    8 MiB + 128 KiB before); cuBLASLt shares cuBLAS's workspace unless
-    ``TORCH_CUBLASLT_UNIFIED_WORKSPACE=0``, then ``CUBLASLT_WORKSPACE_SIZE`` KiB (1 MiB).
+    ``CublasHandlePool.cpp`` computes them: cuBLAS's from ``CUBLAS_WORKSPACE_CONFIG``
+    (``:SIZE:COUNT`` pairs, SIZE in KiB) or the default (32 MiB on Hopper and
+    Blackwell, ``:4096:2:16:8`` = 8 MiB + 128 KiB before); cuBLASLt's own from
+    ``CUBLASLT_WORKSPACE_SIZE`` (KiB) or 1 MiB. Newer torch lets cuBLASLt share cuBLAS's
+    workspace (then no block has cuBLASLt's size); torch 2.11 on an H100 kept a 1 MiB
+    cuBLASLt workspace beside two 32 MiB cuBLAS ones. With
+    ``TORCH_CUBLASLT_UNIFIED_WORKSPACE`` set true no cuBLASLt size is looked for.
 
-    torch allocates one per (handle or device, stream) through the caching allocator: no
-    tensor's storage, so no tracked storage holds them. The post-mortem names an untracked
-    block of exactly such a size (asked for with exactly that size) a library workspace:
-    nothing is read from torch's handles, and nothing is allocated or released. Empty for
-    ROCm (its sizes depend on the GPU's name) and for an unknown device."""
+    torch allocates them per handle (or device) and stream through the caching
+    allocator: no tensor's storage, so no tracked storage holds them. The post-mortem
+    names an untracked block of exactly such a size (asked for with exactly that size) a
+    library workspace: nothing is read from torch's handles, nothing is allocated or
+    released. Empty for ROCm (its sizes depend on the GPU's name) and for an unknown
+    device."""
     env = os.environ if environ is None else environ
     if major is None or getattr(torch.version, "hip", None):
         return {}
-    default = 32 * _MIB if major in (9, 10, 12) else 4096 * 1024 * 2 + 16 * 1024 * 8
-    cublas = default
+    cublas = 32 * _MIB if major in (9, 10, 12) else 4096 * 1024 * 2 + 16 * 1024 * 8
     config = env.get("CUBLAS_WORKSPACE_CONFIG")
     if config is not None:
         pairs = _CUBLAS_CONFIG.findall(config)
         if pairs:
             cublas = sum(int(size) * 1024 * int(count) for size, count in pairs)
-    unified = _env_flag_unset_or_true(env.get("TORCH_CUBLASLT_UNIFIED_WORKSPACE"))
-    lt_kib = cublas // 1024 if unified else 1024
+    out = {cublas: "cuBLAS workspace"} if cublas > 0 else {}
+    unified = env.get("TORCH_CUBLASLT_UNIFIED_WORKSPACE", "").strip().upper()
+    if unified in ("1", "ON", "YES", "TRUE", "Y"):
+        return out
+    lt = _MIB
     raw = env.get("CUBLASLT_WORKSPACE_SIZE")
     if raw is not None:
-        try:
-            lt_kib = int(raw.strip())
-        except ValueError:
-            pass
-    lt = lt_kib * 1024
-    if unified:
-        lt = min(lt, cublas)
-    if lt == cublas or unified:
-        # unified: cuBLASLt uses cuBLAS's workspace, no block of its own
-        return {cublas: "cuBLAS/cuBLASLt workspace"} if cublas > 0 else {}
-    out = {}
-    if cublas > 0:
-        out[cublas] = "cuBLAS workspace"
+        with contextlib.suppress(ValueError):
+            lt = int(raw.strip()) * 1024
     if lt > 0:
-        out.setdefault(lt, "cuBLASLt workspace")
+        out[lt] = "cuBLAS/cuBLASLt workspace" if lt in out else "cuBLASLt workspace"
     return out
 
 

@@ -186,12 +186,16 @@ ML_HOT static inline int raw_is(const ml_raw *e, const PyCodeObject *code, int o
            e->firstlineno == code->co_firstlineno;
 }
 
-/* Whether raw set j holds this frame (either entry: a hit on the older one
- * is swapped to the front by the next capture that interns). */
+/* Whether raw set j holds this frame resolved to location loc (either entry:
+ * a hit on the older one is swapped to the front by the next capture that
+ * interns).  The location is compared too: a set's entries change, and a
+ * recent stack must not answer for another frame that now sits where its
+ * own did. */
 ML_HOT static inline int raw_set_has(const ml_raw *raw, uint32_t j, const PyCodeObject *code,
-                                     int offset)
+                                     int offset, uint32_t loc)
 {
-    return raw_is(&raw[j], code, offset) || raw_is(&raw[j + 1], code, offset);
+    return (raw[j].loc == loc && raw_is(&raw[j], code, offset)) ||
+           (raw[j + 1].loc == loc && raw_is(&raw[j + 1], code, offset));
 }
 
 /* The first of the two recent stacks (a set) a stack whose innermost frame
@@ -210,11 +214,15 @@ ML_HOT static inline uint32_t recent_id(ml_sitetab *t, const ml_walker *w)
     uint32_t r = recent_set(raw_set(w->code[0], w->offset[0]));
     for (uint32_t k = r; k < r + 2; k++) {
         const ml_recent *c = &t->recent[k];
-        if (c->id == 0 || c->n != w->n || t->stacks[c->id].elided != w->elided) {
+        if (c->id == 0 || c->n != w->n) {
+            continue;
+        }
+        const ml_sitestack *st = &t->stacks[c->id];
+        if (st->elided != w->elided || st->user != w->user) {
             continue;
         }
         int i = 0;
-        while (i < w->n && raw_set_has(t->raw, c->slot[i], w->code[i], w->offset[i])) {
+        while (i < w->n && raw_set_has(t->raw, c->slot[i], w->code[i], w->offset[i], st->loc[i])) {
             i++;
         }
         if (i == w->n) {

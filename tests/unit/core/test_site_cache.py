@@ -84,3 +84,27 @@ def test_many_functions_and_lines_keep_their_own_sites():
     got = _alloc_bytes_by_line(lord, "<many-lines>")
     nbytes = t.half().untyped_storage().nbytes()
     assert got == {3 * i + 2: 3 * nbytes for i in range(400)}
+
+
+def test_lines_taking_turns_in_a_random_order_beyond_the_caches_keep_their_own_sites():
+    """More lines than the caches hold, called in a random order: slots and recent stacks
+    are replaced all the time, and a recent stack must never answer for another line
+    whose frame now sits where its own did (the GPU host's shuffled suite met one: a
+    weight's site read as another test's generated line)."""
+    import random
+
+    n = 3000
+    ns: dict[str, object] = {}
+    src = "".join(f"def f{i}(t):\n    return t.half()\n\n" for i in range(n))
+    exec(compile(src, "<random-lines>", "exec"), ns)
+    fns = [ns[f"f{i}"] for i in range(n)]
+    order = [i for i in range(n) for _ in range(3)]
+    random.Random(2611).shuffle(order)
+    t = torch.zeros(16)
+    lord = MemLord(auto_gc_bytes=None)
+    with lord.hook_into_torch():
+        for i in order:
+            fns[i](t)
+    got = _alloc_bytes_by_line(lord, "<random-lines>")
+    nbytes = t.half().untyped_storage().nbytes()
+    assert got == {3 * i + 2: 3 * nbytes for i in range(n)}

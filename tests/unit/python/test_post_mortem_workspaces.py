@@ -20,34 +20,28 @@ from memlord.report._postmortem import attribute_blocks, library_workspace_sizes
 MIB = 1 << 20
 
 
+CUBLAS, LT, BOTH = "cuBLAS workspace", "cuBLASLt workspace", "cuBLAS/cuBLASLt workspace"
+
+
 @pytest.mark.parametrize(
     ("major", "env", "want"),
     [
-        (9, {}, {32 * MIB: "cuBLAS/cuBLASLt workspace"}),  # Hopper: 32 MiB, cuBLASLt shares it
-        (10, {}, {32 * MIB: "cuBLAS/cuBLASLt workspace"}),
-        (12, {}, {32 * MIB: "cuBLAS/cuBLASLt workspace"}),
+        # Hopper and Blackwell: 32 MiB; cuBLASLt's own (older torch): 1 MiB
+        (9, {}, {32 * MIB: CUBLAS, MIB: LT}),
+        (10, {}, {32 * MIB: CUBLAS, MIB: LT}),
+        (12, {}, {32 * MIB: CUBLAS, MIB: LT}),
         # before Hopper, ":4096:2:16:8": two 4 MiB buffers and eight of 16 KiB
-        (8, {}, {8 * MIB + 128 * 1024: "cuBLAS/cuBLASLt workspace"}),
-        (9, {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}, {32 * MIB: "cuBLAS/cuBLASLt workspace"}),
-        (9, {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}, {128 * 1024: "cuBLAS/cuBLASLt workspace"}),
+        (8, {}, {8 * MIB + 128 * 1024: CUBLAS, MIB: LT}),
+        (9, {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}, {32 * MIB: CUBLAS, MIB: LT}),
+        (9, {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}, {128 * 1024: CUBLAS, MIB: LT}),
         # a value torch cannot parse: its default
-        (9, {"CUBLAS_WORKSPACE_CONFIG": "lots"}, {32 * MIB: "cuBLAS/cuBLASLt workspace"}),
-        # separate cuBLASLt workspaces: 1 MiB by default, or CUBLASLT_WORKSPACE_SIZE KiB
-        (
-            9,
-            {"TORCH_CUBLASLT_UNIFIED_WORKSPACE": "0"},
-            {32 * MIB: "cuBLAS workspace", MIB: "cuBLASLt workspace"},
-        ),
-        (
-            8,
-            {"TORCH_CUBLASLT_UNIFIED_WORKSPACE": "false", "CUBLASLT_WORKSPACE_SIZE": "4096"},
-            {8 * MIB + 128 * 1024: "cuBLAS workspace", 4 * MIB: "cuBLASLt workspace"},
-        ),
-        (
-            9,
-            {"TORCH_CUBLASLT_UNIFIED_WORKSPACE": "0", "CUBLASLT_WORKSPACE_SIZE": "32768"},
-            {32 * MIB: "cuBLAS/cuBLASLt workspace"},
-        ),
+        (9, {"CUBLAS_WORKSPACE_CONFIG": "lots"}, {32 * MIB: CUBLAS, MIB: LT}),
+        (8, {"CUBLASLT_WORKSPACE_SIZE": "4096"}, {8 * MIB + 128 * 1024: CUBLAS, 4 * MIB: LT}),
+        (9, {"CUBLASLT_WORKSPACE_SIZE": "32768"}, {32 * MIB: BOTH}),
+        (9, {"CUBLASLT_WORKSPACE_SIZE": "many"}, {32 * MIB: CUBLAS, MIB: LT}),
+        # cuBLASLt told to share cuBLAS's workspace: no size of its own
+        (9, {"TORCH_CUBLASLT_UNIFIED_WORKSPACE": "1"}, {32 * MIB: CUBLAS}),
+        (9, {"TORCH_CUBLASLT_UNIFIED_WORKSPACE": "0"}, {32 * MIB: CUBLAS, MIB: LT}),
         (None, {}, {}),  # no device: nothing named
     ],
 )
@@ -86,28 +80,33 @@ def test_untracked_blocks_of_a_workspace_size_are_named_and_counted_apart():
         _seg(base + 3 * ws, [_blk(4 * MIB, base + 3 * ws)]),  # tracked
         _seg(base + 4 * ws, [_blk(ws, base + 4 * ws, state="inactive")]),  # cached, free
         _seg(base + 5 * ws, [_blk(2 * MIB, base + 5 * ws)]),  # nobody's
+        _seg(base + 6 * ws, [_blk(MIB, base + 6 * ws)]),  # cuBLASLt's
     ]
     storages = [(base + 3 * ws, 4 * MIB, "0.weight")]
     got = attribute_blocks(
         segments, storages, 0, top=10, library_sizes=library_workspace_sizes(9, {})
     )
-    allocated = 3 * ws + 4 * MIB + 2 * MIB
+    allocated = 3 * ws + 4 * MIB + 2 * MIB + MIB
     assert got["allocated"] == allocated
     assert got["attributed"] == 4 * MIB
     assert got["untracked"] == allocated - 4 * MIB  # unchanged meaning: not a tracked storage
     lib = got["library_workspaces"]
-    assert lib["bytes"] == 2 * ws
-    assert lib["by_name"] == {"cuBLAS/cuBLASLt workspace": {"bytes": 2 * ws, "blocks": 2}}
-    assert lib["sizes"] == {str(ws): "cuBLAS/cuBLASLt workspace"}
-    assert got["explained"] == 4 * MIB + 2 * ws
-    assert got["explained_fraction"] == pytest.approx((4 * MIB + 2 * ws) / allocated)
+    assert lib["bytes"] == 2 * ws + MIB
+    assert lib["by_name"] == {
+        CUBLAS: {"bytes": 2 * ws, "blocks": 2},
+        LT: {"bytes": MIB, "blocks": 1},
+    }
+    assert lib["sizes"] == {str(MIB): LT, str(ws): CUBLAS}
+    assert got["explained"] == 4 * MIB + 2 * ws + MIB
+    assert got["explained_fraction"] == pytest.approx((4 * MIB + 2 * ws + MIB) / allocated)
     assert got["unexplained"] == ws + 2 * MIB
     named = {b["address"]: b["library"] for b in got["untracked_blocks"]}
     assert named == {
-        base: "cuBLAS/cuBLASLt workspace",
-        base + ws: "cuBLAS/cuBLASLt workspace",
+        base: CUBLAS,
+        base + ws: CUBLAS,
         base + 2 * ws: None,  # asked for fewer bytes: a tensor's block, rounded up
         base + 5 * ws: None,
+        base + 6 * ws: LT,
     }
     # without sizes (ROCm, an unknown device) nothing is named
     plain = attribute_blocks(segments, storages, 0)
@@ -121,7 +120,7 @@ def test_the_page_shows_the_workspaces_and_what_is_left():
         [_seg(base, [_blk(ws, base)]), _seg(base + ws, [_blk(MIB, base + ws)])],
         [],
         0,
-        library_sizes={ws: "cuBLAS/cuBLASLt workspace"},
+        library_sizes={ws: BOTH},
     )
     doc = {
         "schema": "memlord.oom/1",
