@@ -516,12 +516,22 @@ static PyMethodDef core_methods[] = {
  * driver and stream stand-ins).  They live in their own namespace,
  * memlord._core._testing, out of the production table above; like the module
  * functions they are bound to the _core module, whose state they read. */
+/* _testing.device_getter_cleared(t): t.device through the fast getter, then
+ * as after the module state was cleared at finalization. */
+static PyObject *core_device_getter_cleared(PyObject *module, PyObject *t)
+{
+    return ml_probe_device_getter_cleared(ml_state_of_module(module), t);
+}
+
 static PyMethodDef testing_methods[] = {
+    {"device_getter_cleared", (PyCFunction)core_device_getter_cleared, METH_O,
+     "t.device read through the fast getter, then again with the descriptor cleared."},
     {"set_cache_type", (PyCFunction)core_set_cache_type, METH_VARARGS,
      "Whether auto-GC treats a device type as having a cache; returns the old "
      "value."},
     {"sites_info", (PyCFunction)core_sites_info, METH_NOARGS,
-     "(stacks, locations, raw slots in use) of the site table."},
+     "(stacks, locations, raw slots in use, frames resolved to a line, captures "
+     "not among the recent stacks) of the site table."},
     {"capture_site", (PyCFunction)core_capture_site, METH_NOARGS,
      "The site id a capture here gets (0: none)."},
     {"capture_sites", (PyCFunction)core_capture_sites, METH_NOARGS,

@@ -26,6 +26,11 @@ static inline int as_uintptr(PyObject *o, uintptr_t *out)
  * called directly; the answer is cached per type and version tag. */
 static inline int fast_ok(ml_fast *f, PyObject *obj, PyObject *name, const PyObject *descr)
 {
+    if (descr == NULL) {
+        /* the state was cleared (the interpreter finalizing): the cache
+         * remembers types, not the descriptor, which is gone */
+        return 0;
+    }
     PyTypeObject *tp = Py_TYPE(obj);
     int valid = PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG);
     for (int i = 0; i < 2; i++) {
@@ -33,7 +38,7 @@ static inline int fast_ok(ml_fast *f, PyObject *obj, PyObject *name, const PyObj
             return 1;
         }
     }
-    if (descr == NULL || ml_type_lookup(tp, name) != descr) {
+    if (ml_type_lookup(tp, name) != descr) {
         return 0;
     }
     valid = PyType_HasFeature(tp, Py_TPFLAGS_VALID_VERSION_TAG); /* the lookup may assign one */

@@ -196,3 +196,13 @@ int ml_tensor_device(ml_state *st, PyObject *t, ml_dev *dev)
     Py_DECREF(d);
     return rc;
 }
+
+PyObject *ml_probe_device_getter_cleared(ml_state *st, PyObject *t)
+{
+    PyObject *d = get_fast(&st->f_device, t, st->s_device, st->d_device); /* primes the cache */
+    if (d == NULL) {
+        return NULL;
+    }
+    Py_DECREF(d);
+    return get_fast(&st->f_device, t, st->s_device, NULL);
+}

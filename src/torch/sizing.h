@@ -74,6 +74,9 @@ int ml_sizing_in_c(void);
 PyObject *ml_tensor_untyped_storage(ml_state *st, PyObject *t);
 /* The device of a tensor. */
 int ml_tensor_device(ml_state *st, PyObject *t, ml_dev *dev);
+/* A test probe: t.device read through the fast getter once, then again as
+ * after the module state was cleared (no descriptor): a new reference. */
+PyObject *ml_probe_device_getter_cleared(ml_state *st, PyObject *t);
 /* What lifetime tracking remembers of the tensor through which it first
  * saw a storage.  shape_kind: 0..ML_SHAPE_PACKED_MAX, the dimension count
  * with the sizes packed in shape (ml_shape_pack); ML_SHAPE_OBJ, shape_obj

@@ -13,6 +13,7 @@ PROBES = (
     "capture_sites",
     "cuda_driver",
     "cuda_standin",
+    "device_getter_cleared",
     "safe_point",
     "set_cache_type",
     "sites_info",
