@@ -76,6 +76,11 @@ def test_oom_counted_once_with_a_post_mortem(small_gpu, tmp_path):
     assert doc["request"]["device"] == f"cuda:{device}"
     seg = doc["devices"][f"cuda:{device}"]["segments"]
     assert seg is not None, doc["notes"]
+    print(  # the figures, for tools/gpu_check.sh's log (run alone with -rP)
+        f"allocated {allocated} attributed {seg['attributed']} workspaces released "
+        f"{workspaces} named {seg['library_workspaces']} explained {seg['explained']} "
+        f"({seg['explained'] / allocated:.4f}) unexplained {seg['unexplained']}"
+    )
     assert seg["attributed"] >= 0.95 * (allocated - workspaces), (seg, allocated, workspaces)
     assert seg["untracked"] >= workspaces, (seg, workspaces)
     # the workspaces named by their size are exactly what torch releases as workspaces, and

@@ -110,3 +110,4 @@ def test_a_cuda_oom_post_mortem_attributes_95_percent_of_allocated_bytes(tmp_pat
     )
     assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
     assert out.stdout.rstrip().endswith("ok"), out.stdout
+    print(out.stdout)  # the figures, for tools/gpu_check.sh's log (run alone with -rP)
