@@ -1,6 +1,8 @@
 /* The CUDA pending-free queue (its storage is the dispatcher's). */
 #include "hooks/pending.h"
 
+#include <string.h>
+
 static void credit(ml_pending *p, enum ml_ev_source source)
 {
     ml_delta d = {p->dev, p->bytes, 1, p->ptr, 0};
@@ -68,12 +70,21 @@ ML_COLD void ml_pending_drain(int wait, PyObject *only, int head_only)
         }
     }
     Py_ssize_t n = ml_disp.npending, cap = ml_disp.cap;
-    char *ready = PyMem_Calloc((size_t)n, 1);
-    ml_pending *done = PyMem_Malloc((size_t)n * sizeof(ml_pending));
+    /* a short queue (a poll after a move or two) on the stack */
+    char ready_buf[16];
+    ml_pending done_buf[16];
+    int small = n <= 16;
+    char *ready = small ? ready_buf : PyMem_Calloc((size_t)n, 1);
+    ml_pending *done = small ? done_buf : PyMem_Malloc((size_t)n * sizeof(ml_pending));
     if (ready == NULL || done == NULL) {
-        PyMem_Free(ready);
-        PyMem_Free(done);
+        if (!small) {
+            PyMem_Free(ready);
+            PyMem_Free(done);
+        }
         return; /* try again at the next poll; nothing is lost */
+    }
+    if (small) {
+        memset(ready_buf, 0, sizeof(ready_buf));
     }
     ml_pending *items = ml_disp.pending;
     ml_disp.pending = NULL;
@@ -104,7 +115,9 @@ ML_COLD void ml_pending_drain(int wait, PyObject *only, int head_only)
             items[k++] = items[i];
         }
     }
-    PyMem_Free(ready);
+    if (!small) {
+        PyMem_Free(ready);
+    }
     ml_disp.pending = items;
     ml_disp.npending = k;
     ml_disp.cap = cap;
@@ -139,7 +152,9 @@ ML_COLD void ml_pending_drain(int wait, PyObject *only, int head_only)
         Py_SETREF(p->lords, rest);
         pending_append(p, 1);
     }
-    PyMem_Free(done);
+    if (!small) {
+        PyMem_Free(done);
+    }
 }
 
 int ml_pending_push(ml_cuda_event *ev, ml_dev dev, int64_t bytes, uintptr_t ptr,
