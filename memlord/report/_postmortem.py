@@ -361,6 +361,15 @@ class _Group:
         self.count = 0
 
 
+def _add(groups: dict[Any, _Group], key: Any, nbytes: int, count: int = 1) -> None:
+    """``count`` more items of ``nbytes`` in all in ``groups[key]``."""
+    g = groups.get(key)
+    if g is None:
+        g = groups[key] = _Group()
+    g.bytes += nbytes
+    g.count += count
+
+
 def _table(groups: dict[Any, _Group], top: int, label: Any = None) -> dict[str, Any]:
     """The ``top`` largest groups, and the rest summed."""
     items = sorted(groups.items(), key=lambda kv: (-kv[1].bytes, str(kv[0])))
@@ -600,11 +609,7 @@ def attribute_blocks(
                 lib = sizes.get(size) if requested == size else None
                 if lib is not None:
                     library_bytes += size
-                    g = library.get(lib)
-                    if g is None:
-                        g = library[lib] = _Group()
-                    g.bytes += size
-                    g.count += 1
+                    _add(library, lib, size)
                 untracked.append(
                     {
                         "address": start,
@@ -616,11 +621,7 @@ def attribute_blocks(
                 )
             else:
                 attributed += size
-                g = held.get(owner)
-                if g is None:
-                    g = held[owner] = _Group()
-                g.bytes += size
-                g.count += 1
+                _add(held, owner, size)
     untracked.sort(key=lambda b: (-b["size"], b["address"]))
     return {
         "segments": n_segments,
@@ -1126,11 +1127,7 @@ def _attribute_live(
             (t["modules"], module),
             (t["sites"], site),
         ):
-            g = table.get(k)
-            if g is None:
-                g = table[k] = _Group()
-            g.bytes += nbytes
-            g.count += count
+            _add(table, k, nbytes, count)
 
     def name_of(e: tuple) -> str | None:
         hit = by_key.get((e[0][:4] == "cuda", e[2])) if e[2] else None
