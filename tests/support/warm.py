@@ -53,6 +53,8 @@ MAX_ZYGOTES = 6
 START_TIMEOUT_S = 600
 
 stats = {"warm": 0, "fallback": 0}
+#: MEMLORD_TEST_WARM=0: every call a real process (to compare, or to rule the zygote out)
+_ENABLED = os.environ.get("MEMLORD_TEST_WARM", "1") != "0"
 
 _zygotes: dict[tuple, _Zygote | None] = {}
 
@@ -253,7 +255,7 @@ def run(
     kwargs = dict(env=env, cwd=cwd, input=input, capture_output=capture_output, stdout=stdout,
                   stderr=stderr, text=text, encoding=encoding, errors=errors, timeout=timeout,
                   check=check)  # fmt: skip
-    parsed = _parse(args) if os.getpid() == _owner else None
+    parsed = _parse(args) if os.getpid() == _owner and _ENABLED else None
     env = dict(os.environ if env is None else env)
     cwd = os.path.abspath(os.fspath(cwd)) if cwd is not None else os.getcwd()
     z = None

@@ -14,6 +14,7 @@ import pytest
 from support import warm
 
 PY = sys.executable
+pytestmark = pytest.mark.skipif(not warm._ENABLED, reason="MEMLORD_TEST_WARM=0: no zygote")
 
 
 @pytest.fixture(autouse=True)
