@@ -12,7 +12,8 @@ working directory, installs a fresh ``__main__`` and runs the code in it; then t
 interpreter ends as any other: SystemExit reaches the top, atexit handlers, thread joins,
 module teardown and the exit status are the interpreter's own.
 
-A closed stdin (the test process ended) or a ``q`` on it ends the server.
+A closed stdin (the test process ended), a ``q`` on it, or no request for IDLE_S seconds
+(argv[2]) ends the server.
 """
 
 import json
@@ -22,6 +23,7 @@ import socket
 import sys
 
 _SOCKET_PATH = sys.argv[1]
+_IDLE_S = float(sys.argv[2])
 
 
 def _tasks():
@@ -110,7 +112,11 @@ def _serve():
                 pass
         except ChildProcessError:
             pass
-        ready, _, _ = select.select([srv, 0], [], [])
+        ready, _, _ = select.select([srv, 0], [], [], _IDLE_S)
+        if not ready:  # idle: end (the caller sees the name gone, then the process)
+            os.unlink(_SOCKET_PATH)
+            srv.close()
+            return None
         if 0 in ready:
             if os.read(0, 1) in (b"", b"q"):
                 srv.close()

@@ -49,7 +49,9 @@ LAZY_ENV = frozenset({"DEBUG", "NO_COLOR", "FORCE_COLOR", "PYTEST_CURRENT_TEST"}
 #: interpreter options a zygote can be started with (with their argument where they take one)
 OPTIONS = {"-X": True, "-W": True, "-P": False, "-B": False, "-u": False, "-E": False,
            "-s": False, "-I": False, "-O": False, "-b": False}  # fmt: skip
-MAX_ZYGOTES = 6
+MAX_ZYGOTES = 8
+#: a zygote unused this long ends (its memory back); the next call starts a new one
+IDLE_S = 300
 START_TIMEOUT_S = 600
 
 stats = {"warm": 0, "fallback": 0}
@@ -66,7 +68,7 @@ class _Zygote:
         self.out = tempfile.TemporaryFile(dir=self.dir)
         self.err = tempfile.TemporaryFile(dir=self.dir)
         self.proc = subprocess.Popen(
-            [sys.executable, *options, "-c", _SERVER.read_text(), self.path],
+            [sys.executable, *options, "-c", _SERVER.read_text(), self.path, str(IDLE_S)],
             stdin=subprocess.PIPE,
             stdout=self.out,
             stderr=self.err,
@@ -339,18 +341,30 @@ def _read_all(f) -> bytes:
     return f.read()
 
 
+def _ended(z: _Zygote) -> bool:
+    """Whether the zygote is ending (idle for ``IDLE_S``, or crashed): waits for it a little."""
+    try:
+        z.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
 def _execute(z: _Zygote, fds, timeout, args, out_f, err_f, retry: bool = True) -> int | None:
     """Send the request, wait for the runner; its return code (None: refused)."""
-    try:
-        conn = z.connect(b"run", fds)
-    except OSError:
-        if z.alive() or not retry:
-            raise
-        # the zygote died: one new one for its key (or real processes from now on)
+
+    def again():  # the zygote ended before it took the request: a new one for its key
         key = next(k for k, v in _zygotes.items() if v is z)
         del _zygotes[key]
         new = _zygote(key, key[0], dict(key[1]))
         return None if new is None else _execute(new, fds, timeout, args, out_f, err_f, False)
+
+    try:
+        conn = z.connect(b"run", fds)
+    except OSError:
+        if retry and _ended(z):
+            return again()
+        raise
     with conn:
         deadline = None if timeout is None else time.monotonic() + timeout
         pid = None
@@ -367,7 +381,11 @@ def _execute(z: _Zygote, fds, timeout, args, out_f, err_f, retry: bool = True) -
                 out = _read_all(out_f) if out_f is not None else None
                 err = _read_all(err_f) if err_f is not None else None
                 raise subprocess.TimeoutExpired(args, timeout, out, err) from None
+            except ConnectionError:
+                data = b""
             if data == b"":
+                if pid is None and retry and _ended(z):
+                    return again()
                 raise RuntimeError("support.warm: the zygote's supervisor went away")
             msg = json.loads(data)
             if "refused" in msg:

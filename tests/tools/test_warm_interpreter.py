@@ -164,6 +164,7 @@ def test_interpreter_options_and_import_time_variables_get_a_zygote_of_their_own
     r = warm.run([PY, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert r.stdout == "False\n"
     assert the_zygote(env) is not None and the_zygote(env) is not the_zygote()
+    the_zygote(env).close()  # (its memory back: no other test uses it)
 
 
 def test_what_a_zygote_cannot_serve_runs_in_a_real_process(tmp_path):
@@ -200,3 +201,33 @@ def test_a_zygote_that_dies_is_replaced_and_one_that_cannot_start_falls_back(mon
     assert the_zygote(env) is None
     r = warm.run([PY, "-c", code], env=env, capture_output=True, text=True)
     assert r.stdout == "ran\n" and warm.stats["fallback"] == before + 2
+
+
+def test_a_crash_while_the_interpreter_finalizes_is_seen():
+    """What the exit tests rely on: the child's module teardown runs (a global's finalizer
+    that aborts gives -SIGABRT), after its output is flushed."""
+    code = (
+        "import os\n"
+        "class Bomb:\n"
+        "    def __del__(self):\n"
+        "        os.write(1, b'tearing down\\n'); os.abort()\n"
+        "bomb = Bomb()\n"
+        "print('main done')\n"
+    )
+    r = warm.run([PY, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == -signal.SIGABRT
+    assert r.stdout == "main done\ntearing down\n"
+
+
+def test_an_idle_zygote_ends_and_the_next_call_starts_another(monkeypatch):
+    monkeypatch.setattr(warm, "IDLE_S", 1)
+    env = dict(os.environ, MEMLORD_WARM_SELFTEST="idle")
+    code = "import os; print(os.getppid())"
+    assert warm.run([PY, "-c", code], env=env, capture_output=True).returncode == 0
+    first = the_zygote(env)
+    first.proc.wait(60)  # it ends by itself
+    r = warm.run([PY, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip()
+    second = the_zygote(env)
+    assert second is not first and second.alive()
+    second.close()
