@@ -21,6 +21,7 @@ import os
 import select
 import socket
 import sys
+import warnings
 
 _SOCKET_PATH = sys.argv[1]
 _IDLE_S = float(sys.argv[2])
@@ -45,7 +46,10 @@ def _preload():
     # numpy's OpenBLAS starts a thread pool when loaded, and stops it in its fork handler
     # (pthread_atfork), to start it again at the next BLAS call. One fork stops it here:
     # from then on this process has one thread, checked before every fork.
-    pid = os.fork()
+    # (Python 3.12+ warns of a fork with threads running: this one's child only exits)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
     if pid == 0:
         os._exit(0)
     os.waitpid(pid, 0)

@@ -21,6 +21,11 @@ an option not in ``OPTIONS``, a working directory or script folder that would sh
 imported module on ``sys.path``, a zygote that failed to start, more than ``MAX_ZYGOTES``
 keys, a call from a forked test process. ``warm.stats`` counts both.
 
+Differences a test could see: the modules the zygote imported are already in
+``sys.modules``; numpy's OpenBLAS thread pool is stopped by the fork (it starts again at
+the next BLAS call); the hash seed is the zygote's; an uncaught KeyboardInterrupt exits
+with 1, not by SIGINT; stdin is /dev/null unless ``input`` is given.
+
 Not for a test whose contract is about the interpreter's start: import-time behaviour,
 an environment variable read at import (``MEMLORD_TENSOR_ABI``), ``python -m memlord``,
 the CLI's entry points, torchrun. Those keep ``subprocess.run``.
