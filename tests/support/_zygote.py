@@ -173,6 +173,8 @@ def _become(fds):
     # the same dict object (os.environ._data), which memlord's core watches for DEBUG
     os.environ.clear()
     os.environ.update(req["env"])
+    abi = req["switched"]["MEMLORD_TENSOR_ABI"]  # read by memlord's import: set as it does
+    sys.modules["memlord"]._core._tensor_abi(abi != "0")
     os.chdir(req["cwd"])
     sys.argv[:] = req["argv"]
     if hasattr(sys, "orig_argv"):

@@ -16,10 +16,11 @@ caller's (files here, not pipes: both are non-terminals, so Python buffers them 
 
 What cannot differ between a child and a fresh process decides which zygote serves a
 call: one per (interpreter options, environment less the variables read only while the
-program runs, ``LAZY_ENV``). Anything else falls back to ``subprocess.run`` itself: ``-m``,
-an option not in ``OPTIONS``, a working directory or script folder that would shadow an
-imported module on ``sys.path``, a zygote that failed to start, more than ``MAX_ZYGOTES``
-keys, a call from a forked test process. ``warm.stats`` counts both.
+program runs, ``LAZY_ENV``, and those read at memlord's import into a state the child
+sets again exactly, ``SWITCHED_ENV``). Anything else falls back to ``subprocess.run``
+itself: ``-m``, an option not in ``OPTIONS``, a working directory or script folder that
+would shadow an imported module on ``sys.path``, a zygote that failed to start, more than
+``MAX_ZYGOTES`` live keys, a call from a forked test process. ``warm.stats`` counts both.
 
 Differences a test could see: the modules the zygote imported are already in
 ``sys.modules``; numpy's OpenBLAS thread pool is stopped by the fork (it starts again at
@@ -27,8 +28,8 @@ the next BLAS call); the hash seed is the zygote's; an uncaught KeyboardInterrup
 with 1, not by SIGINT; stdin is /dev/null unless ``input`` is given.
 
 Not for a test whose contract is about the interpreter's start: import-time behaviour,
-an environment variable read at import (``MEMLORD_TENSOR_ABI``), ``python -m memlord``,
-the CLI's entry points, torchrun. Those keep ``subprocess.run``.
+how a variable is read at import (test_tensorabi.py's MEMLORD_TENSOR_ABI test), ``python
+-m memlord``, the CLI's entry points, torchrun. Those keep ``subprocess.run``.
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ _SERVER = Path(__file__).with_name("_zygote.py")
 #: test name): they may differ between the zygote and the child. Every other variable is
 #: part of the zygote's key.
 LAZY_ENV = frozenset({"DEBUG", "NO_COLOR", "FORCE_COLOR", "PYTEST_CURRENT_TEST"})
+#: variables read once, when memlord is imported, into a state its core can set again
+#: exactly: the child sets it from the value it is given (MEMLORD_TENSOR_ABI: the import
+#: does ``on = valid and value != "0"``, ``_core._tensor_abi(on)`` does ``on and valid``)
+SWITCHED_ENV = frozenset({"MEMLORD_TENSOR_ABI"})
 #: interpreter options a zygote can be started with (with their argument where they take one)
 OPTIONS = {"-X": True, "-W": True, "-P": False, "-B": False, "-u": False, "-E": False,
            "-s": False, "-I": False, "-O": False, "-b": False}  # fmt: skip
@@ -202,6 +207,11 @@ def _shadows(folder: str, modules: frozenset[str]) -> bool:
     return any(name.partition(".")[0] in modules for name in names)
 
 
+def _fixed_env(env: dict[str, str]) -> dict[str, str]:
+    """The variables a zygote must have been started with (its key, less the options)."""
+    return {k: v for k, v in env.items() if k not in LAZY_ENV and k not in SWITCHED_ENV}
+
+
 def _zygote(key: tuple, options: tuple[str, ...], env: dict[str, str]) -> _Zygote | None:
     z = _zygotes.get(key, False)
     if z is None:
@@ -270,8 +280,8 @@ def run(
         options, what = parsed
         if "-P" in options and _safe_path(tuple(o for o in options if o != "-P"), env):
             options = tuple(o for o in options if o != "-P")
-        key = (options, tuple(sorted((k, v) for k, v in env.items() if k not in LAZY_ENV)))
-        z = _zygote(key, options, {k: v for k, v in env.items() if k not in LAZY_ENV})
+        fixed = _fixed_env(env)
+        z = _zygote((options, tuple(sorted(fixed.items()))), options, fixed)
     path0 = None
     if z is not None and not _safe_path(options, env):
         folder = cwd
@@ -318,6 +328,7 @@ def run(
             "env": env,
             "cwd": cwd,
             "path0": path0,
+            "switched": {k: env.get(k) for k in SWITCHED_ENV},
             "preamble_out": z.preamble_out,
             "preamble_err": z.preamble_err,
         }

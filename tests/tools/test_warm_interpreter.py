@@ -26,7 +26,7 @@ def _in_an_empty_folder(tmp_path_factory, monkeypatch):
 
 def the_zygote(env=None, options=()):
     env = dict(os.environ if env is None else env)
-    key = (tuple(options), tuple(sorted((k, v) for k, v in env.items() if k not in warm.LAZY_ENV)))
+    key = (tuple(options), tuple(sorted(warm._fixed_env(env).items())))
     return warm._zygotes.get(key)
 
 
@@ -158,13 +158,26 @@ def test_interpreter_options_and_import_time_variables_get_a_zygote_of_their_own
         [PY, "-c", "import sys; print(sys.flags.dev_mode)"], capture_output=True, text=True
     )
     assert r.stdout == "False\n"
-    # read when memlord is imported: a child of a zygote without it would say True
-    code = "from memlord import _core; print(_core._tensor_abi()['enabled'])"
-    env = dict(os.environ, MEMLORD_TENSOR_ABI="0")
-    r = warm.run([PY, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert r.stdout == "False\n"
+    # read at startup: another zygote
+    env = dict(os.environ, PYTHONOPTIMIZE="1")
+    r = warm.run([PY, "-c", "import sys; print(sys.flags.optimize)"], env=env,
+                 capture_output=True, text=True, check=True)  # fmt: skip
+    assert r.stdout == "1\n"
     assert the_zygote(env) is not None and the_zygote(env) is not the_zygote()
     the_zygote(env).close()  # (its memory back: no other test uses it)
+
+
+@pytest.mark.parametrize("value", [None, "0", "1"])
+def test_the_tensor_abi_variable_is_set_in_the_child_as_memlords_import_does(value):
+    """MEMLORD_TENSOR_ABI is read when memlord is imported; the child sets the same state."""
+    code = "from memlord import _core; print(_core._tensor_abi())"
+    env = {k: v for k, v in os.environ.items() if k != "MEMLORD_TENSOR_ABI"}
+    if value is not None:
+        env["MEMLORD_TENSOR_ABI"] = value
+    r = warm.run([PY, "-c", code], env=env, capture_output=True, text=True, check=True)
+    fresh = subprocess.run([PY, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert r.stdout == fresh.stdout
+    assert ("'enabled': False" in r.stdout) == (value == "0")
 
 
 def test_what_a_zygote_cannot_serve_runs_in_a_real_process(tmp_path):
