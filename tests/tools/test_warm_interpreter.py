@@ -11,10 +11,16 @@ import textwrap
 import time
 
 import pytest
+from conftest import under_asan
 from support import warm
 
 PY = sys.executable
 pytestmark = pytest.mark.skipif(not warm._ENABLED, reason="MEMLORD_TEST_WARM=0: no zygote")
+# The helper is Python: py runs every test here. Under ASan a zygote's start or a fresh
+# process to compare with costs 7 s on CI's critical path; the asan run keeps the tests
+# that fork from the zygote every converted test shares, and the converted tests
+# themselves run there.
+py_only = pytest.mark.skipif(under_asan(), reason="fresh processes and extra zygotes: in py")
 
 
 @pytest.fixture(autouse=True)
@@ -30,6 +36,7 @@ def the_zygote(env=None, options=()):
     return warm._zygotes.get(key)
 
 
+@py_only
 def test_exit_status_streams_argv_env_and_working_directory(tmp_path):
     code = textwrap.dedent(
         """\
@@ -62,6 +69,7 @@ def test_exit_status_streams_argv_env_and_working_directory(tmp_path):
     assert r.stdout in ("ABC\ne\n", "e\nABC\n") and r.stderr is None
 
 
+@py_only
 def test_a_script_runs_as_main_with_its_file_and_folder(tmp_path):
     script = tmp_path / "prog.py"
     script.write_text("import sys\nprint(__name__, __file__, sys.argv[1:])\n")
@@ -69,6 +77,7 @@ def test_a_script_runs_as_main_with_its_file_and_folder(tmp_path):
     assert r.stdout == f"__main__ {script} ['a']\n"
 
 
+@py_only
 def test_an_uncaught_exception_prints_the_callers_traceback_only():
     r = warm.run([PY, "-c", "def f():\n    raise ValueError('boom')\nf()"], capture_output=True)
     fresh = subprocess.run(
@@ -84,6 +93,7 @@ def test_a_death_by_signal_gives_the_negative_signal_number(sig):
     assert r.returncode == -sig
 
 
+@py_only
 def test_the_child_ends_through_interpreter_finalization():
     """atexit handlers run, non-daemon threads are joined, module globals are torn down
     (a finalizer prints) with memlord's hooks on, line for line as in a fresh process."""
@@ -150,6 +160,7 @@ def test_a_timeout_kills_the_child_and_raises_with_its_output():
         pytest.fail(f"the timed-out child {pid} still runs")
 
 
+@py_only
 def test_interpreter_options_and_import_time_variables_get_a_zygote_of_their_own():
     r = warm.run([PY, "-X", "dev", "-c", "import sys; print(sys.flags.dev_mode)"],
                  capture_output=True, text=True, check=True)  # fmt: skip
@@ -167,6 +178,7 @@ def test_interpreter_options_and_import_time_variables_get_a_zygote_of_their_own
     the_zygote(env).close()  # (its memory back: no other test uses it)
 
 
+@py_only
 @pytest.mark.parametrize("value", [None, "0", "1"])
 def test_the_tensor_abi_variable_is_set_in_the_child_as_memlords_import_does(value):
     """MEMLORD_TENSOR_ABI is read when memlord is imported; the child sets the same state."""
@@ -180,6 +192,7 @@ def test_the_tensor_abi_variable_is_set_in_the_child_as_memlords_import_does(val
     assert ("'enabled': False" in r.stdout) == (value == "0")
 
 
+@py_only
 def test_what_a_zygote_cannot_serve_runs_in_a_real_process(tmp_path):
     before = dict(warm.stats)
     r = warm.run([PY, "-m", "platform"], capture_output=True, text=True, check=True)
@@ -193,6 +206,7 @@ def test_what_a_zygote_cannot_serve_runs_in_a_real_process(tmp_path):
     assert warm.stats["warm"] == before["warm"]
 
 
+@py_only
 def test_a_zygote_that_dies_is_replaced_and_one_that_cannot_start_falls_back(monkeypatch):
     env = dict(os.environ, MEMLORD_WARM_SELFTEST="crash")
     code = "print('ran')"
@@ -232,6 +246,7 @@ def test_a_crash_while_the_interpreter_finalizes_is_seen():
     assert r.stdout == "main done\ntearing down\n"
 
 
+@py_only
 def test_an_idle_zygote_ends_and_the_next_call_starts_another(monkeypatch):
     monkeypatch.setattr(warm, "IDLE_S", 1)
     env = dict(os.environ, MEMLORD_WARM_SELFTEST="idle")
