@@ -61,7 +61,7 @@ OPTIONS = {"-X": True, "-W": True, "-P": False, "-B": False, "-u": False, "-E": 
            "-s": False, "-I": False, "-O": False, "-b": False}  # fmt: skip
 MAX_ZYGOTES = 8
 #: a zygote unused this long ends (its memory back); the next call starts a new one
-IDLE_S = 300
+IDLE_S = 600
 START_TIMEOUT_S = 600
 
 stats = {"warm": 0, "fallback": 0}
