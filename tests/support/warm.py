@@ -63,6 +63,8 @@ MAX_ZYGOTES = 8
 #: a zygote unused this long ends (its memory back); the next call starts a new one
 IDLE_S = 600
 START_TIMEOUT_S = 600
+#: how long a zygote may take to fork a request's child before it counts as stuck
+HELLO_S = 120
 
 stats = {"warm": 0, "fallback": 0}
 #: MEMLORD_TEST_WARM=0: every call a real process (to compare, or to rule the zygote out)
@@ -222,7 +224,7 @@ def _zygote(key: tuple, options: tuple[str, ...], env: dict[str, str]) -> _Zygot
         return None
     try:
         z = _Zygote(options, env)
-    except (OSError, RuntimeError) as e:
+    except (OSError, RuntimeError, ValueError) as e:
         print(f"support.warm: falling back to real processes: {e}", file=sys.stderr)
         z = None
     _zygotes[key] = z
@@ -385,10 +387,16 @@ def _execute(z: _Zygote, fds, timeout, args, out_f, err_f, retry: bool = True) -
         deadline = None if timeout is None else time.monotonic() + timeout
         pid = None
         while True:
-            conn.settimeout(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if pid is None:  # a zygote that does not answer at once is stuck: never hang on it
+                left = HELLO_S if left is None else min(left, HELLO_S)
+            conn.settimeout(left)
             try:
                 data = conn.recv(1 << 16)
             except TimeoutError:
+                if pid is None and (deadline is None or time.monotonic() < deadline):
+                    z.proc.kill()  # (the next call starts another)
+                    return None  # a real process instead
                 if pid is not None:  # (closing the connection would do too: the supervisor
                     try:  # kills its runner when the caller goes)
                         os.kill(pid, signal.SIGKILL)

@@ -259,3 +259,18 @@ def test_an_idle_zygote_ends_and_the_next_call_starts_another(monkeypatch):
     second = the_zygote(env)
     assert second is not first and second.alive()
     second.close()
+
+
+@py_only
+def test_a_stuck_zygote_is_killed_and_the_call_runs_in_a_real_process(monkeypatch):
+    env = dict(os.environ, MEMLORD_WARM_SELFTEST="stuck")
+    code = "print('ran')"
+    assert warm.run([PY, "-c", code], env=env, capture_output=True, text=True).stdout == "ran\n"
+    z = the_zygote(env)
+    os.kill(z.pid, signal.SIGSTOP)  # accepts no more connections: they wait in its backlog
+    monkeypatch.setattr(warm, "HELLO_S", 1)
+    before = warm.stats["fallback"]
+    r = warm.run([PY, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.stdout == "ran\n" and warm.stats["fallback"] == before + 1
+    z.proc.wait(30)  # killed
+    assert not z.alive()
