@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 from conftest import fake_mode_cuda
+from support import warm
 
 import memlord
 
@@ -33,7 +34,11 @@ def run_python(code_or_args, *, env_extra=None, x_dev=False, cwd=None):
         cmd += ["-c", textwrap.dedent(code_or_args)]
     else:
         cmd += list(code_or_args)
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=TIMEOUT_S, cwd=cwd)
+    # `python -c` in a child of the warm interpreter (tests/support/warm.py): a real
+    # process that ends through the interpreter's finalization; `-m memlord` (the demo's
+    # start is part of what is tested) in a fresh one
+    run = warm.run if isinstance(code_or_args, str) else subprocess.run
+    return run(cmd, capture_output=True, text=True, env=env, timeout=TIMEOUT_S, cwd=cwd)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

@@ -18,6 +18,7 @@ import weakref
 import pytest
 import torch
 from conftest import under_asan
+from support import warm
 
 import memlord
 from memlord import MemLord, _backend, _core, _log
@@ -466,6 +467,6 @@ print(before, lord.gc_runs)
 
 def test_auto_gc_wakes_when_a_device_with_a_cache_appears():
     # A fresh process: nothing has made a device with a cache count yet.
-    r = subprocess.run([sys.executable, "-c", WAKE], capture_output=True, text=True, timeout=180)
+    r = warm.run([sys.executable, "-c", WAKE], capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["0", "1"], (r.stdout, r.stderr)

@@ -1,7 +1,6 @@
 """Hotspots: top_alloc_site()/top_free_site() name the user's own line, cumulative per site."""
 
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -9,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import fake_cuda, here
+from support import warm
 from torch import nn
 
 from memlord._sites import relative_path
@@ -207,7 +207,7 @@ def test_user_code_in_directories_named_memlord_and_torch(tmp_path):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     env.pop("DEBUG", None)
-    r = subprocess.run(
+    r = warm.run(
         [sys.executable, str(script)],
         capture_output=True,
         text=True,

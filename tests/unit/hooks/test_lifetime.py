@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import gc
 import os
-import subprocess
 import sys
 import textwrap
 import threading
@@ -25,6 +24,7 @@ import weakref
 import pytest
 import torch
 from conftest import here, scaled
+from support import warm
 from torch import nn
 
 import memlord
@@ -138,7 +138,9 @@ def run_python(code, *, env_extra=None, x_dev=False):
         env.pop(k, None)
     env.update(env_extra or {})
     cmd = [sys.executable] + (["-X", "dev"] if x_dev else []) + ["-c", textwrap.dedent(code)]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
+    # a child of the warm interpreter (tests/support/warm.py): a real process that ends
+    # through the interpreter's finalization, without importing torch again
+    return warm.run(cmd, capture_output=True, text=True, env=env, timeout=TIMEOUT_S)
 
 
 # --------------------------------------------------------------------------- factories

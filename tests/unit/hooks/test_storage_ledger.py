@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import gc
 import os
-import subprocess
 import sys
 import textwrap
 import warnings
@@ -24,6 +23,7 @@ import weakref
 
 import pytest
 import torch
+from support import warm
 from torch import nn
 
 import memlord
@@ -88,7 +88,8 @@ def run_python(code, *, timeout=TIMEOUT_S):
     for k in ("DEBUG", "NO_COLOR", "PYTHONWARNINGS"):
         env.pop(k, None)
     cmd = [sys.executable, "-c", textwrap.dedent(code)]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+    # a child of the warm interpreter (tests/support/warm.py), without importing torch again
+    return warm.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
 
 
 # --------------------------------------------------------------------------- tensor objects

@@ -32,7 +32,6 @@ import json
 import multiprocessing as mp
 import os
 import pickle
-import subprocess
 import sys
 import types
 import warnings
@@ -1516,6 +1515,8 @@ FRESH_ROWS = [
 
 
 def test_corpus_in_a_fresh_process():
+    from support import warm  # not at the top: the child imports this module from its folder
+
     here = os.path.dirname(os.path.abspath(__file__))
     code = (
         "import json, sys\n"
@@ -1523,7 +1524,8 @@ def test_corpus_in_a_fresh_process():
         "import test_transparency as T\n"
         "print(json.dumps(T.run_fresh(sys.argv[1:])))\n"
     )
-    proc = subprocess.run(
+    # a child of the warm interpreter (tests/support/warm.py): torch imported, no row run yet
+    proc = warm.run(
         [sys.executable, "-c", code, *FRESH_ROWS],
         capture_output=True,
         text=True,

@@ -16,6 +16,7 @@ import warnings
 
 import pytest
 import torch
+from support import warm
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
@@ -55,9 +56,7 @@ print(inside, u.device, v.device, w.device, torch.zeros(1).device)
 
 def test_device_context_first_used_while_hooked():
     """torch's cached constructor set, built while hooked, works hooked and after disable()."""
-    import subprocess
-
-    out = subprocess.run(
+    out = warm.run(  # a new process, where torch has not built that set yet
         [sys.executable, "-c", DEVICE_CTX_SCRIPT], capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stderr[-2000:]
@@ -345,9 +344,7 @@ print(sorted(lord.stats()), lord.allocated("foo:0")[0], lord.top_alloc_site()[0]
 
 
 def test_renamed_privateuse1_backend_is_a_device():
-    import subprocess
-
-    out = subprocess.run(
+    out = warm.run(  # a new process: the backend's name is set once per process
         [sys.executable, "-c", RENAME_SCRIPT], capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stderr[-2000:]

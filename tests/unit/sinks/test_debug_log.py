@@ -4,7 +4,6 @@ terminal or with FORCE_COLOR, never with NO_COLOR, nothing printed by default.""
 
 import logging
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -12,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import fake_cuda, here
+from support import warm
 from torch import nn
 
 from memlord import MemLord
@@ -207,7 +207,9 @@ SCRIPT = textwrap.dedent(
 def _run(env_extra, setup=""):
     env = {k: v for k, v in os.environ.items() if k not in ("DEBUG", "NO_COLOR", "FORCE_COLOR")}
     env.update(env_extra)
-    return subprocess.run(
+    # DEBUG, NO_COLOR and FORCE_COLOR are read while the program runs: a child of the warm
+    # interpreter (tests/support/warm.py) sees them as a fresh process does
+    return warm.run(
         [sys.executable, "-c", SCRIPT.format(setup=setup)],
         env=env,
         capture_output=True,
