@@ -208,9 +208,8 @@ def test_pressure_a_cooperating_process_releases(rtdir, busy):
     try:
         lord = MemLord()
         want = _available() + (512 << 20)
-        t0, asked_ns = time.monotonic(), time.time_ns()
+        asked_ns = time.time_ns()
         assert lord.request_memory("cpu", want, timeout=20.0) is True
-        took = time.monotonic() - t0
         time.sleep(_publish.HEARTBEAT_S * 2.5)
         rows = _by_pid(_top(rtdir))
         assert rows[icoop["pid"]]["served"] == 1
@@ -231,7 +230,11 @@ def test_pressure_a_cooperating_process_releases(rtdir, busy):
     assert done_c["released"] == [["cpu", want]], err_c
     assert done_c["held"] == 0
     assert done_o["released"] == [] and done_o["held"] == iother["nbytes"]
-    assert took < 10, took
+    # How long the request waited is not asserted: it returns once the machine's free
+    # memory reaches the figure asked for, which every other process moves too (CI's
+    # ASan run beside it once took it 16 s to see 512 MiB more after the 1.5 GiB
+    # release, which `latency` above shows was served at once); `is True` says it
+    # came before the timeout.
 
 
 def test_pressure_times_out(rtdir):
