@@ -3,13 +3,14 @@ descriptor: once the module state is cleared (the interpreter finalizing, a trac
 tensor dying after memlord's own module), the cache must not call the descriptor that is
 gone. CI's py310 run once ended in a segmentation fault at interpreter exit with tracked
 tensors alive and the getters in use; the probe reads ``t.device`` as the free path does
-then, in a fresh process (a crash there kills only that process)."""
+then, in a process of its own (a child of the warm interpreter, tests/support/warm.py: a
+crash there kills only that child)."""
 
-import subprocess
 import sys
 import textwrap
 
 import torch
+from support import warm
 
 from memlord import _core
 
@@ -25,9 +26,7 @@ def test_a_cleared_descriptor_is_never_called_through_the_cache():
         print(_core._testing.device_getter_cleared(p))
         """
     )
-    out = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
-    )
+    out = warm.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
     # the plain attribute read, as torch answers it
     assert out.stdout.split() == [str(torch.zeros(3).device)] * 2
