@@ -1,7 +1,13 @@
 /* The CUDA pending-free queue (its storage is the dispatcher's). */
 #include "hooks/pending.h"
 
-#include <string.h>
+/* Free p unless it is the caller's stack buffer buf. */
+static void free_unless(void *p, const void *buf)
+{
+    if (p != buf) {
+        PyMem_Free(p);
+    }
+}
 
 static void credit(ml_pending *p, enum ml_ev_source source)
 {
@@ -71,20 +77,15 @@ ML_COLD void ml_pending_drain(int wait, PyObject *only, int head_only)
     }
     Py_ssize_t n = ml_disp.npending, cap = ml_disp.cap;
     /* a short queue (a poll after a move or two) on the stack */
-    char ready_buf[16];
+    char ready_buf[16] = {0};
     ml_pending done_buf[16];
     int small = n <= 16;
     char *ready = small ? ready_buf : PyMem_Calloc((size_t)n, 1);
     ml_pending *done = small ? done_buf : PyMem_Malloc((size_t)n * sizeof(ml_pending));
     if (ready == NULL || done == NULL) {
-        if (!small) {
-            PyMem_Free(ready);
-            PyMem_Free(done);
-        }
+        free_unless(ready, ready_buf);
+        free_unless(done, done_buf);
         return; /* try again at the next poll; nothing is lost */
-    }
-    if (small) {
-        memset(ready_buf, 0, sizeof(ready_buf));
     }
     ml_pending *items = ml_disp.pending;
     ml_disp.pending = NULL;
@@ -115,9 +116,7 @@ ML_COLD void ml_pending_drain(int wait, PyObject *only, int head_only)
             items[k++] = items[i];
         }
     }
-    if (!small) {
-        PyMem_Free(ready);
-    }
+    free_unless(ready, ready_buf);
     ml_disp.pending = items;
     ml_disp.npending = k;
     ml_disp.cap = cap;
@@ -152,9 +151,7 @@ ML_COLD void ml_pending_drain(int wait, PyObject *only, int head_only)
         Py_SETREF(p->lords, rest);
         pending_append(p, 1);
     }
-    if (!small) {
-        PyMem_Free(done);
-    }
+    free_unless(done, done_buf);
 }
 
 int ml_pending_push(ml_cuda_event *ev, ml_dev dev, int64_t bytes, uintptr_t ptr,
