@@ -523,7 +523,16 @@ static PyObject *core_device_getter_cleared(PyObject *module, PyObject *t)
     return ml_probe_device_getter_cleared(ml_state_of_module(module), t);
 }
 
+/* _testing.log_info() */
+static PyObject *core_log_info(PyObject *module, PyObject *Py_UNUSED(ignored))
+{
+    return ml_log_info(ml_state_of_module(module));
+}
+
 static PyMethodDef testing_methods[] = {
+    {"log_info", (PyCFunction)core_log_info, METH_NOARGS,
+     "(answers the DEBUG log worked out again since import, whether it sees a change "
+     "without asking on every event)."},
     {"device_getter_cleared", (PyCFunction)core_device_getter_cleared, METH_O,
      "t.device read through the fast getter, then again with the descriptor cleared."},
     {"set_cache_type", (PyCFunction)core_set_cache_type, METH_VARARGS,
@@ -600,7 +609,7 @@ static int core_clear(PyObject *module)
     for (int t = 0; t < ML_MAX_DEV_TYPES; t++) {
         Py_CLEAR(st->type_names[t]);
     }
-    ml_log_clear(st);
+    ml_log_free(st);
     ml_sitetab_clear(&st->sites);
     ml_safe_point_clear();
     ml_autogc_clear();

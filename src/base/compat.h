@@ -173,9 +173,17 @@ static inline int ml_weakref_alive(const PyWeakReference *ref)
 /* ---- dicts ---------------------------------------------------------------
  * A number that changes whenever dict d changes, or 0 when none can be read
  * cheaply.  3.10 and 3.11 keep one in every dict (PEP 509's ma_version_tag,
- * bumped by every insert, delete and clear); it is deprecated from 3.12,
- * where the answer is 0 (ask every time).  tests/unit/sinks/test_debug_log.py
- * (the log's configuration read again after the environment changes). */
+ * bumped by every insert, delete and clear).  It is deprecated from 3.12,
+ * which has dict watchers instead (PEP 509's successor, PyDict_Watch): there
+ * the answer is 0, and the DEBUG log watches its two dicts (sinks/log.c).
+ * tests/unit/sinks/test_debug_log.py (the log's configuration read again
+ * after the environment changes, and not read on every event). */
+#if PY_VERSION_HEX >= 0x030C0000 && !defined(Py_LIMITED_API)
+#define ML_DICT_WATCHERS 1
+#else
+#define ML_DICT_WATCHERS 0
+#endif
+
 static inline int ml_dict_version(PyObject *d, uint64_t *out)
 {
 #if PY_VERSION_HEX < 0x030C0000 && !defined(Py_LIMITED_API)

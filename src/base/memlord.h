@@ -260,6 +260,12 @@ typedef struct {
      * log_cache they were computed at (logsink.c); valid 0: ask again */
     uint64_t log_env_version[2], log_cache_version[2];
     unsigned char log_answer[2], log_answer_valid[2];
+    /* 3.12+: the dict watcher that tells when env_data or log_cache changes
+     * (PEP 509's version tag is gone there): its id + 1, 0 before one is
+     * added or when none is free; log_watched 1 while both dicts are watched */
+    int log_watcher;
+    unsigned char log_watched;
+    uint64_t log_worked_out; /* answers worked out again (_testing.log_info) */
 } ml_state;
 
 /* ---- small helpers (util.c) ------------------------------------------- */

@@ -4,6 +4,63 @@
 
 #include <stdlib.h>
 
+#if ML_DICT_WATCHERS
+/* Every change of a dict the DEBUG log watches (os.environ's data, the
+ * logger's level cache) bumps this number; CPython calls the watcher before
+ * the change, under the GIL, and the watcher never fails.  One number for
+ * every watched dict: a change of either only makes the next event ask
+ * again. */
+static uint64_t watched_epoch = 1;
+
+static int log_dict_changed(PyDict_WatchEvent Py_UNUSED(event), PyObject *Py_UNUSED(dict),
+                            PyObject *Py_UNUSED(key), PyObject *Py_UNUSED(new_value))
+{
+    watched_epoch++;
+    return 0;
+}
+
+/* Watch both dicts; without a free watcher (CPython has eight per
+ * interpreter) or a dict to watch, every event asks, as before. */
+static void log_watch(ml_state *st)
+{
+    if (st->env_data == NULL || st->log_cache == NULL) {
+        return;
+    }
+    if (st->log_watcher == 0) {
+        int id = PyDict_AddWatcher(log_dict_changed);
+        if (id < 0) {
+            PyErr_Clear();
+            return;
+        }
+        st->log_watcher = id + 1;
+    }
+    int id = st->log_watcher - 1;
+    if (PyDict_Watch(id, st->env_data) < 0) {
+        PyErr_Clear();
+        return;
+    }
+    if (PyDict_Watch(id, st->log_cache) < 0) {
+        PyErr_Clear();
+        (void)PyDict_Unwatch(id, st->env_data);
+        PyErr_Clear();
+        return;
+    }
+    st->log_watched = 1;
+    watched_epoch++; /* answers kept before the dicts were watched do not hold */
+}
+
+static void log_unwatch(ml_state *st)
+{
+    if (st->log_watched) {
+        st->log_watched = 0;
+        if (PyDict_Unwatch(st->log_watcher - 1, st->env_data) < 0 ||
+            PyDict_Unwatch(st->log_watcher - 1, st->log_cache) < 0) {
+            PyErr_Clear();
+        }
+    }
+}
+#endif
+
 int ml_log_configure(ml_state *st, PyObject *logger, PyObject *env_changed, PyObject *on_event,
                      PyObject *on_gc)
 {
@@ -47,11 +104,17 @@ int ml_log_configure(ml_state *st, PyObject *logger, PyObject *env_changed, PyOb
     st->debug_key = key;
     st->debug_seen = NULL;
     st->log_answer_valid[0] = st->log_answer_valid[1] = 0;
+#if ML_DICT_WATCHERS
+    log_watch(st);
+#endif
     return 0;
 }
 
 void ml_log_clear(ml_state *st)
 {
+#if ML_DICT_WATCHERS
+    log_unwatch(st);
+#endif
     Py_CLEAR(st->log_logger);
     Py_CLEAR(st->log_cache);
     Py_CLEAR(st->log_env_changed);
@@ -61,6 +124,25 @@ void ml_log_clear(ml_state *st)
     Py_CLEAR(st->debug_key);
     Py_CLEAR(st->debug_seen);
     st->log_answer_valid[0] = st->log_answer_valid[1] = 0;
+}
+
+void ml_log_free(ml_state *st)
+{
+    ml_log_clear(st);
+#if ML_DICT_WATCHERS
+    if (st->log_watcher != 0) {
+        if (PyDict_ClearWatcher(st->log_watcher - 1) < 0) {
+            PyErr_Clear();
+        }
+        st->log_watcher = 0;
+    }
+#endif
+}
+
+PyObject *ml_log_info(const ml_state *st)
+{
+    return Py_BuildValue("(KO)", (unsigned long long)st->log_worked_out,
+                         ML_DICT_WATCHERS && !st->log_watched ? Py_False : Py_True);
 }
 
 int ml_log_traverse(ml_state *st, visitproc visit, void *arg)
@@ -124,8 +206,13 @@ static PyObject *cached_answer(const ml_state *st, int level)
 /* Both versions the answers depend on; 0 when they cannot be read. */
 static int log_versions(const ml_state *st, uint64_t *env, uint64_t *cache)
 {
+#if ML_DICT_WATCHERS
+    *env = *cache = watched_epoch;
+    return st->log_watched;
+#else
     return st->env_data != NULL && st->log_cache != NULL && ml_dict_version(st->env_data, env) &&
            ml_dict_version(st->log_cache, cache);
+#endif
 }
 
 static int ask_wants(ml_state *st, int level);
@@ -160,6 +247,7 @@ int ml_log_wants(ml_state *st, int level)
     if (ml_finalizing()) {
         return 0;
     }
+    st->log_worked_out++;
     int on = ask_wants(st, level);
     /* Kept only when nothing changed while it was worked out (asking fills
      * the logger's cache, and may run Python that changes either dict). */

@@ -28,6 +28,11 @@ void ml_log_gc(ml_state *st, ml_dev dev, const ml_gc_why *why, int64_t runs, int
 int ml_log_configure(ml_state *st, PyObject *logger, PyObject *env_changed, PyObject *on_event,
                      PyObject *on_gc);
 void ml_log_clear(ml_state *st);
+/* ml_log_clear, and the dict watcher given back (the module goes). */
+void ml_log_free(ml_state *st);
+/* _testing.log_info(): (answers worked out again since import, whether a change
+ * of DEBUG or of the logger's levels is seen without asking on every event). */
+PyObject *ml_log_info(const ml_state *st);
 int ml_log_traverse(ml_state *st, visitproc visit, void *arg);
 
 #endif

@@ -151,6 +151,37 @@ def test_level_changes_between_events_are_seen_at_once(lord, memlog):
     assert memlog.text() == ""
 
 
+def test_the_answer_is_kept_between_hooked_casts(lord, memlog, monkeypatch):
+    """A hooked cast does not work out again whether to log while neither os.environ nor
+    the logger's levels changed: on 3.10 and 3.11 the dicts' version tags say so, on 3.12
+    and 3.13 (no version tag) a dict watcher.  Without it every cast asked (about 500
+    instructions each, a third of memlord's part of the cast).  A change is still seen at
+    the next cast."""
+    from memlord import _core
+
+    monkeypatch.delenv("DEBUG", raising=False)
+    t = torch.zeros(256)
+    with lord.hook_into_torch():
+        for _ in range(10):
+            t.half()
+        before, watched = _core._testing.log_info()
+        for _ in range(1000):
+            t.half()
+        after, _ = _core._testing.log_info()
+        assert watched
+        assert after - before == 0
+        assert memlog.text() == ""
+        monkeypatch.setenv("DEBUG", "1")
+        t.half()
+        assert memlog.text().count("[allocate]") == 1
+        monkeypatch.delenv("DEBUG")
+        t.half()
+        assert memlog.text() == ""
+        logging.getLogger("memlord").setLevel(logging.DEBUG)
+        t.half()
+        assert memlog.text().count("[allocate]") == 1
+
+
 def test_application_enabling_debug_sees_records_without_the_variable(lord, caplog):
     caplog.set_level(logging.DEBUG, logger="memlord")
     lord.allocate(torch.empty(3))
