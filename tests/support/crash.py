@@ -1,0 +1,68 @@
+"""What a child process that died by a signal was doing: the native stack of each thread.
+
+faulthandler prints a dead child's Python frames, but not where in C it crashed, and
+nothing at all for a thread without a Python thread state (late in the interpreter's
+finalization). A test whose child may crash that way starts the child's code with
+``enable_core_dump(folder)`` and, when the child died by a signal, puts
+``native_stacks(returncode, folder)`` in its assertion message: gdb's backtrace of every
+thread, read from the core file the kernel wrote (``core_pattern`` ``core``: the
+process's working folder). It says why when there is none (no gdb, no core file, a
+``core_pattern`` that pipes elsewhere). Core files are removed once read.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+GDB_TIMEOUT_S = 180
+
+
+def enable_core_dump(folder: str | os.PathLike[str]) -> str:
+    """Python lines that let the child write a core file into `folder` (its working
+    folder from then on) if it dies by a signal."""
+    return (
+        "import os as _os, resource as _resource\n"
+        "_soft, _hard = _resource.getrlimit(_resource.RLIMIT_CORE)\n"
+        "_resource.setrlimit(_resource.RLIMIT_CORE, (_hard, _hard))\n"
+        f"_os.chdir({os.fspath(folder)!r})\n"
+        "del _os, _resource, _soft, _hard\n"
+    )
+
+
+def native_stacks(returncode: int, folder: str | os.PathLike[str]) -> str:
+    """gdb's backtrace of every thread of a child that died by a signal, from its core
+    file in `folder`; '' when the child did not die by a signal."""
+    if returncode >= 0:
+        return ""
+    cores = sorted(Path(folder).glob("core*"))
+    if not cores:
+        try:
+            pattern = Path("/proc/sys/kernel/core_pattern").read_text().strip()
+        except OSError:
+            pattern = "?"
+        return f"\n[no core file in {folder}; core_pattern {pattern!r}]"
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        for core in cores:
+            core.unlink()
+        return "\n[a core file was written, but gdb is not installed to read it]"
+    out = []
+    for core in cores:
+        try:
+            r = subprocess.run(
+                [gdb, "-batch", "-nx", "-ex", "set pagination off", "-ex",
+                 "thread apply all bt 40", sys.executable, str(core)],
+                capture_output=True, text=True, timeout=GDB_TIMEOUT_S,
+            )
+            text = r.stdout
+        except subprocess.TimeoutExpired:
+            text = f"[gdb took over {GDB_TIMEOUT_S} s]"
+        finally:
+            core.unlink()
+        stacks = [ln for ln in text.splitlines() if ln.startswith(("#", "Thread", "Program"))]
+        out.append(f"\n[native stacks from {core.name}]\n" + "\n".join(stacks))
+    return "".join(out)

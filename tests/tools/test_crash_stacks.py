@@ -1,0 +1,35 @@
+"""tests/support/crash.py: a child that dies by a signal leaves a core file, and the test
+gets every thread's native stack from it (what faulthandler cannot print)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+from support.crash import enable_core_dump, native_stacks
+
+CRASH = "import ctypes, threading\nthreading.Thread(target=input, daemon=True).start()\nctypes.string_at(0)\n"
+
+
+def test_a_segfault_gives_each_threads_native_stack(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-c", enable_core_dump(tmp_path) + CRASH],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert r.returncode == -11, r.stderr
+    text = native_stacks(r.returncode, tmp_path)
+    if shutil.which("gdb") is None:
+        assert "gdb is not installed" in text
+    else:
+        # the crashing call is named, and both threads are listed
+        assert "string_at" in text or "memmove" in text or "memcpy" in text, text
+        assert text.count("\nThread ") >= 2, text
+    assert not list(tmp_path.glob("core*"))  # read once, then removed
+
+
+def test_a_clean_exit_says_nothing(tmp_path):
+    r = subprocess.run([sys.executable, "-c", enable_core_dump(tmp_path) + "print(1)"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == "1\n"
+    assert native_stacks(r.returncode, tmp_path) == ""
