@@ -14,6 +14,7 @@ PROBES = (
     "cuda_driver",
     "cuda_standin",
     "device_getter_cleared",
+    "log_info",
     "safe_point",
     "set_cache_type",
     "sites_info",
@@ -37,6 +38,8 @@ def test_probes_read_cores_state():
     epoch = _core._testing.busy_epoch(0)
     assert _core._testing.busy_epoch(0) == epoch  # adding 0 changes nothing
     assert _core._testing.safe_point() is None
+    worked_out, watched = _core._testing.log_info()
+    assert worked_out >= 0 and isinstance(watched, bool)
 
 
 def test_memlords_python_does_not_use_testing():
