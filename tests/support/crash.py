@@ -54,9 +54,20 @@ def native_stacks(returncode: int, folder: str | os.PathLike[str]) -> str:
     for core in cores:
         try:
             r = subprocess.run(
-                [gdb, "-batch", "-nx", "-ex", "set pagination off", "-ex",
-                 "thread apply all bt 40", sys.executable, str(core)],
-                capture_output=True, text=True, timeout=GDB_TIMEOUT_S,
+                [
+                    gdb,
+                    "-batch",
+                    "-nx",
+                    "-ex",
+                    "set pagination off",
+                    "-ex",
+                    "thread apply all bt 40",
+                    sys.executable,
+                    str(core),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=GDB_TIMEOUT_S,
             )
             text = r.stdout
         except subprocess.TimeoutExpired:

@@ -9,13 +9,19 @@ import sys
 
 from support.crash import enable_core_dump, native_stacks
 
-CRASH = "import ctypes, threading\nthreading.Thread(target=input, daemon=True).start()\nctypes.string_at(0)\n"
+CRASH = (
+    "import ctypes, threading\n"
+    "threading.Thread(target=input, daemon=True).start()\n"
+    "ctypes.string_at(0)\n"
+)
 
 
 def test_a_segfault_gives_each_threads_native_stack(tmp_path):
     r = subprocess.run(
         [sys.executable, "-c", enable_core_dump(tmp_path) + CRASH],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert r.returncode == -11, r.stderr
     text = native_stacks(r.returncode, tmp_path)
@@ -29,7 +35,11 @@ def test_a_segfault_gives_each_threads_native_stack(tmp_path):
 
 
 def test_a_clean_exit_says_nothing(tmp_path):
-    r = subprocess.run([sys.executable, "-c", enable_core_dump(tmp_path) + "print(1)"],
-                       capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [sys.executable, "-c", enable_core_dump(tmp_path) + "print(1)"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 0 and r.stdout == "1\n"
     assert native_stacks(r.returncode, tmp_path) == ""
