@@ -56,8 +56,11 @@ def test_ten_lines_of_one_function_are_resolved_once_and_found_again():
         for _ in range(rounds):
             ten_casts(t)
         _, _, _, resolved2, missed2 = _core._testing.sites_info()
-    # no line is resolved again: each (code, offset) keeps its slot
-    assert resolved2 - resolved == 0
+    # no line is resolved again: each (code, offset) keeps its slot, unless three of the
+    # ten hash into one set of two (about one code object in 2,000: CI's ASan run drew
+    # one), and then those three take turns, three a round.  The defect this guards
+    # against resolved every line every round.
+    assert resolved2 - resolved <= 3 * rounds, (resolved2 - resolved) / rounds
     # the stacks are found among the recent ones (three may share a set of two, about
     # one draw in 150 of the code objects' addresses: then those three take turns)
     assert missed2 - missed <= 3 * rounds, (missed2 - missed) / rounds
