@@ -9,7 +9,6 @@ import sys
 
 import pytest
 from conftest import under_asan
-
 from support.crash import enable_core_dump, native_stacks
 
 CRASH = (
