@@ -12,6 +12,7 @@ import textwrap
 import pytest
 from conftest import fake_mode_cuda
 from support import warm
+from support.crash import DAEMON_UNTIL_EXIT, enable_core_dump, native_stacks
 
 import memlord
 
@@ -130,18 +131,18 @@ EXIT_SCRIPT = """
     second.allocate(model)
     del h
 
-    # a daemon thread still calling into the lord while the interpreter shuts down; it
-    # stops allocating (the calls that print under DEBUG) before DEBUG is switched on,
-    # since any daemon thread writing to stdout at shutdown can abort CPython itself
+    # a daemon thread still calling into the lord while the program ends, parked before
+    # finalization (DAEMON_UNTIL_EXIT: CPython's own daemon-thread crash); it stops
+    # allocating (the calls that print under DEBUG) before DEBUG is switched on, since any
+    # daemon thread writing to stdout at shutdown can abort CPython itself
     # ("_enter_buffered_busy"), memlord or not
     t = torch.empty(10)
     quiet = False
-    def spin():
-        while True:
-            if not quiet:
-                lord.allocate(t); lord.free(t)
-            lord.stats(); lord.allocated("cpu")
-    threading.Thread(target=spin, daemon=True).start()
+    def step():
+        if not quiet:
+            lord.allocate(t); lord.free(t)
+        lord.stats(); lord.allocated("cpu")
+    start_daemon(step)
     import time; time.sleep(0.2)
     {tail}
 """
@@ -156,9 +157,14 @@ EXIT_SCRIPT = """
     ],
     ids=["fall-off-end", "sys-exit-with-debug-on"],
 )
-def test_interpreter_exit_with_tracked_objects_is_clean(tail):
-    r = run_python(EXIT_SCRIPT.format(tail=tail, fake_dev=fake_mode_cuda()), x_dev=True)
-    assert r.returncode == 0, r.stderr
+def test_interpreter_exit_with_tracked_objects_is_clean(tail, tmp_path):
+    script = (
+        enable_core_dump(tmp_path)
+        + DAEMON_UNTIL_EXIT
+        + textwrap.dedent(EXIT_SCRIPT.format(tail=tail, fake_dev=fake_mode_cuda()))
+    )
+    r = run_python(script, x_dev=True)
+    assert r.returncode == 0, r.stderr + native_stacks(r.returncode, tmp_path)
     # DEBUG=1 logs to stderr: log lines only, nothing else
     assert all(ln.startswith(("memlord: ", "  ")) for ln in r.stderr.splitlines()), r.stderr
 

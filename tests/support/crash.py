@@ -20,6 +20,34 @@ from pathlib import Path
 
 GDB_TIMEOUT_S = 180
 
+#: Python source for a child script that keeps a thread calling into memlord while the
+#: program ends: ``start_daemon(step)`` calls ``step()`` in a loop in a daemon thread until
+#: an atexit callback stops it, then parks the thread in a lock wait (the GIL released)
+#: for good. CPython 3.9 to 3.12 (and 3.13 before gh-87135's fix) crash at random when a
+#: daemon thread still takes turns at the GIL after finalization has freed its thread
+#: state (gh-110052: ``take_gil`` and ``drop_gil`` read the freed ``tstate``); with ``-X
+#: dev`` the freed memory reads 0xDD..., and faulthandler prints no thread at all (it
+#: sees the dangling state and stops). That is what CI saw twice in the exit tests, whose
+#: daemon spun through finalization. Parked, the thread never asks for the GIL again.
+DAEMON_UNTIL_EXIT = """
+import atexit as _atexit, threading as _threading
+def start_daemon(step):
+    stop, parked, forever = _threading.Event(), _threading.Event(), _threading.Lock()
+    forever.acquire()
+    def run():
+        try:
+            while not stop.is_set():
+                step()
+        finally:
+            parked.set()
+        forever.acquire()
+    def park():
+        stop.set()
+        parked.wait(30)
+    _atexit.register(park)
+    _threading.Thread(target=run, daemon=True).start()
+"""
+
 
 def enable_core_dump(folder: str | os.PathLike[str]) -> str:
     """Python lines that let the child write a core file into `folder` (its working

@@ -25,7 +25,7 @@ import pytest
 import torch
 from conftest import here, scaled
 from support import warm
-from support.crash import enable_core_dump, native_stacks
+from support.crash import DAEMON_UNTIL_EXIT, enable_core_dump, native_stacks
 from torch import nn
 
 import memlord
@@ -1257,20 +1257,20 @@ EXIT_SCRIPT = """
     h.self, h.lord, h.t, h.m = h, lord, torch.ones(50), nn.Linear(3, 3)
     del h
 
-    # A daemon thread still registering and cancelling at shutdown. (It makes no tensors:
-    # torch itself aborts when a daemon thread allocates a tensor during finalization.)
-    # Under DEBUG those calls print, and a daemon thread writing to stdout while the
-    # interpreter shuts down can abort CPython or garble the stream, memlord or not: under
-    # DEBUG it only queries.
+    # A daemon thread still registering and cancelling while the program ends, through
+    # sys.exit and the atexit callbacks, parked before finalization (DAEMON_UNTIL_EXIT:
+    # CPython's own daemon-thread crash). (It makes no tensors: torch itself aborts when a
+    # daemon thread allocates a tensor during finalization.) Under DEBUG those calls
+    # print, and a daemon thread writing to stdout while the interpreter shuts down can
+    # abort CPython or garble the stream, memlord or not: under DEBUG it only queries.
     import os
     x = torch.empty(16)
     quiet = bool(os.environ.get("DEBUG"))
-    def spin():
-        while True:
-            if not quiet:
-                lord.allocate(x); lord.free(x); second.allocate([x, shared]); second.free(x)
-            lord.stats(); second.allocated("cpu")
-    threading.Thread(target=spin, daemon=True).start()
+    def step():
+        if not quiet:
+            lord.allocate(x); lord.free(x); second.allocate([x, shared]); second.free(x)
+        lord.stats(); second.allocated("cpu")
+    start_daemon(step)
     import time; time.sleep(0.2)
     assert py.tracked > 1000
     print("ok")
@@ -1288,9 +1288,14 @@ EXIT_SCRIPT = """
     ids=["fall-off-end", "debug", "sys-exit-debug"],
 )
 def test_exit_with_live_tracked_objects_is_clean(tail, debug, tmp_path):
-    # CI saw this child die by SIGSEGV at exit twice (3.10 and 3.11, under DEBUG, no Python
-    # frame in faulthandler's dump): a crash now comes with every thread's native stack
-    script = enable_core_dump(tmp_path) + textwrap.dedent(EXIT_SCRIPT.format(tail=tail))
+    # CI saw this child die by SIGSEGV at exit twice (3.10 and 3.11, under DEBUG, no thread
+    # in faulthandler's dump) while its daemon thread spun through finalization: CPython's
+    # gh-110052 (DAEMON_UNTIL_EXIT). A crash now also comes with every thread's native stack.
+    script = (
+        enable_core_dump(tmp_path)
+        + DAEMON_UNTIL_EXIT
+        + textwrap.dedent(EXIT_SCRIPT.format(tail=tail))
+    )
     r = run_python(script, env_extra={"DEBUG": "1"} if debug else None, x_dev=True)
     assert r.returncode == 0, r.stderr + native_stacks(r.returncode, tmp_path)
     # DEBUG=1 logs to stderr; nothing else may appear there
