@@ -23,12 +23,14 @@ GDB_TIMEOUT_S = 180
 #: Python source for a child script that keeps a thread calling into memlord while the
 #: program ends: ``start_daemon(step)`` calls ``step()`` in a loop in a daemon thread until
 #: an atexit callback stops it, then parks the thread in a lock wait (the GIL released)
-#: for good. CPython 3.9 to 3.12 (and 3.13 before gh-87135's fix) crash at random when a
-#: daemon thread still takes turns at the GIL after finalization has freed its thread
-#: state (gh-110052: ``take_gil`` and ``drop_gil`` read the freed ``tstate``); with ``-X
-#: dev`` the freed memory reads 0xDD..., and faulthandler prints no thread at all (it
-#: sees the dangling state and stops). That is what CI saw twice in the exit tests, whose
-#: daemon spun through finalization. Parked, the thread never asks for the GIL again.
+#: for good. CPython before 3.14 crashes at random when a daemon thread still takes turns
+#: at the GIL after finalization has freed its thread state (gh-110052, reproduced there on
+#: 3.9 to 3.12; 3.14 hangs such threads instead, gh-87135): 3.11's ``take_gil`` hands the
+#: freed ``tstate`` to ``drop_gil`` on its way to ``PyThread_exit_thread``, which reads
+#: ``tstate->interp`` when the main thread has asked for the GIL. With ``-X dev`` the freed
+#: memory reads 0xDD..., and faulthandler prints no thread at all: it sees the dangling
+#: state and stops. That is what CI saw twice in the exit tests, whose daemon spun through
+#: finalization. Parked, the thread never asks for the GIL again.
 DAEMON_UNTIL_EXIT = """
 import atexit as _atexit, threading as _threading
 def start_daemon(step):
