@@ -53,8 +53,11 @@ static void log_unwatch(ml_state *st)
 {
     if (st->log_watched) {
         st->log_watched = 0;
-        if (PyDict_Unwatch(st->log_watcher - 1, st->env_data) < 0 ||
-            PyDict_Unwatch(st->log_watcher - 1, st->log_cache) < 0) {
+        /* each on its own: a failure to unwatch one still unwatches the other */
+        if (PyDict_Unwatch(st->log_watcher - 1, st->env_data) < 0) {
+            PyErr_Clear();
+        }
+        if (PyDict_Unwatch(st->log_watcher - 1, st->log_cache) < 0) {
             PyErr_Clear();
         }
     }

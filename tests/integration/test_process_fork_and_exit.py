@@ -12,7 +12,7 @@ import textwrap
 import pytest
 from conftest import fake_mode_cuda
 from support import warm
-from support.crash import DAEMON_UNTIL_EXIT, enable_core_dump, native_stacks
+from support.crash import exit_child_script, native_stacks
 
 import memlord
 
@@ -158,11 +158,7 @@ EXIT_SCRIPT = """
     ids=["fall-off-end", "sys-exit-with-debug-on"],
 )
 def test_interpreter_exit_with_tracked_objects_is_clean(tail, tmp_path):
-    script = (
-        enable_core_dump(tmp_path)
-        + DAEMON_UNTIL_EXIT
-        + textwrap.dedent(EXIT_SCRIPT.format(tail=tail, fake_dev=fake_mode_cuda()))
-    )
+    script = exit_child_script(tmp_path, EXIT_SCRIPT.format(tail=tail, fake_dev=fake_mode_cuda()))
     r = run_python(script, x_dev=True)
     assert r.returncode == 0, r.stderr + native_stacks(r.returncode, tmp_path)
     # DEBUG=1 logs to stderr: log lines only, nothing else

@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 GDB_TIMEOUT_S = 180
@@ -61,6 +62,12 @@ def enable_core_dump(folder: str | os.PathLike[str]) -> str:
         f"_os.chdir({os.fspath(folder)!r})\n"
         "del _os, _resource, _soft, _hard\n"
     )
+
+
+def exit_child_script(folder: str | os.PathLike[str], code: str) -> str:
+    """`code` (dedented) as a child script that writes a core file into `folder` if it
+    dies by a signal, with ``start_daemon`` (DAEMON_UNTIL_EXIT) defined."""
+    return enable_core_dump(folder) + DAEMON_UNTIL_EXIT + textwrap.dedent(code)
 
 
 def native_stacks(returncode: int, folder: str | os.PathLike[str]) -> str:

@@ -25,7 +25,7 @@ import pytest
 import torch
 from conftest import here, scaled
 from support import warm
-from support.crash import DAEMON_UNTIL_EXIT, enable_core_dump, native_stacks
+from support.crash import exit_child_script, native_stacks
 from torch import nn
 
 import memlord
@@ -1291,11 +1291,7 @@ def test_exit_with_live_tracked_objects_is_clean(tail, debug, tmp_path):
     # CI saw this child die by SIGSEGV at exit twice (3.10 and 3.11, under DEBUG, no thread
     # in faulthandler's dump) while its daemon thread spun through finalization: CPython's
     # gh-110052 (DAEMON_UNTIL_EXIT). A crash now also comes with every thread's native stack.
-    script = (
-        enable_core_dump(tmp_path)
-        + DAEMON_UNTIL_EXIT
-        + textwrap.dedent(EXIT_SCRIPT.format(tail=tail))
-    )
+    script = exit_child_script(tmp_path, EXIT_SCRIPT.format(tail=tail))
     r = run_python(script, env_extra={"DEBUG": "1"} if debug else None, x_dev=True)
     assert r.returncode == 0, r.stderr + native_stacks(r.returncode, tmp_path)
     # DEBUG=1 logs to stderr; nothing else may appear there
