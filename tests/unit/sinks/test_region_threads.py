@@ -4,9 +4,11 @@ regions the tracker left open on every thread, not only its own (repros r28, r29
 
 from __future__ import annotations
 
+import os
 import queue
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -15,16 +17,48 @@ from torch import nn
 from memlord import MemLord
 
 
+def _exited(th: threading.Thread) -> None:
+    """Wait until th's OS thread is gone, not only joined. ``join()`` returns when
+    Python's thread state is cleared, before glibc puts the thread's stack back in its
+    cache: a thread started in between gets a fresh stack, and the dead thread's stack
+    (its ident) sinks below newer ones in the cache, which keeps about five. On Linux the
+    thread's /proc/self/task entry goes after its stack is cached."""
+    task = f"/proc/self/task/{th.native_id}"
+    for _ in range(5000):
+        if not os.path.exists(task):
+            return
+        time.sleep(0.001)
+
+
 def _thread_reusing(ident: int, target) -> threading.Thread:
-    """Start (and join) threads running target until one gets ident (glibc hands a
-    dead thread's ident to the next thread at once); the last one started."""
-    for _ in range(200):
-        th = threading.Thread(target=target)
-        th.start()
-        th.join()
-        if th.ident == ident:
-            break
-    return th
+    """A thread that got ident and ran target (joined), or the last one tried. glibc
+    gives a new thread the stack (and so the ident) its cache got last. A thread that did
+    not get ident is held alive until the end, so that the next one takes the next cached
+    stack: letting it end put its own stack back on top, and when another thread of the
+    process had ended after the dead thread, every try got that one's ident (1 run in 5 in
+    the ASan CI job)."""
+    release = threading.Event()
+    held = []
+
+    def run() -> None:
+        if threading.get_ident() == ident:
+            target()
+        else:
+            release.wait()
+
+    try:
+        for _ in range(64):
+            th = threading.Thread(target=run)
+            th.start()
+            if th.ident == ident:
+                th.join()
+                return th
+            held.append(th)
+        return th
+    finally:
+        release.set()
+        for h in held:
+            h.join()
 
 
 def test_region_of_dead_thread_does_not_count_a_thread_with_the_same_ident() -> None:
@@ -40,6 +74,7 @@ def test_region_of_dead_thread_does_not_count_a_thread_with_the_same_ident() -> 
     ta = threading.Thread(target=a)
     ta.start()
     ta.join()
+    _exited(ta)
     made = []
 
     def b() -> None:
@@ -72,6 +107,7 @@ def test_lifetime_birth_region_of_a_thread_with_a_reused_ident() -> None:
     ta = threading.Thread(target=a)
     ta.start()
     ta.join()
+    _exited(ta)
     made = []
 
     def b() -> None:
@@ -84,7 +120,7 @@ def test_lifetime_birth_region_of_a_thread_with_a_reused_ident() -> None:
         snap = lord.snapshot(top=len(made))
     entries = snap["cpu"]["top"]
     assert [e["nbytes"] for e in entries] == [t.untyped_storage().nbytes() for t in made]
-    # born in threads that opened no region (the last one has thread A's ident)
+    # born in the thread with thread A's ident, which opened no region
     assert [e["region"] for e in entries] == [None] * len(made)
     left_open[0].__exit__(None, None, None)
     assert left_open[0].stats == {}
