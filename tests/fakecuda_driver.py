@@ -36,6 +36,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from support import warm
 
 SOURCE = Path(__file__).resolve().parent / "fakecuda" / "fakecuda.c"
 FLAGS = ["-shared", "-fPIC", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-pthread"]
@@ -356,7 +357,12 @@ def fake_torch_cuda(fakecuda, monkeypatch):
 
 def run_fresh(lib: Path | str, body: str, env: dict | None = None, timeout: int = 120):
     """Run `body` in a fresh interpreter where MEMLORD_CUDA_DRIVER names `lib` and `fake` is
-    a FakeCuda on it, loaded before memlord is imported; returns the CompletedProcess."""
+    a FakeCuda on it, loaded before memlord touches the driver; returns the CompletedProcess.
+
+    The process is a child of the warm interpreter (tests/support/warm.py): memlord and
+    torch are imported, which loads no CUDA driver (memlord loads it at its first use, the
+    contract these runs test), and nothing has run yet. The zygote is started with the same
+    environment, MEMLORD_CUDA_DRIVER included."""
     here = Path(__file__).resolve().parent
     prelude = textwrap.dedent(
         f"""
@@ -371,7 +377,7 @@ def run_fresh(lib: Path | str, body: str, env: dict | None = None, timeout: int 
     full_env.update(env or {})
     for k in [k for k, v in full_env.items() if v is None]:
         del full_env[k]
-    return subprocess.run(
+    return warm.run(
         [sys.executable, "-c", prelude + textwrap.dedent(body)],
         capture_output=True,
         text=True,

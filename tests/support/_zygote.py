@@ -41,6 +41,8 @@ def _threads():
 
 
 def _preload():
+    if os.environ.get("MEMLORD_WARM_SELFTEST"):
+        return  # the warm interpreter's own tests of its life cycle: nothing to import
     import memlord  # noqa: F401  (numpy and torch with it, as a script importing memlord)
 
     # numpy's OpenBLAS starts a thread pool when loaded, and stops it in its fork handler
@@ -174,7 +176,8 @@ def _become(fds):
     os.environ.clear()
     os.environ.update(req["env"])
     abi = req["switched"]["MEMLORD_TENSOR_ABI"]  # read by memlord's import: set as it does
-    sys.modules["memlord"]._core._tensor_abi(abi != "0")
+    if "memlord" in sys.modules:  # (not in the warm interpreter's own life-cycle tests)
+        sys.modules["memlord"]._core._tensor_abi(abi != "0")
     os.chdir(req["cwd"])
     sys.argv[:] = req["argv"]
     if hasattr(sys, "orig_argv"):

@@ -27,6 +27,10 @@ Differences a test could see: the modules the zygote imported are already in
 the next BLAS call); the hash seed is the zygote's; an uncaught KeyboardInterrupt exits
 with 1, not by SIGINT; stdin is /dev/null unless ``input`` is given.
 
+A zygote whose environment has ``MEMLORD_WARM_SELFTEST`` (any value) imports nothing: the
+warm interpreter's own tests of its life cycle (tests/tools/test_warm_interpreter.py)
+start a dozen zygotes, in a tenth of a second each instead of torch's import.
+
 Not for a test whose contract is about the interpreter's start: import-time behaviour,
 how a variable is read at import (test_tensorabi.py's MEMLORD_TENSOR_ABI test), ``python
 -m memlord``, the CLI's entry points, torchrun. Those keep ``subprocess.run``.

@@ -162,20 +162,26 @@ def test_a_timeout_kills_the_child_and_raises_with_its_output():
 
 @py_only
 def test_interpreter_options_and_import_time_variables_get_a_zygote_of_their_own():
-    r = warm.run([PY, "-X", "dev", "-c", "import sys; print(sys.flags.dev_mode)"],
+    # zygotes that import nothing (MEMLORD_WARM_SELFTEST): what serves a call is the point
+    before = dict(warm.stats)
+    base = dict(os.environ, MEMLORD_WARM_SELFTEST="options")
+    code = "import sys; print(sys.flags.warn_default_encoding)"
+    r = warm.run([PY, "-X", "warn_default_encoding", "-c", code], env=base,
                  capture_output=True, text=True, check=True)  # fmt: skip
-    assert r.stdout == "True\n"
-    r = warm.run(
-        [PY, "-c", "import sys; print(sys.flags.dev_mode)"], capture_output=True, text=True
-    )
-    assert r.stdout == "False\n"
+    assert r.stdout == "1\n"
+    r = warm.run([PY, "-c", code], env=base, capture_output=True, text=True)
+    assert r.stdout == "0\n"
+    with_option = the_zygote(base, ("-X", "warn_default_encoding"))
+    assert with_option is not None and with_option is not the_zygote(base)
     # read at startup: another zygote
-    env = dict(os.environ, PYTHONOPTIMIZE="1")
+    env = dict(base, PYTHONOPTIMIZE="1")
     r = warm.run([PY, "-c", "import sys; print(sys.flags.optimize)"], env=env,
                  capture_output=True, text=True, check=True)  # fmt: skip
     assert r.stdout == "1\n"
-    assert the_zygote(env) is not None and the_zygote(env) is not the_zygote()
-    the_zygote(env).close()  # (its memory back: no other test uses it)
+    assert the_zygote(env) is not None and the_zygote(env) is not the_zygote(base)
+    for z in (the_zygote(env), with_option, the_zygote(base)):
+        z.close()  # (their memory back: no other test uses them)
+    assert warm.stats["fallback"] == before["fallback"]
 
 
 @py_only

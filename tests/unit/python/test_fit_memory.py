@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
+from support import warm
 from support.tiny_lm import training
 
 import memlord
@@ -69,14 +69,11 @@ def test_measured_and_predicted_peaks_against_memtracker(tmp_path):
     MemTracker's within 1%, and its prediction for 16, a size it never ran, is within 3%
     of MemTracker's peak of a real step of 16."""
     tests = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    # no empty entry (it would put the working directory, a source tree, first)
-    path = [p for p in (tests, os.environ.get("PYTHONPATH", "")) if p]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
-    out = subprocess.run(
-        [sys.executable, "-c", _REFERENCE],
+    # a child of the warm interpreter (tests/support/warm.py): torch imported, nothing made
+    out = warm.run(
+        [sys.executable, "-c", f"import sys; sys.path.insert(0, {tests!r})\n" + _REFERENCE],
         capture_output=True,
         text=True,
-        env=env,
         timeout=300,
         cwd=tmp_path,
     )
