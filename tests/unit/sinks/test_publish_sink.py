@@ -128,3 +128,45 @@ def test_detached_record_is_not_written():
     lord.allocate(torch.empty(8, dtype=torch.uint8))
     assert mm[:] == before
     mm.close()  # no longer exported
+
+
+def test_a_read_never_takes_the_counter_from_the_copy(monkeypatch):
+    """The reader's first try reads the record with one pread between two reads of the
+    sequence counter. The kernel copies with string instructions, whose loads may be done
+    in any order: a copy can hold fields from before a write and the counter from after
+    it. Such a copy (the live bytes of state A, the rest of state B, made here from two
+    real records) must be refused. The reader once took the counter from the copy and
+    returned it (CI: categories 3,072 bytes, live 2,048; about one read in 500,000 under a
+    busy writer)."""
+    lord = MemLord()
+    with lord.publish("unit") as pub:
+        lord.allocate(torch.empty(1024, dtype=torch.uint8))
+        with open(pub.path, "rb") as f:
+            state_a = f.read()
+        lord.allocate(torch.empty(1024, dtype=torch.uint8))
+        with open(pub.path, "rb") as f:
+            state_b = f.read()
+        live = _publish.LAYOUT["devs"] + _publish.LAYOUT["dev.live"]  # the cpu's slot
+        assert _cpu(_publish.decode(state_a))["live"] == 1024
+        assert _cpu(_publish.decode(state_b))["live"] == 2048
+        torn = state_b[:live] + state_a[live : live + 8] + state_b[live + 8 :]
+        assert _cpu(_publish.decode(torn))["live"] == 1024  # against categories of 2,048
+
+        real_pread = os.pread
+        copied = []
+
+        def pread(fd, n, offset):
+            """The file as it was (A) until the torn whole-record copy, then as it is (B)."""
+            if n == _publish.SIZE and offset == 0 and not copied:
+                copied.append(1)
+                return torn
+            if not copied:
+                return state_a[offset : offset + n]
+            return real_pread(fd, n, offset)
+
+        monkeypatch.setattr(os, "pread", pread)
+        rec = _publish.read_record(pub.path)
+        monkeypatch.setattr(os, "pread", real_pread)
+        assert copied  # the torn copy was offered
+        d = _cpu(rec)
+        assert sum(d["categories"].values()) == d["live"] == 2048
