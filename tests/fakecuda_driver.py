@@ -361,8 +361,8 @@ def run_fresh(lib: Path | str, body: str, env: dict | None = None, timeout: int 
 
     The process is a child of the warm interpreter (tests/support/warm.py): memlord and
     torch are imported, which loads no CUDA driver (memlord loads it at its first use, the
-    contract these runs test), and nothing has run yet. The zygote is started with the same
-    environment, MEMLORD_CUDA_DRIVER included."""
+    contract these runs test), and nothing has run yet. MEMLORD_CUDA_DRIVER is read when
+    the driver is loaded, from the child's environment: every path shares one zygote."""
     here = Path(__file__).resolve().parent
     prelude = textwrap.dedent(
         f"""

@@ -53,9 +53,13 @@ from pathlib import Path
 _SERVER = Path(__file__).with_name("_zygote.py")
 
 #: variables read only while the program runs (memlord's DEBUG log, its colors, pytest's
-#: test name): they may differ between the zygote and the child. Every other variable is
-#: part of the zygote's key.
-LAZY_ENV = frozenset({"DEBUG", "NO_COLOR", "FORCE_COLOR", "PYTEST_CURRENT_TEST"})
+#: test name, and the CUDA driver's two, which memlord's core reads with getenv() when it
+#: first loads a driver, never at import): they may differ between the zygote and the
+#: child. Every other variable is part of the zygote's key.
+LAZY_ENV = frozenset(
+    {"DEBUG", "NO_COLOR", "FORCE_COLOR", "PYTEST_CURRENT_TEST"}
+    | {"MEMLORD_CUDA_DRIVER", "MEMLORD_DISABLE_CUDA"}
+)
 #: variables read once, when memlord is imported, into a state its core can set again
 #: exactly: the child sets it from the value it is given (MEMLORD_TENSOR_ABI: the import
 #: does ``on = valid and value != "0"``, ``_core._tensor_abi(on)`` does ``on and valid``)

@@ -30,6 +30,14 @@ def _in_an_empty_folder(tmp_path_factory, monkeypatch):
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
 
 
+@pytest.fixture
+def room(monkeypatch):
+    """Room for the zygotes a life-cycle test starts (they import nothing): zygotes other
+    tests left (each ends after IDLE_S unused) must not fill MAX_ZYGOTES first, as they did
+    in a shuffled run, where the call then ran in a real process and the_zygote() was None."""
+    monkeypatch.setattr(warm, "MAX_ZYGOTES", warm.MAX_ZYGOTES + 8)
+
+
 def the_zygote(env=None, options=()):
     env = dict(os.environ if env is None else env)
     key = (tuple(options), tuple(sorted(warm._fixed_env(env).items())))
@@ -161,7 +169,7 @@ def test_a_timeout_kills_the_child_and_raises_with_its_output():
 
 
 @py_only
-def test_interpreter_options_and_import_time_variables_get_a_zygote_of_their_own():
+def test_interpreter_options_and_import_time_variables_get_a_zygote_of_their_own(room):
     # zygotes that import nothing (MEMLORD_WARM_SELFTEST): what serves a call is the point
     before = dict(warm.stats)
     base = dict(os.environ, MEMLORD_WARM_SELFTEST="options")
@@ -213,7 +221,7 @@ def test_what_a_zygote_cannot_serve_runs_in_a_real_process(tmp_path):
 
 
 @py_only
-def test_a_zygote_that_dies_is_replaced_and_one_that_cannot_start_falls_back(monkeypatch):
+def test_a_zygote_that_dies_is_replaced_and_one_that_cannot_start_falls_back(monkeypatch, room):
     env = dict(os.environ, MEMLORD_WARM_SELFTEST="crash")
     code = "print('ran')"
     assert warm.run([PY, "-c", code], env=env, capture_output=True, text=True).stdout == "ran\n"
@@ -253,7 +261,7 @@ def test_a_crash_while_the_interpreter_finalizes_is_seen():
 
 
 @py_only
-def test_an_idle_zygote_ends_and_the_next_call_starts_another(monkeypatch):
+def test_an_idle_zygote_ends_and_the_next_call_starts_another(monkeypatch, room):
     monkeypatch.setattr(warm, "IDLE_S", 1)
     env = dict(os.environ, MEMLORD_WARM_SELFTEST="idle")
     code = "import os; print(os.getppid())"
@@ -268,7 +276,7 @@ def test_an_idle_zygote_ends_and_the_next_call_starts_another(monkeypatch):
 
 
 @py_only
-def test_a_stuck_zygote_is_killed_and_the_call_runs_in_a_real_process(monkeypatch):
+def test_a_stuck_zygote_is_killed_and_the_call_runs_in_a_real_process(monkeypatch, room):
     env = dict(os.environ, MEMLORD_WARM_SELFTEST="stuck")
     code = "print('ran')"
     assert warm.run([PY, "-c", code], env=env, capture_output=True, text=True).stdout == "ran\n"
