@@ -51,8 +51,9 @@ from torch import nn
 # the test modules leaves (another 190,000 objects over the whole tree: hypothesis'
 # strategies, the transparency corpus, what the modules import) is frozen the same way when
 # collection ends (pytest_collection_finish, below): before, every gc.collect() of a full
-# run cost 0.19 s. Objects the tests make while they run stay collectable.
-# MEMLORD_TEST_GC_FREEZE=0 runs without either.
+# run cost 0.19 s. What a test module's tests make stays collectable while the module
+# runs; what is still alive after its last test is frozen too (pytest_runtest_teardown).
+# MEMLORD_TEST_GC_FREEZE=0 runs without any of it.
 _GC_FREEZE = os.environ.get("MEMLORD_TEST_GC_FREEZE", "1") != "0"
 if _GC_FREEZE:
     import gc
@@ -157,7 +158,8 @@ def pytest_runtest_teardown(item, nextitem):
     # after the last test of a module, its module-scoped fixtures finalized: what is still
     # alive is frozen too (torch._dynamo and inductor, imported by the first compiled test,
     # add some 90,000 objects that every later gc.collect() walked: 0.2 s each)
-    if _GC_FREEZE and (nextitem is None or nextitem.module is not item.module):
+    module = getattr(item, "module", None)
+    if _GC_FREEZE and (nextitem is None or getattr(nextitem, "module", None) is not module):
         import gc
 
         gc.collect()
