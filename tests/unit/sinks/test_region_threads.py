@@ -20,9 +20,9 @@ from memlord import MemLord
 def _exited(th: threading.Thread) -> None:
     """Wait until th's OS thread is gone, not only joined. ``join()`` returns when
     Python's thread state is cleared, before glibc puts the thread's stack back in its
-    cache: a thread started in between gets a fresh stack, and the dead thread's stack
-    (its ident) sinks below newer ones in the cache, which keeps about five. On Linux the
-    thread's /proc/self/task entry goes after its stack is cached."""
+    cache; on Linux the thread's /proc/self/task entry goes after that. Then the first
+    thread _thread_reusing starts takes that stack, instead of fresh ones until it is
+    back (slow under ASan, whose thread exit does more)."""
     task = f"/proc/self/task/{th.native_id}"
     for _ in range(5000):
         if not os.path.exists(task):
