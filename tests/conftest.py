@@ -333,6 +333,16 @@ def here() -> int:
     return sys._getframe(1).f_lineno
 
 
+# Called with the device index of every copy a CudaLike or CudaStandIn makes off its "device"
+# (the fake_torch_cuda fixture tells the fake driver's stream it has work queued).
+COPY_OBSERVERS: list = []
+
+
+def _copied_off(index: int) -> None:
+    for observe in COPY_OBSERVERS:
+        observe(index)
+
+
 class CudaLike(torch.Tensor):
     """A real tensor in CPU memory that reports device ``cuda:<index>``.
 
@@ -371,6 +381,8 @@ class CudaLike(torch.Tensor):
                 with torch._C.DisableTorchFunctionSubclass():
                     out = torch.Tensor.clone(out)
             out = out.as_subclass(torch.Tensor) if leaves else _cuda_like(out, index)
+            if leaves:
+                _copied_off(index)
         return out
 
 
@@ -412,6 +424,7 @@ class CudaStandIn(torch.Tensor):
         dev = kwargs.get("device") or src.device
         dtype = kwargs.get("dtype") or src.dtype
         if dev.type == "cpu":
+            _copied_off(src.device.index)
             # an aten op: memlord's Python-level factory hooks never see it
             return torch.ops.aten.empty.memory_format(list(src.shape), dtype=dtype)
         return CudaStandIn(src.shape, dtype, dev.index)

@@ -57,6 +57,7 @@ ENTRY_POINTS = (
     "cuEventRecord",
     "cuEventQuery",
     "cuEventSynchronize",
+    "cuStreamQuery",
 )
 
 # CUresult codes the tests inject
@@ -123,6 +124,8 @@ class FakeCuda:
             ("fakecuda_events_incomplete", ctypes.c_int, []),
             ("fakecuda_record_seq", ctypes.c_long, []),
             ("fakecuda_set_auto_complete", None, [ctypes.c_int]),
+            ("fakecuda_enqueue", ctypes.c_long, [ctypes.c_int, ctypes.c_size_t]),
+            ("fakecuda_stream_busy", ctypes.c_int, [ctypes.c_int, ctypes.c_size_t]),
             (
                 "fakecuda_complete",
                 ctypes.c_int,
@@ -206,8 +209,18 @@ class FakeCuda:
     def set_auto_complete(self, on: bool) -> None:
         self.lib.fakecuda_set_auto_complete(int(on))
 
+    def enqueue(self, dev: int, stream: int) -> int:
+        """A copy queued on `stream` of `dev`: busy for cuStreamQuery until completed."""
+        seq = self.lib.fakecuda_enqueue(dev, stream)
+        assert seq > 0, "the fake's table of streams is full"
+        return seq
+
+    def stream_busy(self, dev: int, stream: int) -> bool:
+        return bool(self.lib.fakecuda_stream_busy(dev, stream))
+
     def complete(self, dev: int | None = None, stream: int | None = None, upto: int = -1) -> int:
-        """Complete the recorded events (of one device, one stream, up to a record)."""
+        """Complete the recorded events and the queued work (of one device, one stream, up to
+        a record); returns how many events it completed."""
         return self.lib.fakecuda_complete(
             -1 if dev is None else dev, stream is None, stream or 0, upto
         )
@@ -262,6 +275,19 @@ class _Streams:
         self.next_handle = 0x5000
         self.current = {}  # device index -> Stream
         self.device = 0
+        # Each device's default stream is a handle of its own (0x100, 0x200, ...): for
+        # memlord a stream like any side stream, which gets an event per deferred move.
+        # legacy_default() makes it 0, torch's legacy default stream, as on a GPU.
+        self.default_handle = None
+
+    def legacy_default(self) -> None:
+        """Every device's default stream is the legacy one (handle 0), as torch's is."""
+        self.default_handle = 0
+        self.current.clear()
+
+    def copied(self, index: int) -> None:
+        """A copy off device `index` was queued on its current stream (conftest's CudaLike)."""
+        self.drv.enqueue(index, self.source(index))
 
     def handle(self) -> int:
         self.next_handle += 0x10
@@ -286,7 +312,12 @@ def make_standins(drv: FakeCuda):
         def __init__(self, device=None, priority=0, _default=False):
             index = streams.device if device is None else torch.device("cuda", device).index
             self.device_index = streams.device if index is None else index
-            self.cuda_stream = 0x100 * (self.device_index + 1) if _default else streams.handle()
+            if not _default:
+                self.cuda_stream = streams.handle()
+            elif streams.default_handle is not None:
+                self.cuda_stream = streams.default_handle
+            else:
+                self.cuda_stream = 0x100 * (self.device_index + 1)
 
         def synchronize(self):
             drv.complete(self.device_index, self.cuda_stream)
@@ -342,15 +373,19 @@ def make_standins(drv: FakeCuda):
 def fake_torch_cuda(fakecuda, monkeypatch):
     """torch.cuda's synchronize, Stream, Event, current_stream and stream() stood in for
     on the fake driver; memlord's torch hooks take the stream source at install."""
+    import conftest
+
     from memlord import _core
 
     streams, names = make_standins(fakecuda)
     for name, value in names.items():
         monkeypatch.setattr(torch.cuda, name, value)
     _core._testing.cuda_standin(streams.source)
+    conftest.COPY_OBSERVERS.append(streams.copied)
     try:
         yield streams
     finally:
+        conftest.COPY_OBSERVERS.remove(streams.copied)
         _hooks_left()
         _core._testing.cuda_standin(None)
 

@@ -304,25 +304,34 @@ ML_HOT int ml_account_conversion(ml_state *st, const ml_hook_tls *tl, const ml_l
             record_all(plain, 0, ddev, dbytes, dptr, &site, dst);
         }
         if (moved && sbytes > 0) {
+            /* The copy may still be running: the free waits for it, on the
+             * default stream without an event (the polls ask the stream,
+             * before the next copy is queued: see hook_tensor), on any
+             * other with one recorded now.  Without a driver, a stream or
+             * an event, it is credited at once. */
             ml_cuda_event *ev = NULL;
-            if (non_blocking && ML_DEV_TYPE(sdev) == ML_TYPE_CUDA) {
-                if (ml_disp.npending > 0) {
-                    ml_pending_drain(0, NULL, 1); /* recycle completed events before taking one */
-                }
+            uintptr_t stream = 0;
+            int wait_on = 0;
+            if (non_blocking && ML_DEV_TYPE(sdev) == ML_TYPE_CUDA &&
+                ml_cuda_context_ready(ML_DEV_INDEX(sdev)) &&
+                ml_pending_stream(sdev, &stream) == 0) {
                 if (ml_disp.npending >= ML_PENDING_HARD_CAP) {
                     ml_pending_drain(1, NULL, 1); /* bound the queue and the event pool */
                 }
-                ev = ml_pending_record_event(sdev);
-            }
-            if (ev != NULL) {
-                if (ml_pending_push(ev, sdev, sbytes, sptr, plain, &site) < 0) {
-                    ml_cuda_event_release(ev);
-                    PyErr_Clear();
-                    record_all(plain, ML_REC_FREE, sdev, sbytes, sptr, &site, src);
-                } else {
-                    queued = 1;
+                if (!ML_STREAM_LIVES(stream)) {
+                    ev = ml_cuda_event_record(ML_DEV_INDEX(sdev), stream);
                 }
+                wait_on = ev != NULL || ML_STREAM_LIVES(stream);
+            }
+            if (wait_on && ml_pending_push(ev, stream, sdev, sbytes, sptr, plain, &site) == 0) {
+                queued = 1;
             } else {
+                if (wait_on) {
+                    PyErr_Clear(); /* no memory to queue in: credited now */
+                    if (ev != NULL) {
+                        ml_cuda_event_release(ev);
+                    }
+                }
                 record_all(plain, ML_REC_FREE, sdev, sbytes, sptr, &site, src);
             }
         }

@@ -35,9 +35,11 @@ typedef struct {
     int group;
 } ml_patch;
 
-/* A free waiting for a CUDA event. */
+/* A free waiting for a CUDA copy: on its event, or, with none (yet), on
+ * its stream (see ml_pending_push). */
 typedef struct {
-    ml_cuda_event *event;
+    ml_cuda_event *event; /* shared by the entries sealed together */
+    uintptr_t stream;
     ml_dev dev;
     int64_t bytes;
     uintptr_t ptr;   /* the source storage's data pointer, 0 when unknown */

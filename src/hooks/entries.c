@@ -116,6 +116,12 @@ ML_HOT static PyObject *hook_tensor(PyObject *callable, PyObject *const *args, s
         return ml_call_original(self, args, nargsf, kwnames); /* tracing: nothing to count */
     }
     ml_hook_tls *tl = &hook_tls; /* one thread-local lookup for the whole call */
+    if (self->kind == HK_MOVE && ml_disp.npending > 0 && tl->depth == 0) {
+        /* A move polls before its own copy is queued: a free waiting on the
+         * default stream is done when that stream is idle now, which it
+         * could not be once this copy is on it (pending.h). */
+        ml_pending_drain(0, NULL, 1);
+    }
     int reentered;
     PyObject *result = run_original(tl, self, args, nargsf, kwnames, &reentered, ML_SRC_CONVERT);
     if (reentered || result == NULL || ml_disp.lord_refs == NULL || ml_disp.module == NULL) {

@@ -57,6 +57,64 @@ static void pending_append(ml_pending *items, Py_ssize_t n)
     }
 }
 
+/* Whether entry p's copy has run: 1 yes, 0 not yet, -1 error (counted as
+ * done: a free is never held forever).  An entry with no event asks its
+ * stream, which lives as long as the process (see ml_pending_push). */
+static int entry_query(const ml_pending *p)
+{
+    return p->event != NULL ? ml_cuda_event_query(p->event)
+                            : ml_cuda_stream_query(ML_DEV_INDEX(p->dev), p->stream);
+}
+
+/* Record one event on the stream of items[from] (which has none) and give
+ * it to every entry of items[from..n) that waits on the same stream without
+ * one: each copy was queued before it, so its completion covers them all.
+ * 0, or -1 when no event could be recorded (nothing changed). */
+static int seal(ml_pending *items, Py_ssize_t from, Py_ssize_t n)
+{
+    ml_pending *head = &items[from];
+    ml_cuda_event *ev = ml_cuda_event_record(ML_DEV_INDEX(head->dev), head->stream);
+    if (ev == NULL) {
+        return -1;
+    }
+    head->event = ev;
+    for (Py_ssize_t i = from + 1; i < n; i++) {
+        ml_pending *p = &items[i];
+        if (p->event == NULL && p->dev == head->dev && p->stream == head->stream) {
+            ml_cuda_event_share(ev);
+            p->event = ev;
+        }
+    }
+    return 0;
+}
+
+/* The answers of one drain: an event or a stream asked once, whatever
+ * number of entries wait on it. */
+typedef struct {
+    const ml_cuda_event *event;
+    int event_q;
+    ml_dev dev;
+    uintptr_t stream;
+    int stream_q; /* -2: not asked yet */
+} ml_answers;
+
+static int answer(ml_answers *a, const ml_pending *p)
+{
+    if (p->event != NULL) {
+        if (p->event != a->event) {
+            a->event = p->event;
+            a->event_q = ml_cuda_event_query(p->event);
+        }
+        return a->event_q;
+    }
+    if (a->stream_q == -2 || a->dev != p->dev || a->stream != p->stream) {
+        a->dev = p->dev;
+        a->stream = p->stream;
+        a->stream_q = entry_query(p);
+    }
+    return a->stream_q;
+}
+
 /* Credit every completed entry (all of them when wait is set; only those of
  * `only` when it is not NULL; with head_only, stop at the first pending one).
  * The queue is detached first: waits release the GIL, and crediting runs
@@ -67,12 +125,19 @@ ML_COLD void ml_pending_drain(int wait, PyObject *only, int head_only)
         return;
     }
     /* The poll of every quiet conversion: the oldest entry still running
-     * means nothing to credit, found without allocating (-2: not asked). */
+     * means nothing to credit, found without allocating (-2: not asked).
+     * An oldest entry waiting on a busy stream gets its event now, shared
+     * with the others on that stream: the polls after it ask the event. */
     int head = -2;
     if (head_only && !wait && only == NULL) {
-        head = ml_cuda_event_query(ml_disp.pending[0].event);
-        if (head == 0) {
+        const ml_pending *first = &ml_disp.pending[0];
+        head = entry_query(first);
+        if (head == 0 &&
+            (first->event != NULL || seal(ml_disp.pending, 0, ml_disp.npending) == 0)) {
             return;
+        }
+        if (head == 0) {
+            head = -1; /* busy, and no event to wait on: credit it now */
         }
     }
     Py_ssize_t n = ml_disp.npending, cap = ml_disp.cap;
@@ -90,16 +155,30 @@ ML_COLD void ml_pending_drain(int wait, PyObject *only, int head_only)
     ml_pending *items = ml_disp.pending;
     ml_disp.pending = NULL;
     ml_disp.npending = ml_disp.cap = 0;
+    ml_answers a = {NULL, 0, 0, 0, -2};
+    if (head != -2 && items[0].event == NULL) {
+        a.dev = items[0].dev; /* the head's stream was asked above */
+        a.stream = items[0].stream;
+        a.stream_q = head;
+    }
     int stop = 0;
     for (Py_ssize_t i = 0; i < n && !stop; i++) {
         if (only != NULL && !ml_lords_contain(items[i].lords, only)) {
             continue;
         }
-        int q = i == 0 && head != -2 ? head : ml_cuda_event_query(items[i].event);
+        int q = i == 0 && head != -2 ? head : answer(&a, &items[i]);
+        if (q == 0 && items[i].event == NULL) {
+            /* its stream is busy: an event to wait on (or, without one,
+             * credit now) */
+            q = seal(items, i, n) == 0 ? answer(&a, &items[i]) : -1;
+        }
         if (q == 0 && wait) {
             int w;
             Py_BEGIN_ALLOW_THREADS w = ml_cuda_event_wait(items[i].event);
             Py_END_ALLOW_THREADS q = w == 0 ? 1 : -1;
+            a.event = items[i].event;
+            a.event_q = q;
+            a.stream_q = -2; /* the stream may have run on meanwhile */
         }
         ready[i] = q != 0; /* an error counts as done: never hold a free forever */
         stop = !ready[i] && head_only;
@@ -154,7 +233,7 @@ ML_COLD void ml_pending_drain(int wait, PyObject *only, int head_only)
     free_unless(done, done_buf);
 }
 
-int ml_pending_push(ml_cuda_event *ev, ml_dev dev, int64_t bytes, uintptr_t ptr,
+int ml_pending_push(ml_cuda_event *ev, uintptr_t stream, ml_dev dev, int64_t bytes, uintptr_t ptr,
                     const ml_lords *lords, const ml_site *site)
 {
     PyObject *tuple = ml_lords_tuple(lords);
@@ -174,6 +253,7 @@ int ml_pending_push(ml_cuda_event *ev, ml_dev dev, int64_t bytes, uintptr_t ptr,
     }
     ml_pending *p = &ml_disp.pending[ml_disp.npending++];
     p->event = ev;
+    p->stream = stream;
     p->dev = dev;
     p->bytes = bytes;
     p->ptr = ptr;
@@ -194,9 +274,9 @@ int64_t ml_pending_bytes(const PyObject *lord, const ml_selector *sel)
     return total;
 }
 
-/* Record an event on the current stream of the source device; NULL when the
- * driver cannot (then the free is credited at once). */
-ml_cuda_event *ml_pending_record_event(ml_dev src)
+/* The current stream of the source device, as the driver's handle: 0, or
+ * -1 when torch cannot say (then the free is credited at once). */
+int ml_pending_stream(ml_dev src, uintptr_t *out)
 {
     PyObject *handle;
     /* a small int: CPython's cached object, no allocation; one vectorcall,
@@ -204,7 +284,7 @@ ml_cuda_event *ml_pending_record_event(ml_dev src)
     PyObject *index = PyLong_FromLong(ML_DEV_INDEX(src));
     if (index == NULL) {
         PyErr_Clear();
-        return NULL;
+        return -1;
     }
     if (ml_disp.raw_stream != NULL) {
         /* the cudaStream_t as an int, without building a Stream object */
@@ -215,18 +295,19 @@ ml_cuda_event *ml_pending_record_event(ml_dev src)
         Py_XDECREF(stream);
     } else {
         Py_DECREF(index);
-        return NULL;
+        return -1;
     }
     Py_DECREF(index);
     if (handle == NULL) {
         PyErr_Clear();
-        return NULL;
+        return -1;
     }
     uintptr_t h = (uintptr_t)PyLong_AsUnsignedLongLongMask(handle);
     Py_DECREF(handle);
     if (PyErr_Occurred()) {
         PyErr_Clear();
-        return NULL;
+        return -1;
     }
-    return ml_cuda_event_record(ML_DEV_INDEX(src), h);
+    *out = h;
+    return 0;
 }

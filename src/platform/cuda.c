@@ -46,6 +46,7 @@ typedef CUresult (*fn_ev_create)(CUevent *, unsigned int);
 typedef CUresult (*fn_ev_record)(CUevent, CUstream);
 typedef CUresult (*fn_ev_query)(CUevent);
 typedef CUresult (*fn_ev_sync)(CUevent);
+typedef CUresult (*fn_stream_query)(CUstream);
 
 /* The driver: loaded once, on the first call of any function below, by
  * ml_cuda_ready() and nothing else.  Every entry point asks it first, so
@@ -71,6 +72,7 @@ static struct ml_driver {
     fn_ev_record ev_record;
     fn_ev_query ev_query;
     fn_ev_sync ev_sync;
+    fn_stream_query stream_query;
 } drv;
 
 #define ML_CUDA_MAX_DEVICES 64
@@ -78,6 +80,7 @@ static struct ml_driver {
 struct ml_cuda_event {
     CUevent ev;
     int index;
+    int users; /* the pending frees that wait on it; pooled at 0 */
     ml_cuda_event *next;
 };
 
@@ -107,6 +110,7 @@ static int resolve(void)
         {"cuEventRecord", offsetof(struct ml_driver, ev_record)},
         {"cuEventQuery", offsetof(struct ml_driver, ev_query)},
         {"cuEventSynchronize", offsetof(struct ml_driver, ev_sync)},
+        {"cuStreamQuery", offsetof(struct ml_driver, stream_query)},
     };
     for (size_t i = 0; i < sizeof(need) / sizeof(need[0]); i++) {
         void *f = dlsym(drv.lib, need[i].name);
@@ -251,9 +255,8 @@ int ml_cuda_min_total(int64_t *out)
  * whether it was pushed (then pop_primary() undoes it), or -1.  When the
  * primary context is current already (whenever torch runs on that device)
  * nothing is pushed: one driver call instead of two. */
-static int push_primary(int index, int *pushed)
+static int retain_primary(int index)
 {
-    *pushed = 0;
     if (!ml_cuda_ready() || index < 0 || index >= ML_CUDA_MAX_DEVICES) {
         return -1;
     }
@@ -264,6 +267,20 @@ static int push_primary(int index, int *pushed)
             primary[index] = NULL;
             return -1;
         }
+    }
+    return 0;
+}
+
+int ml_cuda_context_ready(int index)
+{
+    return retain_primary(index) == 0;
+}
+
+static int push_primary(int index, int *pushed)
+{
+    *pushed = 0;
+    if (retain_primary(index) < 0) {
+        return -1;
     }
     CUcontext cur = NULL;
     if (drv.current != NULL && drv.current(&cur) == CUDA_SUCCESS && cur == primary[index]) {
@@ -343,6 +360,7 @@ ml_cuda_event *ml_cuda_event_record(int index, uintptr_t stream)
         e->index = index;
         n_created++;
     }
+    e->users = 1;
     CUresult rc = drv.ev_record(e->ev, (CUstream)stream);
     pop_primary(pushed);
     if (rc != CUDA_SUCCESS) {
@@ -350,6 +368,25 @@ ml_cuda_event *ml_cuda_event_record(int index, uintptr_t stream)
         return NULL;
     }
     return e;
+}
+
+void ml_cuda_event_share(ml_cuda_event *e)
+{
+    e->users++;
+}
+
+int ml_cuda_stream_query(int index, uintptr_t stream)
+{
+    int pushed;
+    if (push_primary(index, &pushed) < 0) {
+        return -1;
+    }
+    CUresult rc = drv.stream_query((CUstream)stream);
+    pop_primary(pushed);
+    if (rc == CUDA_SUCCESS) {
+        return 1;
+    }
+    return rc == (CUresult)CUDA_ERROR_NOT_READY ? 0 : -1;
 }
 
 int ml_cuda_event_query(ml_cuda_event *e)
@@ -380,6 +417,9 @@ int ml_cuda_event_wait(ml_cuda_event *e)
 
 void ml_cuda_event_release(ml_cuda_event *e)
 {
+    if (--e->users > 0) {
+        return; /* another pending free still waits on it */
+    }
     e->next = pool[e->index];
     pool[e->index] = e;
     n_pooled++;

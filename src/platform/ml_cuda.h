@@ -26,17 +26,28 @@ int ml_cuda_min_total(int64_t *out);
 /* Whether device index's primary context is active (someone, e.g. torch,
  * initialised it): 1 yes, 0 no, -1 cannot tell.  Creates nothing. */
 int ml_cuda_primary_active(int index);
+/* Whether driver calls on device index can be made: its primary context
+ * retained by memlord (once, at the first ask; kept for the process). */
+int ml_cuda_context_ready(int index);
 /* Free and total memory of a visible device: 0 on success, -1 otherwise. */
 int ml_cuda_mem_info(int index, int64_t *free_bytes, int64_t *total_bytes);
 
 /* Events, pooled per device, for deferred frees.  An event is recorded on
- * a stream (a CUstream handle as torch reports it) of a device. */
+ * a stream (a CUstream handle as torch reports it) of a device, with one
+ * user; each ml_cuda_event_share() adds one, each ml_cuda_event_release()
+ * drops one and the last returns the event to the pool. */
 typedef struct ml_cuda_event ml_cuda_event;
 ml_cuda_event *ml_cuda_event_record(int index, uintptr_t stream);
 /* 1 completed, 0 pending, -1 error (treated as completed by callers) */
 int ml_cuda_event_query(ml_cuda_event *e);
 int ml_cuda_event_wait(ml_cuda_event *e);
+void ml_cuda_event_share(ml_cuda_event *e);
 void ml_cuda_event_release(ml_cuda_event *e);
+/* Whether everything queued so far on a stream of device index has run:
+ * 1 yes, 0 not yet, -1 error (treated as yes by callers).  Only for a stream
+ * that lives as long as the process (the legacy default stream): a handle
+ * someone destroyed must never reach the driver. */
+int ml_cuda_stream_query(int index, uintptr_t stream);
 /* Events created so far (live + pooled), for tests of the pool bound. */
 size_t ml_cuda_events_created(void);
 size_t ml_cuda_events_pooled(void);

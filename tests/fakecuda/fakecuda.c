@@ -9,8 +9,11 @@
  *
  * Its state is set through the fakecuda_* control functions (ctypes): the
  * devices, their total and free memory, whether a primary context is
- * active, events that stay incomplete until the test completes them, an
- * error injected into any entry point, and counters of every call.
+ * active, events that stay incomplete until the test completes them, work
+ * queued on streams (fakecuda_enqueue: a copy, as the tests' fake-cuda
+ * tensors report theirs) that keeps a stream busy for cuStreamQuery until
+ * the test completes it, an error injected into any entry point, and
+ * counters of every call.
  *
  * Build with -DFAKECUDA_OMIT_<name> to leave one entry point out (a driver
  * without a symbol memlord needs). */
@@ -46,6 +49,7 @@ typedef uintptr_t CUstream;
 #define MAX_DEV 16
 #define MAX_EVENTS 32768
 #define MAX_STACK 64
+#define MAX_STREAMS 64
 
 enum {
     F_cuInit,
@@ -62,6 +66,7 @@ enum {
     F_cuEventRecord,
     F_cuEventQuery,
     F_cuEventSynchronize,
+    F_cuStreamQuery,
     NFN
 };
 
@@ -80,6 +85,7 @@ static const char *const names[NFN] = {
     "cuEventRecord",
     "cuEventQuery",
     "cuEventSynchronize",
+    "cuStreamQuery",
 };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -98,7 +104,20 @@ static struct {
     long seq;
     int auto_complete;
     int nevents;
+    int nstreams;
 } fk;
+
+/* Work queued on a stream: the stream is busy while queued > done (both
+ * record sequence numbers, shared with events: a record after a copy has
+ * the higher one). */
+static struct {
+    int device;
+    CUstream stream;
+    long queued;
+    long done;
+} streams[MAX_STREAMS];
+
+static int stream_slot(int device, CUstream stream, int add);
 
 static struct CUctx_st ctxs[MAX_DEV];
 static struct CUevent_st events[MAX_EVENTS];
@@ -116,6 +135,7 @@ EXPORT void fakecuda_reset(void)
     pthread_mutex_lock(&mu);
     memset(&fk, 0, sizeof(fk));
     memset(events, 0, sizeof(events));
+    memset(streams, 0, sizeof(streams));
     fk.ndev = 1;
     for (int i = 0; i < MAX_DEV; i++) {
         ctxs[i].device = i;
@@ -382,8 +402,46 @@ EXPORT CUresult cuEventSynchronize(CUevent ev)
         return misuse(ERR_INVALID_HANDLE);
     }
     ev->complete = 1; /* the wait: what it waited for has run */
+    int i = stream_slot(ev->device, ev->stream, 0);
+    if (i >= 0 && ev->recorded && streams[i].done < ev->seq) {
+        streams[i].done = ev->seq < streams[i].queued ? ev->seq : streams[i].queued;
+    }
     return leave(OK);
 }
+
+/* The slot of (device, stream), made when add is set; -1 when the table is
+ * full or the stream absent.  The mutex is held. */
+static int stream_slot(int device, CUstream stream, int add)
+{
+    for (int i = 0; i < fk.nstreams; i++) {
+        if (streams[i].device == device && streams[i].stream == stream) {
+            return i;
+        }
+    }
+    if (!add || fk.nstreams >= MAX_STREAMS) {
+        return -1;
+    }
+    streams[fk.nstreams].device = device;
+    streams[fk.nstreams].stream = stream;
+    streams[fk.nstreams].queued = streams[fk.nstreams].done = 0;
+    return fk.nstreams++;
+}
+
+#ifndef FAKECUDA_OMIT_cuStreamQuery
+EXPORT CUresult cuStreamQuery(CUstream stream)
+{
+    CUresult rc = enter(F_cuStreamQuery);
+    if (rc != OK) {
+        return rc;
+    }
+    CUcontext c = current();
+    if (c == NULL) {
+        return misuse(ERR_INVALID_CONTEXT); /* a stream is a context's */
+    }
+    int i = stream_slot(c->device, stream, 0);
+    return leave(i >= 0 && streams[i].queued > streams[i].done ? ERR_NOT_READY : OK);
+}
+#endif
 
 /* ---- control, for the tests -------------------------------------------- */
 
@@ -578,12 +636,50 @@ EXPORT void fakecuda_set_auto_complete(int on)
     pthread_mutex_unlock(&mu);
 }
 
-/* Complete the events recorded with seq <= upto (every one when upto < 0)
- * on device dev (any when dev < 0) and stream (any when any_stream). */
+/* A copy queued on stream of device dev (what the tests' fake-cuda tensors
+ * report when they are moved off the device): the stream is busy until it is
+ * completed, unless auto-complete is on.  Its sequence number, or -1 when
+ * the table of streams is full. */
+EXPORT long fakecuda_enqueue(int dev, uintptr_t stream)
+{
+    pthread_mutex_lock(&mu);
+    int i = stream_slot(dev, stream, 1);
+    long seq = -1;
+    if (i >= 0) {
+        seq = streams[i].queued = ++fk.seq;
+        if (fk.auto_complete) {
+            streams[i].done = seq;
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return seq;
+}
+
+/* Whether stream of device dev has queued work not completed. */
+EXPORT int fakecuda_stream_busy(int dev, uintptr_t stream)
+{
+    pthread_mutex_lock(&mu);
+    int i = stream_slot(dev, stream, 0);
+    int busy = i >= 0 && streams[i].queued > streams[i].done;
+    pthread_mutex_unlock(&mu);
+    return busy;
+}
+
+/* Complete the events recorded and the work queued with seq <= upto (every
+ * one when upto < 0) on device dev (any when dev < 0) and stream (any when
+ * any_stream). */
 EXPORT int fakecuda_complete(int dev, int any_stream, uintptr_t stream, long upto)
 {
     pthread_mutex_lock(&mu);
     int n = 0;
+    for (int i = 0; i < fk.nstreams; i++) {
+        if ((dev < 0 || streams[i].device == dev) && (any_stream || streams[i].stream == stream)) {
+            long to = upto < 0 || upto > streams[i].queued ? streams[i].queued : upto;
+            if (to > streams[i].done) {
+                streams[i].done = to;
+            }
+        }
+    }
     for (int i = 0; i < fk.nevents; i++) {
         CUevent e = &events[i];
         if (e->recorded && !e->complete && (dev < 0 || e->device == dev) &&

@@ -3,8 +3,10 @@ deferred move costs in driver calls.
 
 The call ceiling is the test that keeps the event path cheap without a GPU: when the
 device's primary context is current already (whenever torch runs on that device), memlord
-pushes and pops nothing, and a deferred move costs one cuCtxGetCurrent and one
-cuEventRecord at the move, one cuCtxGetCurrent and one cuEventQuery at its credit.
+pushes and pops nothing, and a deferred move on a side stream costs one cuCtxGetCurrent
+and one cuEventRecord at the move, one cuCtxGetCurrent and one cuEventQuery at its
+credit; on torch's legacy default stream, when the copy is done by the next poll, nothing
+at the move and one cuCtxGetCurrent and one cuStreamQuery at its credit.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import fake_cuda
-from fakecuda_driver import GIB
+from fakecuda_driver import GIB, stat
 
 from memlord import MemLord, _core
 
@@ -197,4 +199,142 @@ def test_a_thousand_moves_stay_within_the_ceiling(fakecuda, hooks):
     assert fakecuda.calls() <= 4 * 1000
     assert fakecuda.calls("cuCtxPushCurrent_v2") == 0
     assert fakecuda.calls("cuEventCreate") <= 1
+    fakecuda.set_current(None)
+
+
+# ---- the legacy default stream: a free waits on the stream, an event only when it is busy --
+
+
+@pytest.fixture
+def legacy(fake_torch_cuda):
+    """torch's default stream as on a GPU: the legacy one, handle 0."""
+    fake_torch_cuda.legacy_default()
+    return fake_torch_cuda
+
+
+@pytest.fixture
+def lord_hooks(fake_torch_hooks):
+    """The torch hooks of conftest's `lord`."""
+    return fake_torch_hooks
+
+
+def test_deferred_move_on_the_default_stream_costs_one_query(fakecuda, legacy, hooks):
+    """A copy on the default stream that is done by the next poll costs no event: one
+    cuCtxGetCurrent and one cuStreamQuery in all, against four with an event per move."""
+    fakecuda.set_current(0)
+    x = fake_cuda(256)
+    _one_deferred_move(fakecuda, hooks, x)  # the first loads the driver, retains the context
+    at_move, at_credit = _one_deferred_move(fakecuda, hooks, x)
+    assert at_move == {}
+    assert at_credit == {"cuCtxGetCurrent": 1, "cuStreamQuery": 1}
+    assert fakecuda.events_created() == 0
+    fakecuda.set_current(None)
+
+
+def test_a_thousand_moves_on_the_default_stream_record_no_event(fakecuda, legacy, hooks):
+    """The GPU keeps up (each copy done by the next move, as a 4 KiB copy is on an H100):
+    each move asks the stream once, before its own copy is queued, and records nothing."""
+    fakecuda.set_current(0)
+    fakecuda.set_auto_complete(True)
+    x = fake_cuda(64)
+    x.to("cpu", non_blocking=True)
+    hooks.poll()
+    fakecuda.clear_calls()
+    for _ in range(1000):
+        x.to("cpu", non_blocking=True)
+        assert hooks.pending() == 256  # only the move just made waits
+    hooks.poll()
+    assert hooks.pending() == 0
+    assert fakecuda.calls("cuStreamQuery") == 1000
+    assert fakecuda.calls() <= 2 * 1000
+    assert fakecuda.calls("cuEventRecord") == fakecuda.calls("cuEventCreate") == 0
+    fakecuda.set_current(None)
+
+
+def test_moves_queued_behind_a_busy_stream_share_an_event(fakecuda, legacy, lord_hooks, lord):
+    """The stream stays busy: the first poll records one event for the oldest move; the moves
+    after it wait on the stream until a full poll records one more event for all of them."""
+    fakecuda.set_current(0)
+    x = fake_cuda(64)
+    lord.reset()
+    for _ in range(100):
+        x.to("cpu", non_blocking=True)
+    assert lord_hooks.pending() == 100 * 256
+    assert fakecuda.calls("cuEventRecord") == 1  # the oldest, at the second move's poll
+    lord_hooks.poll()
+    assert fakecuda.calls("cuEventRecord") == 2  # one for the other 99
+    assert fakecuda.events_incomplete() == 2
+    assert lord_hooks.pending() == 100 * 256
+    fakecuda.complete()
+    lord_hooks.poll()
+    assert lord_hooks.pending() == 0
+    assert stat(lord, "cuda:0", "freed_total") == 100 * 256
+    assert stat(lord, "cuda:0", "frees") == 100
+    info = _core._hooks_info()
+    assert info["events_pooled"] == info["events_created"] == 2  # each back once, shared
+    fakecuda.set_current(None)
+
+
+def test_an_event_completing_credits_exactly_the_moves_it_covers(
+    fakecuda, legacy, lord_hooks, lord
+):
+    """Completing the first event's work credits the oldest move and no other."""
+    x = fake_cuda(64)
+    lord.reset()
+    x.to("cpu", non_blocking=True)
+    first = fakecuda.record_seq()  # the first copy's place on the stream
+    x.to("cpu", non_blocking=True)  # its poll records the event for the first
+    x.to("cpu", non_blocking=True)
+    fakecuda.complete(upto=first + 1)  # the first copy and the event after it
+    lord_hooks.poll()
+    assert lord_hooks.pending() == 2 * 256
+    assert stat(lord, "cuda:0", "freed_total") == 256
+    torch.cuda.synchronize()
+    assert lord_hooks.pending() == 0
+    assert stat(lord, "cuda:0", "freed_total") == 3 * 256
+
+
+def test_a_side_stream_still_records_an_event_at_the_move(fakecuda, legacy, hooks):
+    """Only the legacy default stream lives as long as the process; any other may be an
+    external stream its owner destroys, so it is never asked later: its event is recorded
+    at the move."""
+    x = fake_cuda(64)
+    s = torch.cuda.Stream()
+    fakecuda.clear_calls()
+    with torch.cuda.stream(s):
+        x.to("cpu", non_blocking=True)
+    assert fakecuda.calls("cuEventRecord") == 1
+    assert fakecuda.calls("cuStreamQuery") == 0
+    torch.cuda.synchronize()
+    assert hooks.pending() == 0
+
+
+def test_disable_waits_for_a_busy_default_stream(fakecuda, legacy, lord):
+    h = lord.hook_into_torch()
+    x = fake_cuda(64)
+    lord.reset()
+    x.to("cpu", non_blocking=True)
+    h.disable()  # records the event the copy needs and waits for it
+    assert fakecuda.calls("cuEventRecord") == fakecuda.calls("cuEventSynchronize") == 1
+    assert stat(lord, "cuda:0", "freed_total") == 256
+    assert h.pending() == 0
+
+
+def test_second_device_default_stream_is_asked_in_its_context(fakecuda, legacy, lord_hooks, lord):
+    fakecuda.set_devices(2)
+    fakecuda.set_current(0)
+    lord.reset()
+    fake_cuda(64, 1).to("cpu", non_blocking=True)
+    fakecuda.complete(dev=1)
+    fakecuda.clear_calls()
+    lord_hooks.poll()
+    assert lord_hooks.pending() == 0
+    assert fakecuda.counts() == {
+        "cuCtxGetCurrent": 1,
+        "cuCtxPushCurrent_v2": 1,
+        "cuStreamQuery": 1,
+        "cuCtxPopCurrent_v2": 1,
+    }
+    assert fakecuda.current_device() == 0
+    assert stat(lord, "cuda:1", "freed_total") == 256
     fakecuda.set_current(None)

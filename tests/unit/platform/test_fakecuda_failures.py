@@ -192,3 +192,58 @@ def test_primary_state_failure_reads_unknown_for_bands(fakecuda):
     lord.allocate(fake_cuda(100, dtype=torch.uint8))
     assert stat(lord, "cuda:0", "gc_runs") == 1  # lowest band, bytes
     assert fakecuda.retains(0) == 0  # a GC decision never creates a context
+
+
+# ---- the legacy default stream (a free waits on the stream until it is busy at a poll) ----
+
+
+@pytest.fixture
+def legacy(fake_torch_cuda):
+    fake_torch_cuda.legacy_default()
+    return fake_torch_cuda
+
+
+def test_stream_query_failure_counts_as_done(lord, legacy, hooks, fakecuda):
+    fake_cuda(256).to("cpu", non_blocking=True)
+    assert hooks.pending() == 1024
+    fakecuda.fail("cuStreamQuery", CUDA_ERROR_LAUNCH_FAILED)
+    hooks.poll()
+    assert hooks.pending() == 0
+    assert stat(lord, "cuda:0", "freed_total") == 1024
+    assert fakecuda.calls("cuEventRecord") == 0
+    _no_leak(fakecuda)
+
+
+@pytest.mark.parametrize("entry", ["cuEventCreate", "cuEventRecord"])
+def test_no_event_for_a_busy_stream_credits_at_that_poll(lord, legacy, hooks, fakecuda, entry):
+    """The stream is busy and no event can be recorded to wait on: the free is credited at
+    that poll, as a move whose event cannot be made is at the move."""
+    fakecuda.fail(entry, CUDA_ERROR_OUT_OF_MEMORY)
+    x = fake_cuda(256)
+    x.to("cpu", non_blocking=True)
+    x.to("cpu", non_blocking=True)  # its poll finds the first busy, and no event
+    assert hooks.pending() == 1024  # the second waits
+    assert stat(lord, "cuda:0", "freed_total") == 1024
+    hooks.poll()
+    assert hooks.pending() == 0
+    assert stat(lord, "cuda:0", "freed_total") == 2048
+    _no_leak(fakecuda)
+
+
+def test_context_failure_at_the_move_credits_at_once(lord, legacy, hooks, fakecuda):
+    """The device's context cannot be retained: nothing could ask its stream later."""
+    fakecuda.fail("cuDevicePrimaryCtxRetain", CUDA_ERROR_LAUNCH_FAILED)
+    fake_cuda(256).to("cpu", non_blocking=True)
+    assert hooks.pending() == 0
+    assert stat(lord, "cuda:0", "freed_total") == 1024
+    _no_leak(fakecuda)
+
+
+def test_stream_wait_failure_at_disable_still_credits(lord, legacy, fakecuda):
+    h = lord.hook_into_torch()
+    fake_cuda(256).to("cpu", non_blocking=True)
+    fakecuda.fail("cuEventSynchronize", CUDA_ERROR_LAUNCH_FAILED)
+    h.disable()
+    assert h.pending() == 0
+    assert stat(lord, "cuda:0", "freed_total") == 1024
+    _no_leak(fakecuda)
