@@ -10,7 +10,8 @@
 #      batch max_batch_size() predicts under a memory fraction runs, and is >= 80% of the
 #      true largest found by bisection);
 #   4. runs the GPU benchmarks (bench/bench_hooks.py: the casts and the 4 KiB non_blocking
-#      move; bench/bench_gpu.py: the layer-offload loop and a training step);
+#      move; bench/bench_gpu.py: the layer-offload loop and a training step;
+#      bench/bench_cuda_costs.py: the deferred move's parts, the driver's calls alone);
 #   5. prints one summary: a line per step with its result, then the benchmark table.
 #
 #     bash tools/gpu_check.sh     (summary.txt, the benchmarks' JSON and logs.tgz under $OUT,
@@ -21,7 +22,7 @@
 #
 # GPU_CHECK_TESTS=tests/unit/core/test_stats.py narrows the suite step (a smoke test of this script);
 # GPU_CHECK_ALONE="FILE ..." names the files run alone, GPU_CHECK_BENCHES="gpu" the benchmark
-# modules ("hooks gpu" by default): for a re-check in what is left of a device budget.
+# modules ("hooks gpu costs" by default): for a re-check in what is left of a device budget.
 #
 # Packages the machine lacks (hypothesis, which the suite needs; pytest-xdist) travel as
 # wheels in .whl/ (git-ignored): `bash tools/gpu_wheels.sh` here downloads them, and the
@@ -106,7 +107,7 @@ for f in ${GPU_CHECK_ALONE:-$ALONE_DEFAULT}; do
 done
 
 # ---- benchmarks --------------------------------------------------------------------------
-BENCHES=${GPU_CHECK_BENCHES:-hooks gpu}
+BENCHES=${GPU_CHECK_BENCHES:-hooks gpu costs}
 case " $BENCHES " in *" hooks "*)
     step bench_hooks "bench: hooks (casts, 4 KiB move)" 150 \
         "$PY" bench/bench_hooks.py --samples 15 --json "$OUT/bench_hooks.json" ;;
@@ -115,6 +116,10 @@ case " $BENCHES " in *" gpu "*)
     step bench_gpu "bench: gpu (offload, train step)" 150 \
         "$PY" bench/bench_gpu.py --samples 15 --json "$OUT/bench_gpu.json" ;;
 esac
+case " $BENCHES " in *" costs "*)
+    step bench_costs "bench: a deferred move's parts" 120 \
+        "$PY" bench/bench_cuda_costs.py --samples 15 --json "$OUT/bench_costs.json" ;;
+esac
 
 # ---- summary ---------------------------------------------------------------------------
 echo
@@ -122,7 +127,7 @@ echo "==== gpu_check summary ($(head -n 1 "$LOGS/env.log" | cut -c1-60); $(tail 
 printf '%s\n' "${summary[@]}"
 echo
 grep -hE "^(FAILED|ERROR)" "$LOGS"/suite.log "$LOGS"/alone_*.log 2>/dev/null | head -n 60
-for f in "$LOGS"/bench_hooks.log "$LOGS"/bench_gpu.log; do
+for f in "$LOGS"/bench_hooks.log "$LOGS"/bench_gpu.log "$LOGS"/bench_costs.log; do
     [ -e "$f" ] || continue
-    grep -E "^\|" "$f" || tail -n 5 "$f"
+    grep -E "^\||^cuda_costs|^  (copy|stream)" "$f" || tail -n 5 "$f"
 done
