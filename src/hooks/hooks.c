@@ -313,11 +313,12 @@ PyObject *ml_hooks_lords(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(unused
 
 PyObject *ml_hooks_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(unused))
 {
-    return Py_BuildValue("{s:O,s:O,s:n,s:n,s:n,s:n,s:n,s:N}", "installed",
+    return Py_BuildValue("{s:O,s:O,s:n,s:n,s:n,s:n,s:n,s:n,s:N}", "installed",
                          ml_group_installed(G_TORCH) ? Py_True : Py_False, "python_installed",
                          ml_group_installed(G_PY) ? Py_True : Py_False, "subscribers",
                          live_count(ml_disp.lord_refs), "python_subscribers",
                          live_count(ml_disp.py_lord_refs), "pending", ml_disp.npending,
                          "events_created", (Py_ssize_t)ml_cuda_events_created(), "events_pooled",
-                         (Py_ssize_t)ml_cuda_events_pooled(), "direct", direct_names());
+                         (Py_ssize_t)ml_cuda_events_pooled(), "events_recorded",
+                         (Py_ssize_t)ml_cuda_events_recorded(), "direct", direct_names());
 }

@@ -86,7 +86,7 @@ struct ml_cuda_event {
 
 static ml_cuda_event *pool[ML_CUDA_MAX_DEVICES];
 static CUcontext primary[ML_CUDA_MAX_DEVICES];
-static size_t n_created, n_pooled;
+static size_t n_created, n_pooled, n_recorded;
 
 #ifndef _WIN32
 /* Every entry point memlord calls: the driver is used only when it has all
@@ -216,7 +216,7 @@ int ml_cuda_use_library(const char *path)
         }
         primary[i] = NULL;
     }
-    n_created = n_pooled = 0;
+    n_created = n_pooled = n_recorded = 0;
     PyMem_RawFree(drv.override);
     memset(&drv, 0, sizeof(drv));
     drv.override = copy;
@@ -367,6 +367,7 @@ ml_cuda_event *ml_cuda_event_record(int index, uintptr_t stream)
         ml_cuda_event_release(e);
         return NULL;
     }
+    n_recorded++;
     return e;
 }
 
@@ -433,4 +434,9 @@ size_t ml_cuda_events_created(void)
 size_t ml_cuda_events_pooled(void)
 {
     return n_pooled;
+}
+
+size_t ml_cuda_events_recorded(void)
+{
+    return n_recorded;
 }

@@ -51,5 +51,7 @@ int ml_cuda_stream_query(int index, uintptr_t stream);
 /* Events created so far (live + pooled), for tests of the pool bound. */
 size_t ml_cuda_events_created(void);
 size_t ml_cuda_events_pooled(void);
+/* Records made so far (an event is recorded again each time it is reused). */
+size_t ml_cuda_events_recorded(void);
 
 #endif

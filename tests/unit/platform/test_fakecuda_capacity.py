@@ -199,6 +199,7 @@ def test_a_thousand_moves_stay_within_the_ceiling(fakecuda, hooks):
     assert fakecuda.calls() <= 4 * 1000
     assert fakecuda.calls("cuCtxPushCurrent_v2") == 0
     assert fakecuda.calls("cuEventCreate") <= 1
+    assert _core._hooks_info()["events_recorded"] == 1001  # one per move on a side stream
     fakecuda.set_current(None)
 
 
@@ -248,6 +249,7 @@ def test_a_thousand_moves_on_the_default_stream_record_no_event(fakecuda, legacy
     assert fakecuda.calls("cuStreamQuery") == 1000
     assert fakecuda.calls() <= 2 * 1000
     assert fakecuda.calls("cuEventRecord") == fakecuda.calls("cuEventCreate") == 0
+    assert _core._hooks_info()["events_recorded"] == 0  # memlord's count says the same
     fakecuda.set_current(None)
 
 

@@ -382,6 +382,35 @@ def test_event_pool_bounded_for_steady_stream(lord, hooks):
     assert _stat(lord, "cuda:0", "freed_total") == 10_000 * 4096
 
 
+def test_default_stream_moves_done_by_the_next_one_record_no_event(lord, hooks):
+    """torch's default stream is the legacy one: a copy on it that has run by the next move's
+    poll needs no event (one stream query instead); on a side stream each move records one."""
+    import time
+
+    assert torch.cuda.current_stream().cuda_stream == 0  # what memlord's fast case relies on
+    x = torch.empty(1024, device="cuda:0")
+    _warm_pinned()
+    torch.cuda.synchronize()
+    lord.reset()
+    r0 = _core._hooks_info()["events_recorded"]
+    for _ in range(200):
+        x.to("cpu", non_blocking=True)
+        time.sleep(0.0002)  # the host's own work between copies: the 4 KiB copy runs meanwhile
+    on_default = _core._hooks_info()["events_recorded"] - r0
+    torch.cuda.synchronize()
+    assert on_default <= 20, on_default  # a slow copy now and then may still need one
+    assert _stat(lord, "cuda:0", "freed_total") == 200 * 4096
+    s = torch.cuda.Stream()
+    r0 = _core._hooks_info()["events_recorded"]
+    with torch.cuda.stream(s):
+        for _ in range(50):
+            x.to("cpu", non_blocking=True)
+    assert _core._hooks_info()["events_recorded"] - r0 == 50
+    torch.cuda.synchronize()
+    assert hooks.pending() == 0
+    assert _stat(lord, "cuda:0", "freed_total") == 250 * 4096
+
+
 def test_queue_hard_cap_keeps_accounting_exact(lord, hooks):
     x = torch.empty(256, device="cuda:0")
     n = 9000  # past the hard cap of 8192 pending entries
