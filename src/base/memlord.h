@@ -30,10 +30,12 @@ typedef uint32_t ml_dev;
 #define ML_HOT __attribute__((hot))
 #define ML_COLD __attribute__((cold, noinline))
 #define ML_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define ML_LIKELY(x) __builtin_expect(!!(x), 1)
 #else
 #define ML_HOT
 #define ML_COLD
 #define ML_UNLIKELY(x) (x)
+#define ML_LIKELY(x) (x)
 #endif
 
 #define ML_DEV(type, index) ((ml_dev)(((uint32_t)(type) << 8) | (uint8_t)((index) + 1)))

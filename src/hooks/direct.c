@@ -77,13 +77,27 @@ PyObject *ml_call_direct(const HookObject *self, PyObject *const *args, size_t n
             return NULL;
         }
     }
+    /* one look-up of the thread state for the recursion check and the
+     * result's (base/compat.h, ML_INLINE_RECURSION) */
+    PyThreadState *ts = PyThreadState_Get();
     PyObject *result = NULL;
-    if (Py_EnterRecursiveCall(" while calling a Python object") == 0) {
+#if ML_INLINE_RECURSION
+    int *remaining = ml_recursion_remaining(ts);
+    if (ML_LIKELY(*remaining > 0)) {
+        --*remaining;
+        result = self->direct(first, tuple, kwargs);
+        ++*remaining;
+    } else
+#endif
+        if (Py_EnterRecursiveCall(" while calling a Python object") == 0) {
         result = self->direct(first, tuple, kwargs);
         Py_LeaveRecursiveCall();
     }
     Py_DECREF(tuple);
     Py_XDECREF(kwargs);
-    return ml_check_function_result(self->original, result);
+    if (ML_LIKELY(result != NULL && !ml_exc_pending(ts))) {
+        return result; /* what _Py_CheckFunctionResult lets through unchanged */
+    }
+    return ml_check_function_result(ts, self->original, result);
 }
 #endif
