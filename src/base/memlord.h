@@ -112,6 +112,10 @@ typedef struct {
     PyObject *linetable, *filename, *name; /* strong, NULL: empty */
     int firstlineno, offset;
     uint32_t loc;
+    /* the id of the stack of this frame alone as the user's (the common
+     * capture: the user called torch directly), 0 until it is known; it
+     * depends on loc only, and moves with the entry */
+    uint32_t alone;
     uint8_t kind;
 } ml_raw;
 
@@ -138,6 +142,7 @@ typedef struct {
     ml_raw *raw;         /* ML_RAW_SLOTS entries in sets of two, or NULL */
     uint64_t resolved;   /* frames resolved to a line (PyCode_Addr2Line): raw misses */
     uint64_t missed;     /* captures not among the recent stacks (interned by content) */
+    uint64_t slow;       /* captures a slot's one-frame stack did not answer */
     ml_kind_entry *kind; /* ML_KIND_SLOTS entries, direct mapped, or NULL */
     /* recently interned stacks, in sets of two (newest first) chosen by the
      * innermost frame's raw set: each is its id, its frame count and the raw
