@@ -186,3 +186,30 @@ def _lines_of(fn):
         for i, line in enumerate(src)
         if "  # " in line and line.rpartition("# ")[2].strip() in ("lib-a", "lib-b", "own-a", "own-b")
     }
+
+
+def test_the_ring_and_regions_see_one_site_for_a_line_before_and_after_the_lane():
+    """The first cast of a line is interned by the general path, the next ones are answered
+    by the one-frame lane: the event ring records one site id for all of them, its text is
+    the line, each event's bytes are torch's own, and the region is the one they ran in."""
+    t = torch.zeros(64)
+    lord = MemLord(auto_gc_bytes=None)
+    lord.record_events(64)
+    with lord.hook_into_torch(), lord.region("casts"):
+        for i in range(6):
+            if i == 1:
+                before = _slow()
+            t.half()  # ring-line
+        lane = _slow() - before
+    assert lane == 0  # the five after the first were the lane's
+    e = lord.events()
+    nbytes = t.half().untyped_storage().nbytes()
+    assert len(e) == 6
+    assert len(set(e["site"])) == 1 and e["site"][0] != 0
+    line = inspect.getsourcelines(
+        test_the_ring_and_regions_see_one_site_for_a_line_before_and_after_the_lane
+    )
+    want = line[1] + next(i for i, s in enumerate(line[0]) if "# ring-line" in s)
+    assert lord.event_site(e["site"][0]).endswith(f"test_site_cache.py:{want}")
+    assert list(e["bytes"]) == [nbytes] * 6
+    assert [lord.event_region(r) for r in e["region"]] == ["casts"] * 6
