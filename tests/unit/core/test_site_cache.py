@@ -145,7 +145,10 @@ def test_a_library_frame_innermost_takes_the_general_path_and_keeps_its_stack():
     the user's: two frames, never the one-frame lane's answer; and the user's lines
     answered by the lane right before or after do not take its site."""
     ns: dict[str, object] = {}
-    exec(compile("def lib_half(t):\n    return t.half()\n", "/x/site-packages/fakelib.py", "exec"), ns)
+    exec(
+        compile("def lib_half(t):\n    return t.half()\n", "/x/site-packages/fakelib.py", "exec"),
+        ns,
+    )
     lib_half = ns["lib_half"]
     t = torch.zeros(16)
     lord = MemLord(auto_gc_bytes=None)
@@ -184,7 +187,8 @@ def _lines_of(fn):
     return {
         line.rpartition("# ")[2].strip(): first + i
         for i, line in enumerate(src)
-        if "  # " in line and line.rpartition("# ")[2].strip() in ("lib-a", "lib-b", "own-a", "own-b")
+        if "  # " in line
+        and line.rpartition("# ")[2].strip() in ("lib-a", "lib-b", "own-a", "own-b")
     }
 
 
