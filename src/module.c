@@ -319,7 +319,8 @@ static PyObject *core_site_stack(PyObject *module, PyObject *arg)
 }
 
 /* _testing.sites_info(): (stacks, locations, raw slots in use, frames resolved to a
- * line, captures not among the recent stacks) of the site table. */
+ * line, captures not among the recent stacks, captures not answered by a raw
+ * slot's one-frame stack) of the site table. */
 static PyObject *core_sites_info(PyObject *module, PyObject *Py_UNUSED(ignored))
 {
     return ml_sites_info(&ml_state_of_module(module)->sites);

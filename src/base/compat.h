@@ -121,9 +121,46 @@ static inline PyObject *ml_type_lookup(PyTypeObject *tp, PyObject *name)
 #define ML_DIRECT_CALL 1
 /* result checked as CPython checks a C function's (NULL without an
  * exception, or a result with one, become SystemError). */
-static inline PyObject *ml_check_function_result(PyObject *callable, PyObject *result)
+static inline PyObject *ml_check_function_result(PyThreadState *ts, PyObject *callable,
+                                                 PyObject *result)
 {
-    return _Py_CheckFunctionResult(PyThreadState_Get(), callable, result, NULL);
+    return _Py_CheckFunctionResult(ts, callable, result, NULL);
+}
+/* The thread's C recursion counter and its pending exception, read on the
+ * thread state the caller holds: CPython's own Py_EnterRecursiveCall,
+ * Py_LeaveRecursiveCall and _Py_CheckFunctionResult each look the thread
+ * state up again (a thread-local read through __tls_get_addr in a shared
+ * libpython, 11 instructions).  On 3.11 and 3.12 Py_EnterRecursiveCall is
+ * `remaining-- <= 0 && _Py_CheckRecursiveCall(...)` on a field of the public
+ * PyThreadState (pycore_ceval.h), and Py_LeaveRecursiveCall `remaining++`:
+ * while the counter is above 0 the hook does exactly that itself, and calls
+ * CPython's functions otherwise (the limit reached: its RecursionError).
+ * Not where CPython also checks the C stack every 64 calls (USE_STACKCHECK,
+ * Windows) nor on 3.10 (its limit is the interpreter's, internal).
+ * tests/unit/hooks/test_torch_hooks.py (the recursion limit and a result
+ * with an exception set, through a hooked call). */
+#if PY_VERSION_HEX >= 0x030B0000 && !defined(USE_STACKCHECK)
+#define ML_INLINE_RECURSION 1
+static inline int *ml_recursion_remaining(PyThreadState *ts)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    return &ts->c_recursion_remaining;
+#else
+    return &ts->recursion_remaining;
+#endif
+}
+#else
+#define ML_INLINE_RECURSION 0
+#endif
+/* Whether an exception is set on ts (PyErr_Occurred without looking the
+ * thread state up). */
+static inline int ml_exc_pending(const PyThreadState *ts)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    return ts->current_exception != NULL;
+#else
+    return ts->curexc_type != NULL;
+#endif
 }
 #else
 #define ML_DIRECT_CALL 0

@@ -30,10 +30,12 @@ typedef uint32_t ml_dev;
 #define ML_HOT __attribute__((hot))
 #define ML_COLD __attribute__((cold, noinline))
 #define ML_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define ML_LIKELY(x) __builtin_expect(!!(x), 1)
 #else
 #define ML_HOT
 #define ML_COLD
 #define ML_UNLIKELY(x) (x)
+#define ML_LIKELY(x) (x)
 #endif
 
 #define ML_DEV(type, index) ((ml_dev)(((uint32_t)(type) << 8) | (uint8_t)((index) + 1)))
@@ -110,6 +112,10 @@ typedef struct {
     PyObject *linetable, *filename, *name; /* strong, NULL: empty */
     int firstlineno, offset;
     uint32_t loc;
+    /* the id of the stack of this frame alone as the user's (the common
+     * capture: the user called torch directly), 0 until it is known; it
+     * depends on loc only, and moves with the entry */
+    uint32_t alone;
     uint8_t kind;
 } ml_raw;
 
@@ -136,6 +142,7 @@ typedef struct {
     ml_raw *raw;         /* ML_RAW_SLOTS entries in sets of two, or NULL */
     uint64_t resolved;   /* frames resolved to a line (PyCode_Addr2Line): raw misses */
     uint64_t missed;     /* captures not among the recent stacks (interned by content) */
+    uint64_t slow;       /* captures a slot's one-frame stack did not answer */
     ml_kind_entry *kind; /* ML_KIND_SLOTS entries, direct mapped, or NULL */
     /* recently interned stacks, in sets of two (newest first) chosen by the
      * innermost frame's raw set: each is its id, its frame count and the raw

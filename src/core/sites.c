@@ -198,6 +198,26 @@ ML_HOT static inline int raw_set_has(const ml_raw *raw, uint32_t j, const PyCode
            (raw[j + 1].loc == loc && raw_is(&raw[j + 1], code, offset));
 }
 
+/* Whether a walk kept one frame, the user's: its stack is the frame's raw
+ * entry's `alone` when known. */
+static inline int walked_alone(const ml_walker *w)
+{
+    return w->n == 1 && w->user == 0 && !w->elided;
+}
+
+/* The common capture (the user's line called torch directly: one frame, the
+ * user's) answered by the newer entry of its raw set: the id of that stack,
+ * else 0.  The entry resolves to the same location as the frame (raw_is),
+ * and `alone` is the id of the one-frame stack of that location. */
+ML_HOT static inline uint32_t alone_id(const ml_sitetab *t, const ml_walker *w)
+{
+    if (!walked_alone(w)) {
+        return 0;
+    }
+    const ml_raw *e = &t->raw[raw_set(w->code[0], w->offset[0])];
+    return e->alone != 0 && raw_is(e, w->code[0], w->offset[0]) ? e->alone : 0;
+}
+
 /* The first of the two recent stacks (a set) a stack whose innermost frame
  * is in raw set j may be in. */
 static inline uint32_t recent_set(uint32_t j)
@@ -226,6 +246,14 @@ ML_HOT static inline uint32_t recent_id(ml_sitetab *t, const ml_walker *w)
             i++;
         }
         if (i == w->n) {
+            if (walked_alone(w)) {
+                /* the raw entry the frame matched knows its stack from now */
+                ml_raw *e = &t->raw[c->slot[0]];
+                if (!(e->loc == st->loc[0] && raw_is(e, w->code[0], w->offset[0]))) {
+                    e++;
+                }
+                e->alone = c->id;
+            }
             if (k != r) { /* newest first */
                 ml_recent tmp = t->recent[r];
                 t->recent[r] = t->recent[k];
@@ -277,18 +305,22 @@ static uint32_t stack_id(ml_sitetab *t, const ml_walker *w, PyObject **old)
             old[3 * i + 1] = gone->filename;
             old[3 * i + 2] = gone->name;
             *gone = *e;
-            *e = (ml_raw){Py_NewRef(code->co_linetable),
-                          Py_NewRef(code->co_filename),
-                          Py_NewRef(ML_CODE_NAME(code)),
-                          code->co_firstlineno,
-                          w->offset[i],
-                          loc,
-                          0};
+            *e = (ml_raw){.linetable = Py_NewRef(code->co_linetable),
+                          .filename = Py_NewRef(code->co_filename),
+                          .name = Py_NewRef(ML_CODE_NAME(code)),
+                          .firstlineno = code->co_firstlineno,
+                          .offset = w->offset[i],
+                          .loc = loc,
+                          .alone = 0,
+                          .kind = 0};
         }
         s.loc[i] = e->loc;
         slots[i] = (uint16_t)j;
     }
     uint32_t id = stack_intern(t, &s);
+    if (id != 0 && walked_alone(w)) {
+        t->raw[slots[0]].alone = id;
+    }
     if (id != 0) {
         uint32_t r = recent_set(slots[0]);
         t->recent[r + 1] = t->recent[r];
@@ -316,10 +348,14 @@ ML_HOT static void capture(ml_state *st, ml_site *out, int in_place)
     ml_walker w;
     ml_frames_walk(st, &w, in_place);
     ml_sitetab *t = &st->sites;
-    out->id = w.n > 0 && t->raw != NULL ? recent_id(t, &w) : 0;
+    out->id = w.n > 0 && t->raw != NULL ? alone_id(t, &w) : 0;
     if (out->id == 0 && w.n > 0) {
-        t->missed++;
-        out->id = capture_new(t, &w);
+        t->slow++;
+        out->id = t->raw != NULL ? recent_id(t, &w) : 0;
+        if (out->id == 0) {
+            t->missed++;
+            out->id = capture_new(t, &w);
+        }
     }
     if (w.drop != NULL) {
         Py_DECREF(w.drop); /* no frame pointer is held from here */
@@ -418,6 +454,6 @@ PyObject *ml_sites_info(const ml_sitetab *t)
     for (int i = 0; t->raw != NULL && i < ML_RAW_SLOTS; i++) {
         raw += t->raw[i].linetable != NULL;
     }
-    return Py_BuildValue("(IInKK)", t->n, t->nlocs, raw, (unsigned long long)t->resolved,
-                         (unsigned long long)t->missed);
+    return Py_BuildValue("(IInKKK)", t->n, t->nlocs, raw, (unsigned long long)t->resolved,
+                         (unsigned long long)t->missed, (unsigned long long)t->slow);
 }

@@ -220,9 +220,15 @@ ML_HOT static int account_on_device(ml_state *st, const ml_hook_tls *tl, const m
         return 0; /* moved (or unreadable): the general path decides */
     }
     if (bytes > 0) {
+        /* record_all for its one lord, without the loop */
+        ml_book *lord = (ml_book *)lords->v[0];
         ml_site site;
         ml_conversion_site(st, tl, lords, &site);
-        record_all(lords, 0, ddev, bytes, ptr, &site, dst);
+        ml_delta d = {ddev, bytes, 1, ptr, 0};
+        ml_emit_ctx ctx = {dst, NULL};
+        if (ml_record_one(lord, ML_EV_ALLOC, ML_SRC_CONVERT, &d, &site, &ctx) < 0) {
+            ml_report_failure((PyObject *)lord);
+        }
         ml_site_clear(&site);
     }
     if (ml_disp.npending > 0) {

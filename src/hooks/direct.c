@@ -7,11 +7,12 @@
  * method and torch function memlord patches).  Their types are CPython's
  * own and immutable, and a descriptor's or builtin's PyMethodDef never
  * changes, so what is read here holds while the hook holds original. */
-void ml_direct_of(HookObject *hook, PyObject *original)
+void ml_direct_of(HookObject *hook, PyObject *original, PyTypeObject *tensor_type)
 {
     hook->direct = NULL;
     hook->direct_self = NULL;
     hook->direct_type = NULL;
+    hook->direct_sub = NULL;
 #if ML_DIRECT_CALL
     /* the flags CPython chooses a call by (METH_STATIC, on torch.empty and
      * the other torch functions, and METH_COEXIST do not change it) */
@@ -23,6 +24,10 @@ void ml_direct_of(HookObject *hook, PyObject *original)
         if ((def->ml_flags & how) == want) {
             hook->direct = (PyCFunctionWithKeywords)(void (*)(void))def->ml_meth;
             hook->direct_type = PyDescr_TYPE(original);
+            if (tensor_type != NULL && PyType_Check(tensor_type) &&
+                PyType_IsSubtype(tensor_type, hook->direct_type)) {
+                hook->direct_sub = (PyTypeObject *)Py_NewRef((PyObject *)tensor_type);
+            }
         }
     } else if (Py_TYPE(original) == &PyCFunction_Type &&
                (PyCFunction_GET_FLAGS(original) & how) == want) {
@@ -31,6 +36,7 @@ void ml_direct_of(HookObject *hook, PyObject *original)
     }
 #else
     (void)original;
+    (void)tensor_type;
 #endif
 }
 
@@ -49,7 +55,8 @@ PyObject *ml_call_direct(const HookObject *self, PyObject *const *args, size_t n
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *first = self->direct_self;
     if (self->direct_type != NULL) {
-        if (nargs < 1 || !PyObject_TypeCheck(args[0], self->direct_type)) {
+        if (nargs < 1 || (Py_TYPE(args[0]) != self->direct_sub &&
+                          !PyObject_TypeCheck(args[0], self->direct_type))) {
             return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
         }
         first = args[0];
@@ -77,13 +84,27 @@ PyObject *ml_call_direct(const HookObject *self, PyObject *const *args, size_t n
             return NULL;
         }
     }
+    /* one look-up of the thread state for the recursion check and the
+     * result's (base/compat.h, ML_INLINE_RECURSION) */
+    PyThreadState *ts = PyThreadState_Get();
     PyObject *result = NULL;
-    if (Py_EnterRecursiveCall(" while calling a Python object") == 0) {
+#if ML_INLINE_RECURSION
+    int *remaining = ml_recursion_remaining(ts);
+    if (ML_LIKELY(*remaining > 0)) {
+        --*remaining;
+        result = self->direct(first, tuple, kwargs);
+        ++*remaining;
+    } else
+#endif
+        if (Py_EnterRecursiveCall(" while calling a Python object") == 0) {
         result = self->direct(first, tuple, kwargs);
         Py_LeaveRecursiveCall();
     }
     Py_DECREF(tuple);
     Py_XDECREF(kwargs);
-    return ml_check_function_result(self->original, result);
+    if (ML_LIKELY(result != NULL && !ml_exc_pending(ts))) {
+        return result; /* what _Py_CheckFunctionResult lets through unchanged */
+    }
+    return ml_check_function_result(ts, self->original, result);
 }
 #endif

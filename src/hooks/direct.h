@@ -12,7 +12,7 @@
 
 /* Whether hook may call original's C function itself (sets hook->direct,
  * direct_self, direct_type; NULL when not). */
-void ml_direct_of(HookObject *hook, PyObject *original);
+void ml_direct_of(HookObject *hook, PyObject *original, PyTypeObject *tensor_type);
 #if ML_DIRECT_CALL
 /* original(*args, **kwnames) through its C function (hook->direct != NULL). */
 PyObject *ml_call_direct(const HookObject *self, PyObject *const *args, size_t nargsf,

@@ -36,7 +36,7 @@ int ml_lords_alloc(ml_lords *l, Py_ssize_t cap)
 }
 
 /* The live lords of refs (NULL: none); -1 with an exception set. */
-ML_HOT int ml_lords_acquire(PyObject *refs, ml_lords *out)
+int ml_lords_acquire_n(PyObject *refs, ml_lords *out)
 {
     Py_ssize_t n = refs != NULL ? PyTuple_GET_SIZE(refs) : 0;
     if (ml_lords_alloc(out, n) < 0) {
@@ -53,7 +53,7 @@ ML_HOT int ml_lords_acquire(PyObject *refs, ml_lords *out)
     return 0;
 }
 
-ML_HOT void ml_lords_release(ml_lords *l)
+void ml_lords_release_n(ml_lords *l)
 {
     /* Detached first: releasing a lord may run Python. */
     Py_ssize_t n = l->n;

@@ -131,8 +131,37 @@ int ml_lords_contain(PyObject *lords, const PyObject *lord);
 /* An empty set of lords with room for cap: 0, or -1 with MemoryError. */
 int ml_lords_alloc(ml_lords *l, Py_ssize_t cap);
 /* The live lords of refs (NULL: none); -1 with an exception set. */
-int ml_lords_acquire(PyObject *refs, ml_lords *out);
-void ml_lords_release(ml_lords *l);
+int ml_lords_acquire_n(PyObject *refs, ml_lords *out);
+void ml_lords_release_n(ml_lords *l);
+
+/* ml_lords_acquire_n, with the common case (one subscriber) inline: every
+ * hooked call takes this snapshot, and the call, the array's set-up and the
+ * loop cost more than the one read of a weak reference (reading it runs no
+ * Python). */
+static inline int ml_lords_acquire(PyObject *refs, ml_lords *out)
+{
+    if (refs != NULL && PyTuple_GET_SIZE(refs) == 1) {
+        PyObject *lord = ml_referent(PyTuple_GET_ITEM(refs, 0)); /* borrowed, NULL once dying */
+        out->v = out->inl;
+        out->n = lord != NULL;
+        out->inl[0] = Py_XNewRef(lord);
+        return 0;
+    }
+    return ml_lords_acquire_n(refs, out);
+}
+
+/* ml_lords_release_n, one lord inline (detached first: releasing it may run
+ * Python). */
+static inline void ml_lords_release(ml_lords *l)
+{
+    if (l->n == 1 && l->v == l->inl) {
+        PyObject *lord = l->inl[0];
+        l->n = 0;
+        Py_DECREF(lord);
+        return;
+    }
+    ml_lords_release_n(l);
+}
 /* A new tuple of the lords (a pending free keeps one). */
 PyObject *ml_lords_tuple(const ml_lords *l);
 /* An accounting failure never reaches the caller: reported as unraisable. */

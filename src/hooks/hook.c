@@ -151,6 +151,7 @@ static int hook_traverse(HookObject *self, visitproc visit, void *arg)
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(self->original);
     Py_VISIT(self->owner);
+    Py_VISIT(self->direct_sub);
     return 0;
 }
 
@@ -159,6 +160,7 @@ static int hook_clear(HookObject *self)
     self->direct = NULL; /* what ml_direct_of read belongs to original */
     self->direct_self = NULL;
     self->direct_type = NULL;
+    Py_CLEAR(self->direct_sub);
     Py_CLEAR(self->original);
     Py_CLEAR(self->owner);
     Py_CLEAR(self->name);

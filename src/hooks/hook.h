@@ -40,6 +40,11 @@ typedef struct {
     PyCFunctionWithKeywords direct;
     PyObject *direct_self;     /* a builtin's self (borrowed: original holds it) */
     PyTypeObject *direct_type; /* a method descriptor's class (borrowed), else NULL */
+    /* torch.Tensor when it is a subclass of direct_type (a strong reference),
+     * else NULL: `t.half()` passes a torch.Tensor to a descriptor of
+     * torch._C.TensorBase, and the exact check spares PyType_IsSubtype's walk
+     * of the MRO on every call */
+    PyTypeObject *direct_sub;
 } HookObject;
 
 extern PyType_Spec ml_hook_spec;    /* the wrapper installed in torch's classes */

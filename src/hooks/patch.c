@@ -163,7 +163,7 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
     hook->name = Py_NewRef(pname);
     hook->weakreflist = NULL;
     hook->kind = kind;
-    ml_direct_of(hook, original);
+    ml_direct_of(hook, original, (PyTypeObject *)st->tensor_type);
     PyObject_GC_Track(hook);
     if (PyObject_SetAttr(owner, pname, (PyObject *)hook) < 0) {
         Py_DECREF(hook);

@@ -33,8 +33,8 @@ def test_probes_are_in_testing_only():
 
 
 def test_probes_read_cores_state():
-    stacks, locs, raw, resolved, missed = _core._testing.sites_info()
-    assert min(stacks, locs, raw, resolved, missed) >= 0
+    stacks, locs, raw, resolved, missed, slow = _core._testing.sites_info()
+    assert min(stacks, locs, raw, resolved, missed, slow) >= 0
     epoch = _core._testing.busy_epoch(0)
     assert _core._testing.busy_epoch(0) == epoch  # adding 0 changes nothing
     assert _core._testing.safe_point() is None

@@ -969,3 +969,49 @@ def test_enable_disable_while_threads_convert():
             th.join()
     assert errors == []
     _assert_originals_back()
+
+
+def _deepest_through_c(call):
+    """The deepest nesting of calls through C (sorted's key function: each level enters the
+    interpreter again from C, counted against the C recursion limit on 3.12 and 3.13 and
+    against the one limit on 3.11) at whose bottom call() still runs."""
+
+    def down(n):
+        if n == 0:
+            return call()
+        return sorted((n,), key=lambda _: down(n - 1))
+
+    lo, hi = 0, 6000
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        try:
+            down(mid)
+            lo = mid
+        except RecursionError:
+            hi = mid - 1
+    return lo
+
+
+@pytest.mark.parametrize("cast", ["half", "to"])
+def test_a_hooked_cast_meets_the_recursion_limit_where_torch_does(cast):
+    """The hook's own call of torch's C function counts one level against the recursion
+    limit, as CPython's call of it does, and raises RecursionError at the same depth: on 3.11
+    and 3.12 the hook keeps the counter itself while it is above 0 (base/compat.h,
+    ML_INLINE_RECURSION) and leaves the limit to CPython's check."""
+    t = torch.zeros(4)
+    call = (lambda: t.half()) if cast == "half" else (lambda: t.to(torch.float16))
+    limit = sys.getrecursionlimit()
+    # 3.11: one limit for Python and C, a few hundred levels away; 3.12+: the C limit is
+    # fixed, and the Python limit is set out of its way
+    depth = len(__import__("inspect").stack(0))
+    sys.setrecursionlimit(depth + (400 if sys.version_info < (3, 12) else 20000))
+    try:
+        bare = _deepest_through_c(call)
+        lord = MemLord(auto_gc_bytes=None)
+        with lord.hook_into_torch():
+            hooked = _deepest_through_c(call)
+            assert lord.allocated(CPU)[0] > 0  # the casts at the bottom were counted
+    finally:
+        sys.setrecursionlimit(limit)
+    assert 0 < bare < 6000
+    assert hooked == bare
