@@ -231,9 +231,6 @@ ML_HOT static int account_on_device(ml_state *st, const ml_hook_tls *tl, const m
         }
         ml_site_clear(&site);
     }
-    if (ml_disp.npending > 0) {
-        ml_pending_drain(0, NULL, 1);
-    }
     return 1;
 }
 
@@ -295,7 +292,6 @@ ML_HOT int ml_account_conversion(ml_state *st, const ml_hook_tls *tl, const ml_l
         ml_track_for(lords, &dw, &site, ML_SRC_CONVERT, 1);
     }
     walk_clear_if(&dw, ndeep > 0);
-    int queued = 0;
     if (nplain > 0) {
         ml_lords subset;
         const ml_lords *plain = lords;
@@ -329,9 +325,7 @@ ML_HOT int ml_account_conversion(ml_state *st, const ml_hook_tls *tl, const ml_l
                 }
                 wait_on = ev != NULL || ML_STREAM_LIVES(stream);
             }
-            if (wait_on && ml_pending_push(ev, stream, sdev, sbytes, sptr, plain, &site) == 0) {
-                queued = 1;
-            } else {
+            if (!wait_on || ml_pending_push(ev, stream, sdev, sbytes, sptr, plain, &site) < 0) {
                 if (wait_on) {
                     PyErr_Clear(); /* no memory to queue in: credited now */
                     if (ev != NULL) {
@@ -362,8 +356,5 @@ ML_HOT int ml_account_conversion(ml_state *st, const ml_hook_tls *tl, const ml_l
         }
     }
     ml_site_clear(&site);
-    if (!queued && ml_disp.npending > 0) {
-        ml_pending_drain(0, NULL, 1);
-    }
     return 0;
 }

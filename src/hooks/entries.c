@@ -116,10 +116,11 @@ ML_HOT static PyObject *hook_tensor(PyObject *callable, PyObject *const *args, s
         return ml_call_original(self, args, nargsf, kwnames); /* tracing: nothing to count */
     }
     ml_hook_tls *tl = &hook_tls; /* one thread-local lookup for the whole call */
-    if (self->kind == HK_MOVE && ml_disp.npending > 0 && tl->depth == 0) {
-        /* A move polls before its own copy is queued: a free waiting on the
-         * default stream is done when that stream is idle now, which it
-         * could not be once this copy is on it (pending.h). */
+    if (ml_disp.npending > 0 && tl->depth == 0) {
+        /* The queue's poll, before this conversion's own work is queued: a
+         * free waiting on the default stream is done when that stream is
+         * idle now, which it could not be once a copy or a cast kernel of
+         * this call is on it (pending.h). */
         ml_pending_drain(0, NULL, 1);
     }
     int reentered;
@@ -128,9 +129,6 @@ ML_HOT static PyObject *hook_tensor(PyObject *callable, PyObject *const *args, s
         return result; /* re-entered through __torch_function__: the outer call counts */
     }
     if (result == args[0]) {
-        if (ml_disp.npending > 0) {
-            ml_pending_drain(0, NULL, 1);
-        }
         return result;
     }
     /* Whatever the original returned goes back unchanged; only tensors
