@@ -554,6 +554,10 @@ static PyMethodDef testing_methods[] = {
     {"cuda_driver", (PyCFunction)core_cuda_driver, METH_O,
      "Forget the CUDA driver and load the given library (None: libcuda) at "
      "its next use, as a fresh process would."},
+    {"pending_poll_age", (PyCFunction)(void (*)(void))ml_hooks_poll_age, METH_FASTCALL,
+     "pending_poll_age([ns]) -> the age (ns) below which a conversion's poll leaves the oldest "
+     "deferred free alone (50,000 by default; 0: every poll asks the driver); sets it when "
+     "given, returns the value in force before."},
     {"cuda_standin", (PyCFunction)ml_hooks_cuda_standin, METH_O,
      "A stream source(index) -> handle that the next install of the torch hooks "
      "uses as torch's current stream, patching torch.cuda's synchronize stand-ins; None: off."},

@@ -10,7 +10,8 @@
   - ``fakecuda_lib``: the built library's path (session).  Fails, never skips, when it
     cannot be built: a C compiler is part of the build requirements.
   - ``fakecuda``: memlord's driver switched to the fake, as in a fresh process (nothing
-    loaded until first use), the fake reset; after the test: nothing pending, every pushed
+    loaded until first use), the fake reset, every poll asking the driver
+    (``_testing.pending_poll_age(0)``); after the test: nothing pending, every pushed
     context popped, no driver rule broken, and memlord back to its usual driver search.
   - ``fake_torch_cuda``: stand-ins for torch's current stream, ``torch.cuda.synchronize``,
     ``Stream`` and ``Event`` (CPU torch has none that work) tied to the fake's events, and
@@ -253,6 +254,9 @@ def fakecuda(fakecuda_lib, monkeypatch):
     drv = FakeCuda(fakecuda_lib)
     _core._testing.cuda_driver(str(fakecuda_lib))
     drv.reset()
+    # every poll asks the driver, whatever the oldest entry's age: the tests count the
+    # calls of each poll (the age rule has tests of its own)
+    age = _core._testing.pending_poll_age(0)
     try:
         yield drv
         left = _hooks_left()
@@ -265,6 +269,7 @@ def fakecuda(fakecuda_lib, monkeypatch):
         drv.heal()
         drv.complete()
         _core._testing.cuda_driver(None)
+        _core._testing.pending_poll_age(age)
 
 
 class _Streams:

@@ -45,6 +45,7 @@ typedef struct {
     uintptr_t ptr;   /* the source storage's data pointer, 0 when unknown */
     PyObject *lords; /* tuple of lords to credit */
     ml_site site;
+    int64_t queued_ns; /* monotonic clock when it was queued */
 } ml_pending;
 
 #define ML_MAX_PATCHES 64

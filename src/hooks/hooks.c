@@ -269,6 +269,35 @@ PyObject *ml_hooks_cuda_standin(PyObject *Py_UNUSED(module), PyObject *source)
     Py_RETURN_NONE;
 }
 
+PyObject *ml_hooks_poll_age(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs > 1) {
+        PyErr_Format(PyExc_TypeError, "pending_poll_age() takes at most 1 argument (%zd given)",
+                     nargs);
+        return NULL;
+    }
+    int64_t set = -1;
+    if (nargs == 1) {
+        if (!PyLong_Check(args[0]) || PyBool_Check(args[0])) {
+            PyErr_Format(PyExc_TypeError,
+                         "pending_poll_age(): argument 'ns' must be int, not %.100s",
+                         Py_TYPE(args[0])->tp_name);
+            return NULL;
+        }
+        long long v = PyLong_AsLongLong(args[0]);
+        if (v == -1 && PyErr_Occurred()) {
+            return NULL;
+        }
+        if (v < 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "pending_poll_age(): argument 'ns' must be >= 0, got %lld", v);
+            return NULL;
+        }
+        set = (int64_t)v;
+    }
+    return PyLong_FromLongLong((long long)ml_pending_poll_age(set));
+}
+
 /* The names of the installed hooks that call their original's C function
  * directly (ml_direct_of), as a list. */
 static PyObject *direct_names(void)

@@ -47,5 +47,8 @@ Py_ssize_t ml_hooks_npending(void);
  * Stream.synchronize and Event.synchronize are then, as with a CUDA build of
  * torch; None turns that off.  Refused while the hooks are installed. */
 PyObject *ml_hooks_cuda_standin(PyObject *module, PyObject *source);
+/* _testing.pending_poll_age([ns]): the age below which a conversion's poll
+ * leaves the oldest deferred free alone; sets it when given; the old value. */
+PyObject *ml_hooks_poll_age(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 
 #endif

@@ -1,6 +1,17 @@
 /* The CUDA pending-free queue (its storage is the dispatcher's). */
 #include "hooks/pending.h"
 
+static int64_t poll_age_ns = ML_PENDING_POLL_AGE_NS;
+
+int64_t ml_pending_poll_age(int64_t set_ns)
+{
+    int64_t old = poll_age_ns;
+    if (set_ns >= 0) {
+        poll_age_ns = set_ns;
+    }
+    return old;
+}
+
 /* Free p unless it is the caller's stack buffer buf. */
 static void free_unless(void *p, const void *buf)
 {
@@ -131,6 +142,9 @@ ML_COLD void ml_pending_drain(int wait, PyObject *only, int head_only)
     int head = -2;
     if (head_only && !wait && only == NULL) {
         const ml_pending *first = &ml_disp.pending[0];
+        if (poll_age_ns > 0 && ml_now_ns() - first->queued_ns < poll_age_ns) {
+            return; /* queued a moment ago: not worth a driver call yet */
+        }
         head = entry_query(first);
         if (head == 0 &&
             (first->event != NULL || seal(ml_disp.pending, 0, ml_disp.npending) == 0)) {
@@ -259,6 +273,7 @@ int ml_pending_push(ml_cuda_event *ev, uintptr_t stream, ml_dev dev, int64_t byt
     p->ptr = ptr;
     p->lords = tuple;
     p->site = *site;
+    p->queued_ns = ml_now_ns();
     return 0;
 }
 

@@ -16,6 +16,14 @@ int ml_pending_push(ml_cuda_event *ev, uintptr_t stream, ml_dev dev, int64_t byt
                     const ml_lords *lords, const ml_site *site);
 /* Bytes of lord's queued frees on the selected devices. */
 int64_t ml_pending_bytes(const PyObject *lord, const ml_selector *sel);
+/* How old the oldest entry must be before a conversion's poll asks the
+ * driver about it (ns): a copy queued a moment ago is not done, and the
+ * question costs a driver call (about 1 us on a GPU host, as much as the
+ * copy's own host time); poll(), the synchronize hooks and disable() always
+ * ask.  Sets it when set_ns >= 0; returns the value in force before. */
+#define ML_PENDING_POLL_AGE_NS 50000
+int64_t ml_pending_poll_age(int64_t set_ns);
+
 /* The current stream of src's device as the driver's handle (torch's
  * current-stream source): 0, or -1 when there is none to read. */
 int ml_pending_stream(ml_dev src, uintptr_t *out);

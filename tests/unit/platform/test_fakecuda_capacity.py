@@ -340,3 +340,77 @@ def test_second_device_default_stream_is_asked_in_its_context(fakecuda, legacy, 
     assert fakecuda.current_device() == 0
     assert stat(lord, "cuda:1", "freed_total") == 256
     fakecuda.set_current(None)
+
+
+# ---- the age rule: a conversion's poll leaves a free queued a moment ago alone -----------
+
+
+@pytest.fixture
+def poll_age():
+    """Set the age below which a conversion's poll leaves the oldest free alone."""
+    before = _core._testing.pending_poll_age()
+
+    def set_age(ns):
+        _core._testing.pending_poll_age(ns)
+
+    yield set_age
+    _core._testing.pending_poll_age(before)
+
+
+def test_the_poll_age_is_50_us_by_default():
+    assert _core._testing.pending_poll_age() == 50_000
+
+
+@pytest.mark.parametrize("stream", ["legacy", "side"])
+def test_a_poll_leaves_a_young_free_to_later_polls(fakecuda, fake_torch_cuda, poll_age, stream):
+    """Within the age, conversions ask the driver nothing (a copy just queued is not done:
+    the question would cost a driver call for nothing); past it, the next one asks once and
+    credits what is done."""
+    if stream == "legacy":
+        fake_torch_cuda.legacy_default()
+    poll_age(200_000_000)  # 200 ms: no conversion below comes that late by accident
+    lord = MemLord(auto_gc_bytes=None)
+    with lord.hook_into_torch() as h:
+        x = fake_cuda(64)
+        x.to("cpu", non_blocking=True)
+        fakecuda.complete()
+        fakecuda.clear_calls()
+        for _ in range(10):
+            torch.empty(4).half()  # polls, all within the age
+        assert fakecuda.calls("cuStreamQuery") == fakecuda.calls("cuEventQuery") == 0
+        assert h.pending() == 256
+        poll_age(1_000_000)  # 1 ms
+        import time
+
+        time.sleep(0.005)
+        torch.empty(4).half()
+        queries = fakecuda.calls("cuStreamQuery") + fakecuda.calls("cuEventQuery")
+        assert queries == 1
+        assert h.pending() == 0
+        assert stat(lord, "cuda:0", "freed_total") == 256
+
+
+def test_poll_and_synchronize_ask_whatever_the_age(fakecuda, fake_torch_cuda, poll_age):
+    fake_torch_cuda.legacy_default()
+    poll_age(10_000_000_000)  # 10 s
+    lord = MemLord(auto_gc_bytes=None)
+    with lord.hook_into_torch() as h:
+        x = fake_cuda(64)
+        x.to("cpu", non_blocking=True)
+        fakecuda.complete()
+        h.poll()
+        assert h.pending() == 0
+        x.to("cpu", non_blocking=True)
+        torch.cuda.synchronize()
+        assert h.pending() == 0
+        x.to("cpu", non_blocking=True)
+    assert h.pending() == 0  # disable() waited for the last
+    assert stat(lord, "cuda:0", "freed_total") == 3 * 256
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "1", True])
+def test_the_poll_age_refuses_bad_input(bad):
+    before = _core._testing.pending_poll_age()
+    with pytest.raises(ValueError if bad == -1 else TypeError, match="ns"):
+        _core._testing.pending_poll_age(bad)
+    assert _core._testing.pending_poll_age() == before
