@@ -15,6 +15,7 @@ PROBES = (
     "cuda_standin",
     "device_getter_cleared",
     "log_info",
+    "pending_poll_age",
     "safe_point",
     "set_cache_type",
     "sites_info",
