@@ -185,16 +185,24 @@ def test_another_devices_context_current_is_pushed_over(fakecuda, hooks):
     fakecuda.set_current(None)
 
 
-def test_a_thousand_moves_stay_within_the_ceiling(fakecuda, hooks):
-    fakecuda.set_current(0)
-    fakecuda.set_auto_complete(True)
+def _a_thousand_moves(fake, hooks, each=None):
+    """1,000 moves on cuda:0 with its context current and every copy done at once, after a
+    first one that loads the driver; the fake's calls counted from the second."""
+    fake.set_current(0)
+    fake.set_auto_complete(True)
     x = fake_cuda(64)
     x.to("cpu", non_blocking=True)
     hooks.poll()
-    fakecuda.clear_calls()
+    fake.clear_calls()
     for _ in range(1000):
         x.to("cpu", non_blocking=True)
+        if each is not None:
+            each()
     hooks.poll()
+
+
+def test_a_thousand_moves_stay_within_the_ceiling(fakecuda, hooks):
+    _a_thousand_moves(fakecuda, hooks)
     assert hooks.pending() == 0
     assert fakecuda.calls() <= 4 * 1000
     assert fakecuda.calls("cuCtxPushCurrent_v2") == 0
@@ -235,16 +243,11 @@ def test_deferred_move_on_the_default_stream_costs_one_query(fakecuda, legacy, h
 def test_a_thousand_moves_on_the_default_stream_record_no_event(fakecuda, legacy, hooks):
     """The GPU keeps up (each copy done by the next move, as a 4 KiB copy is on an H100):
     each move asks the stream once, before its own copy is queued, and records nothing."""
-    fakecuda.set_current(0)
-    fakecuda.set_auto_complete(True)
-    x = fake_cuda(64)
-    x.to("cpu", non_blocking=True)
-    hooks.poll()
-    fakecuda.clear_calls()
-    for _ in range(1000):
-        x.to("cpu", non_blocking=True)
-        assert hooks.pending() == 256  # only the move just made waits
-    hooks.poll()
+
+    def only_the_last_waits():
+        assert hooks.pending() == 256
+
+    _a_thousand_moves(fakecuda, hooks, only_the_last_waits)
     assert hooks.pending() == 0
     assert fakecuda.calls("cuStreamQuery") == 1000
     assert fakecuda.calls() <= 2 * 1000
