@@ -173,14 +173,30 @@ static inline int ml_exc_pending(const PyThreadState *ts)
 #define ML_WEAKREF_REF_TYPE (&_PyWeakref_RefType)
 
 /* The object a weak reference points to (borrowed, for comparison or a
- * Py_NewRef at once: no reference is kept), or NULL once it is dead.  3.13
- * deprecates the borrowed read (PyWeakref_GET_OBJECT), so there the
- * reference PyWeakref_GetRef takes is given back at once (the object lives:
- * someone else holds it); 3.10-3.12 read it borrowed.
+ * Py_NewRef at once: no reference is kept), or NULL once it is dead.
+ * 3.10-3.12 read it borrowed (PyWeakref_GET_OBJECT).  3.13 deprecates that
+ * read; its PyWeakref_GetRef is an exported call (a type check, a reference
+ * taken, given back here: 28 instructions on every hooked call, which reads
+ * its lord's reference).  Where the GIL guards the reference (3.13 not
+ * free-threaded: ML_WEAKREF_FIELD) the field is read as both of 3.13's
+ * functions read it: wr_object, Py_None once cleared, and a referent whose
+ * count already reached 0 (a trashcan-delayed clear, gh-60806) is dead.
+ * Free-threaded builds and later versions call PyWeakref_GetRef.
  * tests/unit/hooks/test_lifetime.py and test_storage_ledger.py. */
+#if PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
+#define ML_WEAKREF_FIELD 1
+#else
+#define ML_WEAKREF_FIELD 0
+#endif
 static inline PyObject *ml_referent(PyObject *ref)
 {
-#if PY_VERSION_HEX >= 0x030D0000
+#if PY_VERSION_HEX < 0x030D0000
+    PyObject *obj = PyWeakref_GET_OBJECT(ref);
+    return obj == Py_None ? NULL : obj;
+#elif ML_WEAKREF_FIELD
+    PyObject *obj = ((PyWeakReference *)ref)->wr_object;
+    return obj != Py_None && Py_REFCNT(obj) > 0 ? obj : NULL;
+#else
     PyObject *obj = NULL;
     if (PyWeakref_GetRef(ref, &obj) != 1) {
         PyErr_Clear();
@@ -188,9 +204,6 @@ static inline PyObject *ml_referent(PyObject *ref)
     }
     Py_DECREF(obj);
     return obj;
-#else
-    PyObject *obj = PyWeakref_GET_OBJECT(ref);
-    return obj == Py_None ? NULL : obj;
 #endif
 }
 
