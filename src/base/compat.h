@@ -113,7 +113,7 @@ static inline PyObject *ml_type_lookup(PyTypeObject *tp, PyObject *name)
  * A hook calls its original's C function itself (hooks/direct.c) only where
  * CPython's check of a call's result, _Py_CheckFunctionResult, is declared
  * for extensions: 3.10-3.12.  From 3.13 it is internal and the hook calls
- * through PyObject_Vectorcall (ML_DIRECT_CALL 0).  Both paths:
+ * the original's vectorcall (ML_DIRECT_CALL 0, ML_VECTORCALL_CHECK below).  Both paths:
  * tests/unit/hooks/test_torch_hooks.py, test_transparency.py and
  * test_transparency_repros.py (py310 and py312 take the direct call, py313
  * the vectorcall). */
@@ -164,6 +164,41 @@ static inline int ml_exc_pending(const PyThreadState *ts)
 }
 #else
 #define ML_DIRECT_CALL 0
+/* 3.13: a hook calls its original's vectorcall itself and checks the result
+ * as _Py_CheckFunctionResult(tstate, callable, result, NULL) does (internal
+ * from 3.13), with the same SystemError messages, the cause and context of
+ * the second set as _PyErr_FormatFromCauseTstate sets them.
+ * tests/unit/hooks/test_torch_hooks.py (a misbehaving original's errors,
+ * hooked and bare). */
+#define ML_VECTORCALL_CHECK 1
+static inline PyObject *ml_check_vectorcall_result(PyObject *callable, PyObject *result)
+{
+    if (result == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_Format(PyExc_SystemError, "%R returned NULL without setting an exception",
+                         callable);
+#ifdef Py_DEBUG
+            Py_FatalError("a function returned NULL without setting an exception");
+#endif
+        }
+        return NULL;
+    }
+    if (PyErr_Occurred()) {
+        Py_DECREF(result);
+        PyObject *cause = PyErr_GetRaisedException();
+        PyErr_Format(PyExc_SystemError, "%R returned a result with an exception set", callable);
+        PyObject *exc = PyErr_GetRaisedException();
+        PyException_SetCause(exc, Py_NewRef(cause));
+        PyException_SetContext(exc, Py_NewRef(cause));
+        Py_DECREF(cause);
+        PyErr_SetRaisedException(exc);
+#ifdef Py_DEBUG
+        Py_FatalError("a function returned a result with an exception set");
+#endif
+        return NULL;
+    }
+    return result;
+}
 #endif
 
 /* ---- weak references -----------------------------------------------------
