@@ -113,7 +113,7 @@ static inline PyObject *ml_type_lookup(PyTypeObject *tp, PyObject *name)
  * A hook calls its original's C function itself (hooks/direct.c) only where
  * CPython's check of a call's result, _Py_CheckFunctionResult, is declared
  * for extensions: 3.10-3.12.  From 3.13 it is internal and the hook calls
- * through PyObject_Vectorcall (ML_DIRECT_CALL 0).  Both paths:
+ * the original's vectorcall (ML_DIRECT_CALL 0, ML_VECTORCALL_CHECK below).  Both paths:
  * tests/unit/hooks/test_torch_hooks.py, test_transparency.py and
  * test_transparency_repros.py (py310 and py312 take the direct call, py313
  * the vectorcall). */
@@ -164,6 +164,41 @@ static inline int ml_exc_pending(const PyThreadState *ts)
 }
 #else
 #define ML_DIRECT_CALL 0
+/* 3.13: a hook calls its original's vectorcall itself and checks the result
+ * as _Py_CheckFunctionResult(tstate, callable, result, NULL) does (internal
+ * from 3.13), with the same SystemError messages, the cause and context of
+ * the second set as _PyErr_FormatFromCauseTstate sets them.
+ * tests/unit/hooks/test_torch_hooks.py (a misbehaving original's errors,
+ * hooked and bare). */
+#define ML_VECTORCALL_CHECK 1
+static inline PyObject *ml_check_vectorcall_result(PyObject *callable, PyObject *result)
+{
+    if (result == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_Format(PyExc_SystemError, "%R returned NULL without setting an exception",
+                         callable);
+#ifdef Py_DEBUG
+            Py_FatalError("a function returned NULL without setting an exception");
+#endif
+        }
+        return NULL;
+    }
+    if (PyErr_Occurred()) {
+        Py_DECREF(result);
+        PyObject *cause = PyErr_GetRaisedException();
+        PyErr_Format(PyExc_SystemError, "%R returned a result with an exception set", callable);
+        PyObject *exc = PyErr_GetRaisedException();
+        PyException_SetCause(exc, Py_NewRef(cause));
+        PyException_SetContext(exc, Py_NewRef(cause));
+        Py_DECREF(cause);
+        PyErr_SetRaisedException(exc);
+#ifdef Py_DEBUG
+        Py_FatalError("a function returned a result with an exception set");
+#endif
+        return NULL;
+    }
+    return result;
+}
 #endif
 
 /* ---- weak references -----------------------------------------------------
@@ -173,14 +208,30 @@ static inline int ml_exc_pending(const PyThreadState *ts)
 #define ML_WEAKREF_REF_TYPE (&_PyWeakref_RefType)
 
 /* The object a weak reference points to (borrowed, for comparison or a
- * Py_NewRef at once: no reference is kept), or NULL once it is dead.  3.13
- * deprecates the borrowed read (PyWeakref_GET_OBJECT), so there the
- * reference PyWeakref_GetRef takes is given back at once (the object lives:
- * someone else holds it); 3.10-3.12 read it borrowed.
+ * Py_NewRef at once: no reference is kept), or NULL once it is dead.
+ * 3.10-3.12 read it borrowed (PyWeakref_GET_OBJECT).  3.13 deprecates that
+ * read; its PyWeakref_GetRef is an exported call (a type check, a reference
+ * taken, given back here: 28 instructions on every hooked call, which reads
+ * its lord's reference).  Where the GIL guards the reference (3.13 not
+ * free-threaded: ML_WEAKREF_FIELD) the field is read as both of 3.13's
+ * functions read it: wr_object, Py_None once cleared, and a referent whose
+ * count already reached 0 (a trashcan-delayed clear, gh-60806) is dead.
+ * Free-threaded builds and later versions call PyWeakref_GetRef.
  * tests/unit/hooks/test_lifetime.py and test_storage_ledger.py. */
+#if PY_VERSION_HEX < 0x030E0000 && !defined(Py_GIL_DISABLED)
+#define ML_WEAKREF_FIELD 1
+#else
+#define ML_WEAKREF_FIELD 0
+#endif
 static inline PyObject *ml_referent(PyObject *ref)
 {
-#if PY_VERSION_HEX >= 0x030D0000
+#if PY_VERSION_HEX < 0x030D0000
+    PyObject *obj = PyWeakref_GET_OBJECT(ref);
+    return obj == Py_None ? NULL : obj;
+#elif ML_WEAKREF_FIELD
+    PyObject *obj = ((PyWeakReference *)ref)->wr_object;
+    return obj != Py_None && Py_REFCNT(obj) > 0 ? obj : NULL;
+#else
     PyObject *obj = NULL;
     if (PyWeakref_GetRef(ref, &obj) != 1) {
         PyErr_Clear();
@@ -188,9 +239,6 @@ static inline PyObject *ml_referent(PyObject *ref)
     }
     Py_DECREF(obj);
     return obj;
-#else
-    PyObject *obj = PyWeakref_GET_OBJECT(ref);
-    return obj == Py_None ? NULL : obj;
 #endif
 }
 

@@ -21,14 +21,27 @@ PyObject *ml_call_direct(const HookObject *self, PyObject *const *args, size_t n
 
 /* original(*args, **kwnames): directly when ml_direct_of allowed it, else
  * through the original's vectorcall, looked up on every call (it belongs to
- * the original's type, which may change its slots).  The result is checked
- * by whoever called the hook. */
+ * the original's type, which may change its slots).  On 3.13 the hook checks
+ * the vectorcall's result as PyObject_Vectorcall would (ML_VECTORCALL_CHECK),
+ * elsewhere PyObject_Vectorcall does. */
 static inline PyObject *ml_call_original(const HookObject *self, PyObject *const *args,
                                          size_t nargsf, PyObject *kwnames)
 {
 #if ML_DIRECT_CALL
     if (self->direct != NULL) {
         return ml_call_direct(self, args, nargsf, kwnames);
+    }
+#elif ML_VECTORCALL_CHECK
+    /* PyObject_Vectorcall's own steps (3.13): the original's vectorcall,
+     * then its result checked, without its call level and thread-state
+     * look-up; a result it would change goes to ml_check_vectorcall_result */
+    vectorcallfunc f = PyVectorcall_Function(self->original);
+    if (f != NULL) {
+        PyObject *result = f(self->original, args, nargsf, kwnames);
+        if (ML_LIKELY(result != NULL && !PyErr_Occurred())) {
+            return result;
+        }
+        return ml_check_vectorcall_result(self->original, result);
     }
 #endif
     return PyObject_Vectorcall(self->original, args, nargsf, kwnames);

@@ -1040,3 +1040,46 @@ def test_a_hooked_cast_meets_the_recursion_limit_where_torch_does(cast):
         sys.setrecursionlimit(limit)
     assert 0 < bare < 6000
     assert hooked == bare
+
+
+@pytest.mark.parametrize("misbehaving", ["return_null_without_error", "return_result_with_error"])
+def test_a_hooked_original_that_breaks_the_call_protocol_raises_what_cpython_raises(
+    monkeypatch, misbehaving
+):
+    """A C function returning NULL with no exception set, or a result with one set, becomes
+    CPython's SystemError naming the function (the second with the exception as its cause and
+    context), hooked as bare: on 3.10-3.12 the direct call hands it to _Py_CheckFunctionResult,
+    on 3.13 the hook calls the vectorcall itself and checks the result as CPython 3.13 does
+    (base/compat.h, ML_VECTORCALL_CHECK).  (CPython's check of the hook's own result would
+    give the same messages, the hook's repr being the original's: this pins what a user
+    sees, not which of the two checks raised.)"""
+    testcapi = pytest.importorskip("_testcapi")
+    original = getattr(testcapi, misbehaving)
+    monkeypatch.setattr(torch, "empty", original)
+
+    def seen():
+        with pytest.raises(SystemError) as info:
+            torch.empty()
+        e = info.value
+        return [str(e), repr(e.__cause__), repr(e.__context__), e.__suppress_context__]
+
+    bare = seen()
+    lord = MemLord(auto_gc_bytes=None)
+    with lord.hook_into_python():
+        assert torch.empty is not original  # hooked
+        hooked = seen()
+    assert hooked == bare
+    if misbehaving == "return_null_without_error":
+        assert bare == [
+            f"{original!r} returned NULL without setting an exception",
+            "None",
+            "None",
+            False,
+        ]
+    else:
+        assert bare == [
+            f"{original!r} returned a result with an exception set",
+            "ValueError()",
+            "ValueError()",
+            True,
+        ]
