@@ -333,12 +333,13 @@ def here() -> int:
     return sys._getframe(1).f_lineno
 
 
-# Called with the device index of every copy a CudaLike or CudaStandIn makes off its "device"
-# (the fake_torch_cuda fixture tells the fake driver's stream it has work queued).
+# Called with the device index of the work a conversion of a CudaLike or CudaStandIn queues
+# on its "device" (a copy off it, or a cast's kernel): the fake_torch_cuda fixture tells the
+# fake driver's stream it has work queued.
 COPY_OBSERVERS: list = []
 
 
-def _copied_off(index: int) -> None:
+def _queued_on(index: int) -> None:
     for observe in COPY_OBSERVERS:
         observe(index)
 
@@ -381,8 +382,7 @@ class CudaLike(torch.Tensor):
                 with torch._C.DisableTorchFunctionSubclass():
                     out = torch.Tensor.clone(out)
             out = out.as_subclass(torch.Tensor) if leaves else _cuda_like(out, index)
-            if leaves:
-                _copied_off(index)
+            _queued_on(index)  # the copy, or the cast's kernel, on the device's stream
         return out
 
 
@@ -424,7 +424,7 @@ class CudaStandIn(torch.Tensor):
         dev = kwargs.get("device") or src.device
         dtype = kwargs.get("dtype") or src.dtype
         if dev.type == "cpu":
-            _copied_off(src.device.index)
+            _queued_on(src.device.index)
             # an aten op: memlord's Python-level factory hooks never see it
             return torch.ops.aten.empty.memory_format(list(src.shape), dtype=dtype)
         return CudaStandIn(src.shape, dtype, dev.index)

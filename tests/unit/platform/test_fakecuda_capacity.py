@@ -417,3 +417,20 @@ def test_the_poll_age_refuses_bad_input(bad):
     with pytest.raises(ValueError if bad == -1 else TypeError, match="ns"):
         _core._testing.pending_poll_age(bad)
     assert _core._testing.pending_poll_age() == before
+
+
+def test_a_cuda_cast_polls_before_its_kernel_is_queued(fakecuda, legacy, lord_hooks, lord):
+    """A cast of a CUDA tensor queues a kernel on the default stream: polled after it, a done
+    copy's free found the stream busy and recorded an event for nothing; polled before, the
+    stream is idle and the free is credited with one query."""
+    x = fake_cuda(64)
+    lord.reset()
+    x.to("cpu", non_blocking=True)
+    fakecuda.complete()
+    fakecuda.clear_calls()
+    y = x.half()  # a cast on "cuda:0": its kernel goes on the stream
+    assert y.device == x.device
+    assert lord_hooks.pending() == 0
+    assert fakecuda.calls("cuEventRecord") == 0
+    assert fakecuda.calls("cuStreamQuery") == 1
+    assert stat(lord, "cuda:0", "freed_total") == 256
