@@ -311,27 +311,27 @@ ML_HOT int ml_account_conversion(ml_state *st, const ml_hook_tls *tl, const ml_l
              * before the next copy is queued: see hook_tensor), on any
              * other with one recorded now.  Without a driver, a stream or
              * an event, it is credited at once. */
-            ml_cuda_event *ev = NULL;
+            int queued = 0;
             uintptr_t stream = 0;
-            int wait_on = 0;
             if (non_blocking && ML_DEV_TYPE(sdev) == ML_TYPE_CUDA &&
                 ml_cuda_context_ready(ML_DEV_INDEX(sdev)) &&
                 ml_pending_stream(sdev, &stream) == 0) {
                 if (ml_disp.npending >= ML_PENDING_HARD_CAP) {
                     ml_pending_drain(1, NULL, 1); /* bound the queue and the event pool */
                 }
-                if (!ML_STREAM_LIVES(stream)) {
-                    ev = ml_cuda_event_record(ML_DEV_INDEX(sdev), stream);
-                }
-                wait_on = ev != NULL || ML_STREAM_LIVES(stream);
-            }
-            if (!wait_on || ml_pending_push(ev, stream, sdev, sbytes, sptr, plain, &site) < 0) {
-                if (wait_on) {
-                    PyErr_Clear(); /* no memory to queue in: credited now */
-                    if (ev != NULL) {
-                        ml_cuda_event_release(ev);
+                ml_cuda_event *ev = NULL;
+                if (ML_STREAM_LIVES(stream) ||
+                    (ev = ml_cuda_event_record(ML_DEV_INDEX(sdev), stream)) != NULL) {
+                    queued = ml_pending_push(ev, stream, sdev, sbytes, sptr, plain, &site) == 0;
+                    if (!queued) {
+                        PyErr_Clear(); /* no memory to queue in: credited now */
+                        if (ev != NULL) {
+                            ml_cuda_event_release(ev);
+                        }
                     }
                 }
+            }
+            if (!queued) {
                 record_all(plain, ML_REC_FREE, sdev, sbytes, sptr, &site, src);
             }
         }

@@ -170,8 +170,11 @@ ML_COLD void ml_pending_drain(int wait, PyObject *only, int head_only)
     ml_disp.pending = NULL;
     ml_disp.npending = ml_disp.cap = 0;
     ml_answers a = {NULL, 0, 0, 0, -2};
-    if (head != -2 && items[0].event == NULL) {
-        a.dev = items[0].dev; /* the head's stream was asked above */
+    if (head != -2 && items[0].event != NULL) {
+        a.event = items[0].event; /* the head was asked above */
+        a.event_q = head;
+    } else if (head != -2) {
+        a.dev = items[0].dev;
         a.stream = items[0].stream;
         a.stream_q = head;
     }
@@ -180,7 +183,7 @@ ML_COLD void ml_pending_drain(int wait, PyObject *only, int head_only)
         if (only != NULL && !ml_lords_contain(items[i].lords, only)) {
             continue;
         }
-        int q = i == 0 && head != -2 ? head : answer(&a, &items[i]);
+        int q = answer(&a, &items[i]);
         if (q == 0 && items[i].event == NULL) {
             /* its stream is busy: an event to wait on (or, without one,
              * credit now) */
