@@ -146,11 +146,13 @@ def offload_rows(cfg: Config) -> tuple[list[Row], dict]:
     return rows, {v: {"ms_per_step": ns / 1e6, "peak_reserved": p} for v, (ns, p) in med.items()}
 
 
-def _train_model():
-    layer = nn.TransformerEncoderLayer(512, 8, 2048, batch_first=True)
-    model = nn.TransformerEncoder(layer, 6, enable_nested_tensor=False).cuda()
+def _train_model(device: str = "cuda", width: int = 512):
+    """The 6-layer encoder (8 heads, feed-forward 4 x width), AdamW, 16 x 128 tokens
+    (tools/profile_train_step.py uses it too)."""
+    layer = nn.TransformerEncoderLayer(width, 8, 4 * width, batch_first=True)
+    model = nn.TransformerEncoder(layer, 6, enable_nested_tensor=False).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = torch.randn(16, 128, 512, device="cuda")
+    x = torch.randn(16, 128, width, device=device)
     return model, opt, x
 
 

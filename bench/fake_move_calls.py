@@ -25,8 +25,7 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(TESTS))
     import conftest
-    import torch
-    from fakecuda_driver import FakeCuda, build, make_standins
+    from fakecuda_driver import FakeCuda, build, standins
 
     from memlord import MemLord, _core
 
@@ -34,40 +33,35 @@ def main() -> None:
     drv = FakeCuda(lib)
     _core._testing.cuda_driver(str(lib))
     drv.reset()
-    streams, names = make_standins(drv)
-    for name, value in names.items():
-        setattr(torch.cuda, name, value)
-    _core._testing.cuda_standin(streams.source)
-    conftest.COPY_OBSERVERS.append(streams.copied)
-    streams.legacy_default()
-    drv.set_current(0)
-    drv.set_auto_complete(True)
     before = _core._testing.pending_poll_age()
     try:
-        for age in (0, before):
-            _core._testing.pending_poll_age(age)
-            lord = MemLord(auto_gc_bytes=None)
-            h = lord.hook_into_torch()
-            x = conftest.fake_cuda(1024)
-            drv.clear_calls()
-            t0 = time.perf_counter()
-            for _ in range(args.moves):
-                x.to("cpu", non_blocking=True)
-            us = (time.perf_counter() - t0) / args.moves * 1e6
-            counts = drv.counts()
-            h.disable()
-            per = ", ".join(
-                f"{k} {v / args.moves:.2f}"
-                for k, v in sorted(counts.items())
-                if v / args.moves >= 0.005  # the driver's loading, once, is left out
-            )
-            print(
-                f"poll age {age:>6} ns: {sum(counts.values()) / args.moves:.2f} driver calls "
-                f"per move ({per or 'none'}), {us:.1f} us per move"
-            )
+        with standins(drv) as streams:
+            streams.legacy_default()
+            drv.set_current(0)
+            drv.set_auto_complete(True)
+            for age in (0, before):
+                _core._testing.pending_poll_age(age)
+                lord = MemLord(auto_gc_bytes=None)
+                h = lord.hook_into_torch()
+                x = conftest.fake_cuda(1024)
+                drv.clear_calls()
+                t0 = time.perf_counter()
+                for _ in range(args.moves):
+                    x.to("cpu", non_blocking=True)
+                us = (time.perf_counter() - t0) / args.moves * 1e6
+                counts = drv.counts()
+                h.disable()
+                per = ", ".join(
+                    f"{k} {v / args.moves:.2f}"
+                    for k, v in sorted(counts.items())
+                    if v / args.moves >= 0.005  # the driver's loading, once, is left out
+                )
+                print(
+                    f"poll age {age:>6} ns: {sum(counts.values()) / args.moves:.2f} driver "
+                    f"calls per move ({per or 'none'}), {us:.1f} us per move"
+                )
     finally:
         _core._testing.pending_poll_age(before)
-        _core._testing.cuda_standin(None)
         _core._testing.cuda_driver(None)
 
 

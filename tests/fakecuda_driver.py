@@ -24,6 +24,7 @@ is loaded once per process (ctypes and memlord's dlopen share it) and reset per 
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import hashlib
@@ -374,25 +375,40 @@ def make_standins(drv: FakeCuda):
     }
 
 
-@pytest.fixture
-def fake_torch_cuda(fakecuda, monkeypatch):
-    """torch.cuda's synchronize, Stream, Event, current_stream and stream() stood in for
-    on the fake driver; memlord's torch hooks take the stream source at install."""
+@contextlib.contextmanager
+def standins(drv: FakeCuda):
+    """torch.cuda's synchronize, Stream, Event, current_stream and stream() stood in for on
+    the fake driver, memlord told to read its current stream from them, and conftest's
+    fake-cuda tensors reporting their work to the fake's streams; all undone after (the
+    torch hooks must be off by then).  Yields the streams."""
     import conftest
 
     from memlord import _core
 
-    streams, names = make_standins(fakecuda)
+    streams, names = make_standins(drv)
+    saved = {name: getattr(torch.cuda, name) for name in names}
     for name, value in names.items():
-        monkeypatch.setattr(torch.cuda, name, value)
+        setattr(torch.cuda, name, value)
     _core._testing.cuda_standin(streams.source)
     conftest.COPY_OBSERVERS.append(streams.copied)
     try:
         yield streams
     finally:
         conftest.COPY_OBSERVERS.remove(streams.copied)
-        _hooks_left()
         _core._testing.cuda_standin(None)
+        for name, value in saved.items():
+            setattr(torch.cuda, name, value)
+
+
+@pytest.fixture
+def fake_torch_cuda(fakecuda):
+    """torch.cuda's stand-ins on the fake driver (standins()); memlord's torch hooks take the
+    stream source at install."""
+    with standins(fakecuda) as streams:
+        try:
+            yield streams
+        finally:
+            _hooks_left()
 
 
 def run_fresh(lib: Path | str, body: str, env: dict | None = None, timeout: int = 120):

@@ -15,12 +15,16 @@ import cProfile
 import io
 import pstats
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
-from torch import nn
 
 import memlord
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from bench_gpu import _train_model, _train_step  # noqa: E402 - bench/ is not a package
 
 
 def main() -> None:
@@ -30,19 +34,16 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=512)
     args = ap.parse_args()
     dev, w = torch.device(args.device), args.width
-    layer = nn.TransformerEncoderLayer(w, 8 if w % 8 == 0 else 1, 4 * w, batch_first=True)
-    model = nn.TransformerEncoder(layer, 6, enable_nested_tensor=False).to(dev)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = torch.randn(16, 128, w, device=dev)
+    if w % 8:
+        ap.error("--width must be a multiple of 8 (the encoder has 8 heads)")
+    model, opt, x = _train_model(args.device, w)
 
     def sync() -> None:
         if dev.type == "cuda":
             torch.cuda.synchronize()
 
     def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        model(x).float().pow(2).mean().backward()
-        opt.step()
+        _train_step(model, opt, x)
 
     def variant(name: str) -> tuple[memlord.MemLord | None, list]:
         if name == "bare":
