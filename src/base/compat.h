@@ -110,67 +110,24 @@ static inline PyObject *ml_type_lookup(PyTypeObject *tp, PyObject *name)
 }
 
 /* ---- calls ---------------------------------------------------------------
- * A hook calls its original's C function itself (hooks/direct.c) only where
- * CPython's check of a call's result, _Py_CheckFunctionResult, is declared
- * for extensions: 3.10-3.12.  From 3.13 it is internal and the hook calls
- * the original's vectorcall (ML_DIRECT_CALL 0, ML_VECTORCALL_CHECK below).  Both paths:
+ * A hook calls its original's C function itself (hooks/direct.c) on 3.10 to
+ * 3.13, checking the result as CPython's _Py_CheckFunctionResult does: the
+ * function itself where it is declared for extensions (3.10-3.12), its steps
+ * written with public calls on 3.13, where it is internal
+ * (ml_check_vectorcall_result).  Other originals, and every original from
+ * 3.14, go through their vectorcall; on 3.13 and later the hook checks that
+ * call's result itself too (ML_VECTORCALL_CHECK).  Both paths:
  * tests/unit/hooks/test_torch_hooks.py, test_transparency.py and
- * test_transparency_repros.py (py310 and py312 take the direct call, py313
- * the vectorcall). */
-#if PY_VERSION_HEX < 0x030D0000
-#define ML_DIRECT_CALL 1
-/* result checked as CPython checks a C function's (NULL without an
- * exception, or a result with one, become SystemError). */
-static inline PyObject *ml_check_function_result(PyThreadState *ts, PyObject *callable,
-                                                 PyObject *result)
-{
-    return _Py_CheckFunctionResult(ts, callable, result, NULL);
-}
-/* The thread's C recursion counter and its pending exception, read on the
- * thread state the caller holds: CPython's own Py_EnterRecursiveCall,
- * Py_LeaveRecursiveCall and _Py_CheckFunctionResult each look the thread
- * state up again (a thread-local read through __tls_get_addr in a shared
- * libpython, 11 instructions).  On 3.11 and 3.12 Py_EnterRecursiveCall is
- * `remaining-- <= 0 && _Py_CheckRecursiveCall(...)` on a field of the public
- * PyThreadState (pycore_ceval.h), and Py_LeaveRecursiveCall `remaining++`:
- * while the counter is above 0 the hook does exactly that itself, and calls
- * CPython's functions otherwise (the limit reached: its RecursionError).
- * Not where CPython also checks the C stack every 64 calls (USE_STACKCHECK,
- * Windows) nor on 3.10 (its limit is the interpreter's, internal).
- * tests/unit/hooks/test_torch_hooks.py (the recursion limit and a result
- * with an exception set, through a hooked call). */
-#if PY_VERSION_HEX >= 0x030B0000 && !defined(USE_STACKCHECK)
-#define ML_INLINE_RECURSION 1
-static inline int *ml_recursion_remaining(PyThreadState *ts)
-{
-#if PY_VERSION_HEX >= 0x030C0000
-    return &ts->c_recursion_remaining;
-#else
-    return &ts->recursion_remaining;
-#endif
-}
-#else
-#define ML_INLINE_RECURSION 0
-#endif
-/* Whether an exception is set on ts (PyErr_Occurred without looking the
- * thread state up). */
-static inline int ml_exc_pending(const PyThreadState *ts)
-{
-#if PY_VERSION_HEX >= 0x030C0000
-    return ts->current_exception != NULL;
-#else
-    return ts->curexc_type != NULL;
-#endif
-}
-#else
-#define ML_DIRECT_CALL 0
-/* 3.13: a hook calls its original's vectorcall itself and checks the result
- * as _Py_CheckFunctionResult(tstate, callable, result, NULL) does (internal
- * from 3.13), with the same SystemError messages, the cause and context of
- * the second set as _PyErr_FormatFromCauseTstate sets them.
- * tests/unit/hooks/test_torch_hooks.py (a misbehaving original's errors,
- * hooked and bare). */
+ * test_transparency_repros.py (py310, py312 and py313 take the direct call
+ * for torch's methods; _testcapi's misbehaving functions take the
+ * vectorcall). */
+#if PY_VERSION_HEX >= 0x030D0000
 #define ML_VECTORCALL_CHECK 1
+/* 3.13 on: a result checked as _Py_CheckFunctionResult(tstate, callable,
+ * result, NULL) does (internal from 3.13), with the same SystemError
+ * messages, the cause and context of the second set as
+ * _PyErr_FormatFromCauseTstate sets them.  tests/unit/hooks/test_torch_hooks.py
+ * (a misbehaving original's errors, hooked and bare). */
 static inline PyObject *ml_check_vectorcall_result(PyObject *callable, PyObject *result)
 {
     if (result == NULL) {
@@ -199,7 +156,65 @@ static inline PyObject *ml_check_vectorcall_result(PyObject *callable, PyObject 
     }
     return result;
 }
+#else
+#define ML_VECTORCALL_CHECK 0
 #endif
+
+#if PY_VERSION_HEX < 0x030E0000
+#define ML_DIRECT_CALL 1
+/* result checked as CPython checks a C function's (NULL without an
+ * exception, or a result with one, become SystemError). */
+static inline PyObject *ml_check_function_result(PyThreadState *ts, PyObject *callable,
+                                                 PyObject *result)
+{
+#if PY_VERSION_HEX >= 0x030D0000
+    (void)ts;
+    return ml_check_vectorcall_result(callable, result);
+#else
+    return _Py_CheckFunctionResult(ts, callable, result, NULL);
+#endif
+}
+/* The thread's C recursion counter and its pending exception, read on the
+ * thread state the caller holds: CPython's own Py_EnterRecursiveCall,
+ * Py_LeaveRecursiveCall and _Py_CheckFunctionResult each look the thread
+ * state up again (a thread-local read through __tls_get_addr in a shared
+ * libpython, 11 instructions).  On 3.11 to 3.13 Py_EnterRecursiveCall is
+ * `remaining-- <= 0 && _Py_CheckRecursiveCall(...)` (3.13: `< 0`) on a
+ * field of the public PyThreadState (pycore_ceval.h), and
+ * Py_LeaveRecursiveCall `remaining++`: while the counter is above 0 the hook
+ * does exactly that itself, and calls CPython's functions otherwise (the
+ * limit reached: its RecursionError).  Not where CPython also checks the C
+ * stack every 64 calls (USE_STACKCHECK, Windows) nor on 3.10 (its limit is
+ * the interpreter's, internal).  tests/unit/hooks/test_torch_hooks.py (the
+ * recursion limit and a result with an exception set, through a hooked
+ * call). */
+#if PY_VERSION_HEX >= 0x030B0000 && !defined(USE_STACKCHECK)
+#define ML_INLINE_RECURSION 1
+static inline int *ml_recursion_remaining(PyThreadState *ts)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    return &ts->c_recursion_remaining;
+#else
+    return &ts->recursion_remaining;
+#endif
+}
+#else
+#define ML_INLINE_RECURSION 0
+#endif
+#else
+#define ML_DIRECT_CALL 0
+#endif
+
+/* Whether an exception is set on ts (PyErr_Occurred without looking the
+ * thread state up). */
+static inline int ml_exc_pending(const PyThreadState *ts)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    return ts->current_exception != NULL;
+#else
+    return ts->curexc_type != NULL;
+#endif
+}
 
 /* ---- weak references -----------------------------------------------------
  * weakref.ref's type object (the base of memlord's tracker type), public
@@ -363,14 +378,15 @@ typedef struct ml_iframe { /* 3.12 and 3.13 */
 } ml_iframe;
 #endif
 
-/* The innermost frame of the running thread: the thread state's
- * current_frame from 3.13, its cframe's before (3.11, 3.12). */
-static inline const ml_iframe *ml_iframe_innermost(void)
+/* The innermost frame of the thread whose state ts is (the running one's):
+ * the thread state's current_frame from 3.13, its cframe's before (3.11,
+ * 3.12). */
+static inline const ml_iframe *ml_iframe_innermost(const PyThreadState *ts)
 {
 #if PY_VERSION_HEX >= 0x030D0000
-    return (const ml_iframe *)PyThreadState_Get()->current_frame;
+    return (const ml_iframe *)ts->current_frame;
 #else
-    return (const ml_iframe *)PyThreadState_Get()->cframe->current_frame;
+    return (const ml_iframe *)ts->cframe->current_frame;
 #endif
 }
 

@@ -25,15 +25,19 @@ typedef uint32_t ml_dev;
 /* ML_COLD marks what the hooked call's path reaches only on a rare branch
  * (an error, a first device, a one-time check, a CUDA queue): kept out of
  * line and out of the hot section, so the branch that calls it is laid out
- * away from the path that runs every call. */
+ * away from the path that runs every call.  ML_NOINLINE keeps a function
+ * that is not rare out of a short caller, whose prologue would otherwise
+ * save every register the callee uses. */
 #if defined(__GNUC__)
 #define ML_HOT __attribute__((hot))
 #define ML_COLD __attribute__((cold, noinline))
+#define ML_NOINLINE __attribute__((noinline))
 #define ML_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define ML_LIKELY(x) __builtin_expect(!!(x), 1)
 #else
 #define ML_HOT
 #define ML_COLD
+#define ML_NOINLINE
 #define ML_UNLIKELY(x) (x)
 #define ML_LIKELY(x) (x)
 #endif

@@ -187,7 +187,7 @@ ML_COLD static int frames_check(void)
     Py_XDECREF(cur);
     int ok = n > 0 && !PyErr_Occurred();
     PyErr_Clear();
-    const ml_iframe *f = ml_iframe_innermost();
+    const ml_iframe *f = ml_iframe_innermost(PyThreadState_Get());
     for (int k = 0; ok && k < n; k++) {
         while (f != NULL && ml_iframe_incomplete(f)) {
             f = f->previous;
@@ -212,7 +212,7 @@ ML_COLD static int frames_check(void)
     return n == 0 ? -1 : ok; /* no Python frame to compare with: ask again next time */
 }
 
-ML_HOT static int capture_direct(ml_walker *w)
+ML_HOT static int capture_direct(ml_walker *w, const PyThreadState *ts)
 {
     if (frames_direct < 0) {
         frames_direct = frames_check();
@@ -223,7 +223,8 @@ ML_HOT static int capture_direct(ml_walker *w)
     /* No Python runs and nothing is allocated during the walk (a verdict's
      * old file name is released by the caller, after it); the frames from
      * here out are all waiting on the call in progress. */
-    for (const ml_iframe *f = ml_iframe_innermost(); f != NULL; f = f->previous) {
+    for (const ml_iframe *f = ml_iframe_innermost(ts != NULL ? ts : PyThreadState_Get()); f != NULL;
+         f = f->previous) {
         if (!ml_iframe_incomplete(f) && walk_frame(w, f->f_code, ml_iframe_offset(f))) {
             break;
         }
@@ -235,8 +236,32 @@ int ml_sites_direct(void)
 {
     return frames_direct > 0;
 }
+
+ML_HOT int ml_frames_user_first(const ml_state *st, const PyThreadState *ts, PyCodeObject **code,
+                                int *offset)
+{
+    const ml_kind_entry *k = st->sites.kind;
+    if (frames_direct <= 0 || k == NULL) {
+        return 0;
+    }
+    for (const ml_iframe *f = ml_iframe_innermost(ts != NULL ? ts : PyThreadState_Get()); f != NULL;
+         f = f->previous) {
+        if (ml_iframe_incomplete(f)) {
+            continue;
+        }
+        const PyObject *fn = f->f_code->co_filename;
+        const ml_kind_entry *e = &k[((uintptr_t)fn >> 4) & (ML_KIND_SLOTS - 1)];
+        if (e->filename != fn || e->kind != KIND_USER) {
+            return 0; /* torch's, memlord's, a library's or not known yet: the walk's */
+        }
+        *code = f->f_code;
+        *offset = ml_iframe_offset(f);
+        return 1;
+    }
+    return 0;
+}
 #else
-static int capture_direct(ml_walker *Py_UNUSED(w))
+static int capture_direct(ml_walker *Py_UNUSED(w), const PyThreadState *Py_UNUSED(ts))
 {
     return 0;
 }
@@ -245,9 +270,15 @@ int ml_sites_direct(void)
 {
     return 0;
 }
+
+int ml_frames_user_first(const ml_state *Py_UNUSED(st), const PyThreadState *Py_UNUSED(ts),
+                         PyCodeObject **Py_UNUSED(code), int *Py_UNUSED(offset))
+{
+    return 0;
+}
 #endif
 
-ML_HOT void ml_frames_walk(ml_state *st, ml_walker *w, int in_place)
+ML_HOT void ml_frames_walk(ml_state *st, ml_walker *w, int in_place, const PyThreadState *ts)
 {
     w->st = st;
     w->n = 0;
@@ -255,7 +286,7 @@ ML_HOT void ml_frames_walk(ml_state *st, ml_walker *w, int in_place)
     w->looked = 0;
     w->elided = 0;
     w->drop = NULL;
-    if (!in_place || !capture_direct(w)) {
+    if (!in_place || !capture_direct(w, ts)) {
         capture_public(w);
     }
 }
@@ -263,7 +294,7 @@ ML_HOT void ml_frames_walk(ml_state *st, ml_walker *w, int in_place)
 void ml_site_probe(ml_state *st, int in_place, PyObject **code, int *offset)
 {
     ml_walker w;
-    ml_frames_walk(st, &w, in_place);
+    ml_frames_walk(st, &w, in_place, NULL);
     *code = w.n > 0 ? Py_NewRef((PyObject *)w.code[0]) : NULL;
     *offset = w.n > 0 ? w.offset[0] : 0;
     Py_XDECREF(w.drop);

@@ -23,13 +23,21 @@ typedef struct {
 } ml_walker;
 
 /* Walk the frames of the current thread into w (in_place: read CPython's
- * frames in place when the layout check passed).  Runs no Python and
- * allocates nothing; the caller releases w->drop after. */
-void ml_frames_walk(ml_state *st, ml_walker *w, int in_place);
+ * frames in place when the layout check passed; ts: the thread's state when
+ * the caller has it, else NULL).  Runs no Python and allocates nothing; the
+ * caller releases w->drop after. */
+void ml_frames_walk(ml_state *st, ml_walker *w, int in_place, const PyThreadState *ts);
 /* A test probe: the innermost frame a capture keeps, as (code object, a new
  * reference or NULL, instruction offset), read in place when in_place and the
  * reader is on, else through the public frame API. */
 void ml_site_probe(ml_state *st, int in_place, PyObject **code, int *offset);
+/* The walk's first step, alone, for a capture that ends there (the user's
+ * line called torch directly): 1 with the code object and offset of the
+ * innermost complete frame when frames are read in place and that frame's
+ * file is known to be user code; else 0, and the walk decides.  Reads only
+ * (no reference taken, nothing allocated); ts as for ml_frames_walk. */
+int ml_frames_user_first(const ml_state *st, const PyThreadState *ts, PyCodeObject **code,
+                         int *offset);
 /* 1 when captures read CPython's frames in place (3.11 to 3.13, layout checked at
  * the first capture), 0 when they go through the public frame API. */
 int ml_sites_direct(void);

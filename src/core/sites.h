@@ -16,6 +16,9 @@ typedef struct {
  * exists or the table is full.  Never fails, runs no Python: a frame that
  * cannot be read is skipped. */
 void ml_site_capture(ml_state *st, ml_site *out);
+/* ml_site_capture on ts, the calling thread's state, already looked up
+ * (NULL: looked up here). */
+void ml_site_capture_on(ml_state *st, const PyThreadState *ts, ml_site *out);
 /* The same through the public frame API only (the tests compare the two). */
 void ml_site_capture_public(ml_state *st, ml_site *out);
 static inline void ml_site_clear(ml_site *s)

@@ -32,14 +32,14 @@ int ml_any_tracks_callsite(const ml_lords *lords)
 /* The call site of a conversion: the user's line of the Module.to being run
  * on this thread, else the innermost frame outside torch and memlord when a
  * lord tracks call sites, else none.  The caller clears *site. */
-ML_HOT void ml_conversion_site(ml_state *st, const ml_hook_tls *tl, const ml_lords *lords,
-                               ml_site *site)
+ML_HOT void ml_conversion_site(ml_state *st, const ml_hook_tls *tl, const PyThreadState *ts,
+                               const ml_lords *lords, ml_site *site)
 {
     site->id = 0;
     if (tl->module_site_set) {
         *site = tl->module_site;
     } else if (ml_any_tracks_callsite(lords)) {
-        ml_site_capture(st, site);
+        ml_site_capture_on(st, ts, site);
     }
 }
 
@@ -203,8 +203,8 @@ static int want_address(const ml_lords *lords)
  * conversion that stays on its device (every cast, most .to calls): the
  * result's storage is counted, nothing is credited.  1 when it applied, 0
  * when the general path must run, -1 when memory ran out. */
-ML_HOT static int account_on_device(ml_state *st, const ml_hook_tls *tl, const ml_lords *lords,
-                                    PyObject *src, PyObject *dst, int kind)
+ML_HOT static int account_on_device(ml_state *st, const ml_hook_tls *tl, const PyThreadState *ts,
+                                    const ml_lords *lords, PyObject *src, PyObject *dst, int kind)
 {
     if (lords->n != 1 || ml_life_deep((ml_book *)lords->v[0])) {
         return 0;
@@ -223,7 +223,7 @@ ML_HOT static int account_on_device(ml_state *st, const ml_hook_tls *tl, const m
         /* record_all for its one lord, without the loop */
         ml_book *lord = (ml_book *)lords->v[0];
         ml_site site;
-        ml_conversion_site(st, tl, lords, &site);
+        ml_conversion_site(st, tl, ts, lords, &site);
         ml_delta d = {ddev, bytes, 1, ptr, 0};
         ml_emit_ctx ctx = {dst, NULL};
         if (ml_record_one(lord, ML_EV_ALLOC, ML_SRC_CONVERT, &d, &site, &ctx) < 0) {
@@ -234,10 +234,11 @@ ML_HOT static int account_on_device(ml_state *st, const ml_hook_tls *tl, const m
     return 1;
 }
 
-ML_HOT int ml_account_conversion(ml_state *st, const ml_hook_tls *tl, const ml_lords *lords,
-                                 PyObject *src, PyObject *dst, int kind, int non_blocking)
+ML_HOT int ml_account_conversion(ml_state *st, const ml_hook_tls *tl, const PyThreadState *ts,
+                                 const ml_lords *lords, PyObject *src, PyObject *dst, int kind,
+                                 int non_blocking)
 {
-    int done = account_on_device(st, tl, lords, src, dst, kind);
+    int done = account_on_device(st, tl, ts, lords, src, dst, kind);
     if (done != 0) {
         return done < 0 ? -1 : 0;
     }
@@ -287,7 +288,7 @@ ML_HOT int ml_account_conversion(ml_state *st, const ml_hook_tls *tl, const ml_l
         }
     }
     ml_site site;
-    ml_conversion_site(st, tl, lords, &site);
+    ml_conversion_site(st, tl, ts, lords, &site);
     if (ndeep > 0) {
         ml_track_for(lords, &dw, &site, ML_SRC_CONVERT, 1);
     }

@@ -9,12 +9,16 @@
 
 /* Whether any of lords records call sites. */
 int ml_any_tracks_callsite(const ml_lords *lords);
-/* The call site of a conversion (the caller clears *site). */
-void ml_conversion_site(ml_state *st, const ml_hook_tls *tl, const ml_lords *lords, ml_site *site);
-/* Count the conversion of src into dst (kind: HK_MOVE or HK_CAST) for lords:
- * 0, or -1 with an exception set (reported by the caller). */
-int ml_account_conversion(ml_state *st, const ml_hook_tls *tl, const ml_lords *lords, PyObject *src,
-                          PyObject *dst, int kind, int non_blocking);
+/* The call site of a conversion (the caller clears *site); ts: the calling
+ * thread's state when the caller has it, else NULL. */
+void ml_conversion_site(ml_state *st, const ml_hook_tls *tl, const PyThreadState *ts,
+                        const ml_lords *lords, ml_site *site);
+/* Count the conversion of src into dst (kind: HK_MOVE or HK_CAST) for lords,
+ * on ts, the calling thread's state (or NULL): 0, or -1 with an exception
+ * set (reported by the caller). */
+int ml_account_conversion(ml_state *st, const ml_hook_tls *tl, const PyThreadState *ts,
+                          const ml_lords *lords, PyObject *src, PyObject *dst, int kind,
+                          int non_blocking);
 /* Count and track a new tensor's storages for the lords with lifetime
  * tracking on; -1 only when memory runs out. */
 int ml_track_new_tensor(ml_state *st, const ml_lords *lords, PyObject *t, enum ml_ev_source source);

@@ -49,8 +49,8 @@ void ml_direct_of(HookObject *hook, PyObject *original, PyTypeObject *tensor_typ
  * cast: 14 ns to 17 ns that way, 6 ns to 9 ns this way; docs/benchmarks.md).
  * A method descriptor's wrong or missing self goes through the original's
  * own call, for its own error. */
-PyObject *ml_call_direct(const HookObject *self, PyObject *const *args, size_t nargsf,
-                         PyObject *kwnames)
+PyObject *ml_call_direct(PyThreadState *ts, const HookObject *self, PyObject *const *args,
+                         size_t nargsf, PyObject *kwnames)
 {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     PyObject *first = self->direct_self;
@@ -84,9 +84,8 @@ PyObject *ml_call_direct(const HookObject *self, PyObject *const *args, size_t n
             return NULL;
         }
     }
-    /* one look-up of the thread state for the recursion check and the
-     * result's (base/compat.h, ML_INLINE_RECURSION) */
-    PyThreadState *ts = PyThreadState_Get();
+    /* the caller's look-up of the thread state serves the recursion check
+     * and the result's (base/compat.h, ML_INLINE_RECURSION) */
     PyObject *result = NULL;
 #if ML_INLINE_RECURSION
     int *remaining = ml_recursion_remaining(ts);

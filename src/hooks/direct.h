@@ -7,44 +7,59 @@
 #include "hooks/hook.h"
 
 /* Calling the original's C function directly needs CPython's own check of a
- * call's result, there for extensions up to 3.12; later versions call through
- * PyObject_Vectorcall (ML_DIRECT_CALL: base/compat.h). */
+ * call's result (base/compat.h, ML_DIRECT_CALL: 3.10 to 3.13; later versions
+ * call through the vectorcall). */
 
 /* Whether hook may call original's C function itself (sets hook->direct,
  * direct_self, direct_type; NULL when not). */
 void ml_direct_of(HookObject *hook, PyObject *original, PyTypeObject *tensor_type);
 #if ML_DIRECT_CALL
-/* original(*args, **kwnames) through its C function (hook->direct != NULL). */
-PyObject *ml_call_direct(const HookObject *self, PyObject *const *args, size_t nargsf,
-                         PyObject *kwnames);
+/* original(*args, **kwnames) through its C function (hook->direct != NULL),
+ * on ts, the calling thread's state. */
+PyObject *ml_call_direct(PyThreadState *ts, const HookObject *self, PyObject *const *args,
+                         size_t nargsf, PyObject *kwnames);
 #endif
 
-/* original(*args, **kwnames): directly when ml_direct_of allowed it, else
+/* original(*args, **kwnames) on ts, the calling thread's state, or NULL to
+ * look it up where needed (a caller that has looked it up serves the call's
+ * recursion check and result check, and its call site after, with one
+ * look-up): directly when ml_direct_of allowed it, else
  * through the original's vectorcall, looked up on every call (it belongs to
- * the original's type, which may change its slots).  On 3.13 the hook checks
- * the vectorcall's result as PyObject_Vectorcall would (ML_VECTORCALL_CHECK),
- * elsewhere PyObject_Vectorcall does. */
-static inline PyObject *ml_call_original(const HookObject *self, PyObject *const *args,
-                                         size_t nargsf, PyObject *kwnames)
+ * the original's type, which may change its slots).  From 3.13 the hook
+ * checks the vectorcall's result as PyObject_Vectorcall would
+ * (ML_VECTORCALL_CHECK), before that PyObject_Vectorcall does. */
+static inline PyObject *ml_call_original_on(PyThreadState *ts, const HookObject *self,
+                                            PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
 #if ML_DIRECT_CALL
     if (self->direct != NULL) {
-        return ml_call_direct(self, args, nargsf, kwnames);
+        return ml_call_direct(ts != NULL ? ts : PyThreadState_Get(), self, args, nargsf, kwnames);
     }
-#elif ML_VECTORCALL_CHECK
-    /* PyObject_Vectorcall's own steps (3.13): the original's vectorcall,
-     * then its result checked, without its call level and thread-state
-     * look-up; a result it would change goes to ml_check_vectorcall_result */
+#endif
+#if ML_VECTORCALL_CHECK
+    /* PyObject_Vectorcall's own steps: the original's vectorcall, then its
+     * result checked, without its call level and thread-state look-up; a
+     * result it would change goes to ml_check_vectorcall_result */
     vectorcallfunc f = PyVectorcall_Function(self->original);
     if (f != NULL) {
         PyObject *result = f(self->original, args, nargsf, kwnames);
-        if (ML_LIKELY(result != NULL && !PyErr_Occurred())) {
+        if (ML_LIKELY(result != NULL &&
+                      !(ts != NULL ? ml_exc_pending(ts) : PyErr_Occurred() != NULL))) {
             return result;
         }
         return ml_check_vectorcall_result(self->original, result);
     }
+#else
+    (void)ts;
 #endif
     return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+}
+
+/* ml_call_original_on, the thread state looked up where needed. */
+static inline PyObject *ml_call_original(const HookObject *self, PyObject *const *args,
+                                         size_t nargsf, PyObject *kwnames)
+{
+    return ml_call_original_on(NULL, self, args, nargsf, kwnames);
 }
 
 #endif

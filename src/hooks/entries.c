@@ -58,10 +58,12 @@ ML_COLD static void outermost_done(ml_hook_tls *tl, int failed, PyObject *what, 
     }
 }
 
-/* Run the original as the hooked call (name, src) of this thread; *reentered
- * tells whether that same call was already running (see hook_tls). */
-static inline PyObject *run_original(ml_hook_tls *tl, const HookObject *self, PyObject *const *args,
-                                     size_t nargsf, PyObject *kwnames, int *reentered, int source)
+/* Run the original as the hooked call (name, src) of this thread (ts: its
+ * state, or NULL); *reentered tells whether that same call was already
+ * running (see hook_tls). */
+static inline PyObject *run_original(ml_hook_tls *tl, PyThreadState *ts, const HookObject *self,
+                                     PyObject *const *args, size_t nargsf, PyObject *kwnames,
+                                     int *reentered, int source)
 {
     const PyObject *src = PyVectorcall_NARGS(nargsf) > 0 ? args[0] : NULL;
     const PyObject *saved_name = tl->cur_name, *saved_src = tl->cur_src;
@@ -69,7 +71,7 @@ static inline PyObject *run_original(ml_hook_tls *tl, const HookObject *self, Py
     tl->cur_name = self->name;
     tl->cur_src = src;
     tl->depth++;
-    PyObject *result = ml_call_original(self, args, nargsf, kwnames);
+    PyObject *result = ml_call_original_on(ts, self, args, nargsf, kwnames);
     tl->depth--;
     tl->cur_name = saved_name;
     tl->cur_src = saved_src;
@@ -123,8 +125,12 @@ ML_HOT static PyObject *hook_tensor(PyObject *callable, PyObject *const *args, s
          * this call is on it (pending.h). */
         ml_pending_drain(0, NULL, 1);
     }
+    /* one look-up of the thread state, for the call of the original and the
+     * call site after */
+    PyThreadState *ts = PyThreadState_Get();
     int reentered;
-    PyObject *result = run_original(tl, self, args, nargsf, kwnames, &reentered, ML_SRC_CONVERT);
+    PyObject *result =
+        run_original(tl, ts, self, args, nargsf, kwnames, &reentered, ML_SRC_CONVERT);
     if (reentered || result == NULL || ml_disp.lord_refs == NULL || ml_disp.module == NULL) {
         return result; /* re-entered through __torch_function__: the outer call counts */
     }
@@ -148,7 +154,7 @@ ML_HOT static PyObject *hook_tensor(PyObject *callable, PyObject *const *args, s
                               (ml_disp.py_lord_refs == NULL || !ml_tf_mode_active())
                           ? NULL
                           : ml_quiet_enter();
-    int rc = ml_account_conversion(st, tl, &lords, args[0], result, self->kind, nb);
+    int rc = ml_account_conversion(st, tl, ts, &lords, args[0], result, self->kind, nb);
     ml_lords_release(&lords);
     ml_safe_point();
     if (rc < 0) {
@@ -236,7 +242,7 @@ static PyObject *hook_factory(PyObject *callable, PyObject *const *args, size_t 
     }
     int reentered;
     PyObject *result =
-        run_original(&hook_tls, self, args, nargsf, kwnames, &reentered, ML_SRC_FACTORY);
+        run_original(&hook_tls, NULL, self, args, nargsf, kwnames, &reentered, ML_SRC_FACTORY);
     if (reentered || result == NULL || ml_disp.py_lord_refs == NULL || ml_disp.module == NULL) {
         return result; /* re-entered through __torch_function__: the outer call counts */
     }
@@ -314,7 +320,7 @@ static PyObject *hook_module_apply(PyObject *callable, PyObject *const *args, si
         ml_report_failure(callable);
     } else if (w.n > 0) {
         ml_site site;
-        ml_conversion_site(st, tl, &lords, &site);
+        ml_conversion_site(st, tl, NULL, &lords, &site);
         ml_track_for(&lords, &w, &site, ML_SRC_CONVERT, 1);
         ml_site_clear(&site);
     }

@@ -25,6 +25,7 @@ import weakref
 import pytest
 import torch
 from conftest import fake_cuda, here
+from support import misbehaving as misbehaving_extension
 from torch import nn
 
 from memlord import MemLord, _core
@@ -581,11 +582,11 @@ def test_sync_functions_skipped_cleanly_on_cpu_build(lord):
         assert getattr(torch.cuda, "synchronize", None) is before
 
 
-DIRECT_CALLS = sys.version_info < (3, 13)  # see ml_call_direct in src/hooks/direct.c
+DIRECT_CALLS = sys.version_info < (3, 14)  # see ml_call_direct in src/hooks/direct.c
 
 
 def test_hooks_call_torchs_c_functions_directly():
-    """Up to CPython 3.12 every torch hook calls the original's C function itself (torch's
+    """Up to CPython 3.13 every torch hook calls the original's C function itself (torch's
     methods and functions are METH_VARARGS | METH_KEYWORDS); later versions, and any original
     that is not CPython's own method descriptor or builtin, go through the original's call."""
     lord = MemLord(auto_gc_bytes=None)
@@ -1043,18 +1044,28 @@ def test_a_hooked_cast_meets_the_recursion_limit_where_torch_does(cast):
 
 
 @pytest.mark.parametrize("misbehaving", ["return_null_without_error", "return_result_with_error"])
+@pytest.mark.parametrize("call", ["direct", "vectorcall"])
 def test_a_hooked_original_that_breaks_the_call_protocol_raises_what_cpython_raises(
-    monkeypatch, misbehaving
+    monkeypatch, misbehaving, call
 ):
     """A C function returning NULL with no exception set, or a result with one set, becomes
     CPython's SystemError naming the function (the second with the exception as its cause and
-    context), hooked as bare: on 3.10-3.12 the direct call hands it to _Py_CheckFunctionResult,
-    on 3.13 the hook calls the vectorcall itself and checks the result as CPython 3.13 does
-    (base/compat.h, ML_VECTORCALL_CHECK).  (CPython's check of the hook's own result would
-    give the same messages, the hook's repr being the original's: this pins what a user
-    sees, not which of the two checks raised.)"""
-    testcapi = pytest.importorskip("_testcapi")
-    original = getattr(testcapi, misbehaving)
+    context), hooked as bare, down either path of the hook's call (base/compat.h):
+
+    * ``direct``: a METH_VARARGS | METH_KEYWORDS builtin, torch's calling convention
+      (tests/support/misbehaving.c), which the hook calls itself up to 3.13: on 3.10-3.12
+      the result goes to _Py_CheckFunctionResult, on 3.13 to the hook's own check, written
+      as CPython 3.13's;
+    * ``vectorcall``: _testcapi's METH_NOARGS ones, called through their vectorcall
+      (PyObject_Vectorcall up to 3.12; from 3.13 the hook calls the vectorcall and checks
+      the result itself, ML_VECTORCALL_CHECK).
+
+    (CPython's check of the hook's own result would give the same messages, the hook's repr
+    being the original's: this pins what a user sees, not which of the two checks raised.)"""
+    if call == "direct":
+        original = getattr(misbehaving_extension.load(), misbehaving)
+    else:
+        original = getattr(pytest.importorskip("_testcapi"), misbehaving)
     monkeypatch.setattr(torch, "empty", original)
 
     def seen():
@@ -1067,7 +1078,9 @@ def test_a_hooked_original_that_breaks_the_call_protocol_raises_what_cpython_rai
     lord = MemLord(auto_gc_bytes=None)
     with lord.hook_into_python():
         assert torch.empty is not original  # hooked
+        direct = "empty" in _core._hooks_info()["direct"]
         hooked = seen()
+    assert direct == (call == "direct" and DIRECT_CALLS)
     assert hooked == bare
     if misbehaving == "return_null_without_error":
         assert bare == [
