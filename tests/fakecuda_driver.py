@@ -27,18 +27,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
-import hashlib
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
-from support import warm
+from support import cbuild, warm
 
 SOURCE = Path(__file__).resolve().parent / "fakecuda" / "fakecuda.c"
 FLAGS = ["-shared", "-fPIC", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-pthread"]
@@ -72,33 +68,10 @@ CUDA_ERROR_LAUNCH_FAILED = 719
 GIB = 1 << 30
 
 
-def _compiler() -> str:
-    for name in (os.environ.get("MEMLORD_FAKECUDA_CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return name
-    raise RuntimeError("no C compiler (cc, gcc, clang) to build the fake CUDA driver")
-
-
 def build(omit: tuple[str, ...] = ()) -> Path:
     """Path of the fake driver built from SOURCE (without the entry points in omit)."""
     flags = FLAGS + [f"-DFAKECUDA_OMIT_{name}" for name in omit]
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
-    folder = Path(tempfile.gettempdir()) / f"memlord-fakecuda-{key}"
-    lib = folder / "libfakecuda.so"
-    if lib.exists():
-        return lib
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
-    os.close(fd)
-    # The fake runs inside sanitized test processes too: it is built plainly, and its
-    # environment's sanitizer flags (CFLAGS, LDFLAGS) are not read.
-    cmd = [_compiler(), *flags, "-o", tmp, str(SOURCE)]
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        os.unlink(tmp)
-        raise RuntimeError(f"cannot build the fake CUDA driver: {cmd}\n{done.stderr}")
-    os.replace(tmp, lib)
-    return lib
+    return cbuild.build(SOURCE, flags, "libfakecuda.so", "memlord-fakecuda")
 
 
 class FakeCuda:

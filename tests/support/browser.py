@@ -13,15 +13,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from support import cbuild
+
 
 def _browser_env() -> dict[str, str]:
     """The environment for the browser: without a preloaded sanitizer runtime (a process
     run under ASan would hand it to chromium, which then crawls or hangs)."""
-    return {
-        k: v
-        for k, v in os.environ.items()
-        if k != "LD_PRELOAD" and not k.startswith(("ASAN_", "LSAN_", "UBSAN_"))
-    }
+    return cbuild.plain_env()
 
 
 NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
