@@ -7,17 +7,21 @@ here (gcc and valgrind's headers), after warm-up casts; the hash seed is fixed. 
 figure is per cast: the whole process's count over the casts, unhooked and hooked
 (``MemLord()`` defaults, ``hook_into_torch()``), and their difference, memlord's part.
 
-    python bench/cg_cast.py [--loop lines|function] [--casts N] [--cache-sim]
+    python bench/cg_cast.py [--loop lines|function] [--casts N] [--cache-sim] [--own]
 
 ``--loop lines``: ten ``t.half()`` lines in a loop (bench_hooks.py's row); ``function``:
-``half(t)`` with ``def half(x): return x.half()``, a fresh frame per cast. Needs valgrind.
-docs/benchmarks.md quotes its figures.
+``half(t)`` with ``def half(x): return x.half()``, a fresh frame per cast. ``--own`` also
+prints memlord's own instructions per cast: the hook's inclusive count minus torch's
+``THPVariable_half``'s (the difference of the two processes' totals also moves with what
+differs between them outside the casts, a few tens of instructions). Needs valgrind
+(``callgrind_annotate`` for ``--own``). docs/benchmarks.md quotes its figures.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -84,11 +88,37 @@ def totals(path: Path) -> dict[str, int]:
     return dict(zip(events, values, strict=True))
 
 
+def own_per_cast(dump: Path, casts: int) -> float:
+    """The hook's inclusive instructions minus THPVariable_half's, per cast."""
+    out = subprocess.run(
+        ["callgrind_annotate", "--inclusive=yes", "--threshold=100", "--auto=no", str(dump)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    hook = half = None
+    for line in out.splitlines():
+        m = re.match(r"\s*([\d,]+)\s+\([^)]*\)\s+\S*?:(\S+)", line)
+        if m is None:
+            continue
+        count, fn = int(m.group(1).replace(",", "")), m.group(2)
+        if hook is None and fn.startswith("hook_tensor"):
+            hook = count
+        if half is None and "THPVariable_half" in fn:
+            half = count
+    if hook is None or half is None:
+        raise SystemExit(f"cg_cast: no hook_tensor or THPVariable_half in {dump}")
+    return (hook - half) / casts
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loop", choices=("lines", "function"), default="lines")
     parser.add_argument("--casts", type=int, default=2000, help="casts counted (multiple of 10)")
     parser.add_argument("--cache-sim", action="store_true", help="count cache misses too")
+    parser.add_argument(
+        "--own", action="store_true", help="also memlord's own instructions per cast"
+    )
     parser.add_argument(
         "--child", nargs=3, metavar=("LIB", "HOOKED", "ROUNDS"), help=argparse.SUPPRESS
     )
@@ -136,11 +166,15 @@ def main() -> int:
             if not dumps:
                 raise SystemExit("cg_cast: callgrind wrote no dump (client requests not seen)")
             got[hooked] = totals(dumps[0])
+            if hooked and args.own:
+                own = own_per_cast(dumps[0], args.casts)
     print(f"callgrind, {args.casts} casts ({args.loop}), {sys.version.split()[0]}, per cast:")
     print(f"{'event':>6} {'unhooked':>10} {'hooked':>10} {'memlord':>9}")
     for ev in got[0]:
         a, b = got[0][ev] / args.casts, got[1][ev] / args.casts
         print(f"{ev:>6} {a:10.1f} {b:10.1f} {b - a:+9.1f}")
+    if args.own:
+        print(f"memlord's own (the hook minus THPVariable_half, inclusive): {own:.1f}")
     return 0
 
 
