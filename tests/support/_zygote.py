@@ -200,6 +200,17 @@ def _run(req):
         filename = "<string>"
         source = req["code"]
         main.__loader__ = importlib.machinery.BuiltinImporter
+        import linecache
+
+        if isinstance(source, str) and filename in linecache.cache:
+            # From 3.13 `python -c` keeps its code's text in linecache for tracebacks: the
+            # entry there is the server's own; a fresh process would hold the request's
+            linecache.cache[filename] = (
+                len(source),
+                None,
+                [line + "\n" for line in source.splitlines()],
+                filename,
+            )
     else:
         filename = req["script"]
         with open(filename, "rb") as f:
