@@ -212,6 +212,13 @@ ML_COLD static int frames_check(void)
     return n == 0 ? -1 : ok; /* no Python frame to compare with: ask again next time */
 }
 
+/* The innermost frame of the running thread, on its state ts when the caller
+ * has it (else NULL: looked up here). */
+static inline const ml_iframe *innermost_of(const PyThreadState *ts)
+{
+    return ml_iframe_innermost(ts != NULL ? ts : PyThreadState_Get());
+}
+
 ML_HOT static int capture_direct(ml_walker *w, const PyThreadState *ts)
 {
     if (frames_direct < 0) {
@@ -223,8 +230,7 @@ ML_HOT static int capture_direct(ml_walker *w, const PyThreadState *ts)
     /* No Python runs and nothing is allocated during the walk (a verdict's
      * old file name is released by the caller, after it); the frames from
      * here out are all waiting on the call in progress. */
-    for (const ml_iframe *f = ml_iframe_innermost(ts != NULL ? ts : PyThreadState_Get()); f != NULL;
-         f = f->previous) {
+    for (const ml_iframe *f = innermost_of(ts); f != NULL; f = f->previous) {
         if (!ml_iframe_incomplete(f) && walk_frame(w, f->f_code, ml_iframe_offset(f))) {
             break;
         }
@@ -244,8 +250,7 @@ ML_HOT int ml_frames_user_first(const ml_state *st, const PyThreadState *ts, PyC
     if (frames_direct <= 0 || k == NULL) {
         return 0;
     }
-    for (const ml_iframe *f = ml_iframe_innermost(ts != NULL ? ts : PyThreadState_Get()); f != NULL;
-         f = f->previous) {
+    for (const ml_iframe *f = innermost_of(ts); f != NULL; f = f->previous) {
         if (ml_iframe_incomplete(f)) {
             continue;
         }

@@ -43,6 +43,15 @@ ML_HOT void ml_conversion_site(ml_state *st, const ml_hook_tls *tl, const PyThre
     }
 }
 
+/* One conversion event for lord (a failure is reported, never raised). */
+ML_HOT static inline void record_for(ml_book *lord, int kind, const ml_delta *d,
+                                     const ml_site *site, const ml_emit_ctx *ctx)
+{
+    if (ml_record_one(lord, kind, ML_SRC_CONVERT, d, site, ctx) < 0) {
+        ml_report_failure((PyObject *)lord);
+    }
+}
+
 /* One event for every subscribed lord; subject is the tensor it is about. */
 ML_HOT static void record_all(const ml_lords *lords, int flags, ml_dev dev, int64_t bytes,
                               uintptr_t ptr, const ml_site *site, PyObject *subject)
@@ -50,11 +59,8 @@ ML_HOT static void record_all(const ml_lords *lords, int flags, ml_dev dev, int6
     ml_delta d = {dev, bytes, 1, ptr, 0};
     ml_emit_ctx ctx = {subject, NULL};
     for (Py_ssize_t i = 0; i < lords->n; i++) {
-        ml_book *lord = (ml_book *)lords->v[i];
-        if (ml_record_one(lord, (flags & ML_REC_FREE) ? ML_EV_FREE : ML_EV_ALLOC, ML_SRC_CONVERT,
-                          &d, site, &ctx) < 0) {
-            ml_report_failure((PyObject *)lord);
-        }
+        record_for((ml_book *)lords->v[i], (flags & ML_REC_FREE) ? ML_EV_FREE : ML_EV_ALLOC, &d,
+                   site, &ctx);
     }
 }
 
@@ -221,14 +227,11 @@ ML_HOT static int account_on_device(ml_state *st, const ml_hook_tls *tl, const P
     }
     if (bytes > 0) {
         /* record_all for its one lord, without the loop */
-        ml_book *lord = (ml_book *)lords->v[0];
         ml_site site;
         ml_conversion_site(st, tl, ts, lords, &site);
         ml_delta d = {ddev, bytes, 1, ptr, 0};
         ml_emit_ctx ctx = {dst, NULL};
-        if (ml_record_one(lord, ML_EV_ALLOC, ML_SRC_CONVERT, &d, &site, &ctx) < 0) {
-            ml_report_failure((PyObject *)lord);
-        }
+        record_for((ml_book *)lords->v[0], ML_EV_ALLOC, &d, &site, &ctx);
         ml_site_clear(&site);
     }
     return 1;

@@ -11,6 +11,8 @@ at the move and one cuCtxGetCurrent and one cuStreamQuery at its credit.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from conftest import fake_cuda
@@ -383,8 +385,6 @@ def test_a_poll_leaves_a_young_free_to_later_polls(fakecuda, fake_torch_cuda, po
         assert fakecuda.calls("cuStreamQuery") == fakecuda.calls("cuEventQuery") == 0
         assert h.pending() == 256
         poll_age(1_000_000)  # 1 ms
-        import time
-
         time.sleep(0.005)
         torch.empty(4).half()
         queries = fakecuda.calls("cuStreamQuery") + fakecuda.calls("cuEventQuery")
