@@ -27,18 +27,14 @@ WORKER = Path(__file__).resolve().parents[1] / "support" / "rank_worker.py"
 MiB = 1 << 20
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_job(world: int, out: Path) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    port = _free_port()
+    # the ranks meet in a file (a FileStore), not on a TCP port: a port found free and
+    # released before the ranks bind it can be taken meanwhile by anything else running
+    init = (out / "rendezvous").as_uri()
     procs = [
         subprocess.Popen(
-            [sys.executable, str(WORKER), str(r), str(world), str(port), str(out)],
+            [sys.executable, str(WORKER), str(r), str(world), init, str(out)],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -205,7 +201,9 @@ def test_torchrun_memlord_run_writes_a_file_per_rank_that_merge_reads(tmp_path):
     (tmp_path / "train.py").write_text(TRAIN)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     launch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
-    launch += ["--master-port", str(_free_port()), "-m", "memlord", "run", "train.py"]
+    # --standalone: torchrun binds a free port itself (a port this test found free could be
+    # taken before torchrun binds it)
+    launch += ["--standalone", "-m", "memlord", "run", "train.py"]
     proc = subprocess.run(
         launch, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )

@@ -1,6 +1,6 @@
 """One rank of a real gloo job on the CPU, for tests/integration/test_ranks_gather.py.
 
-    python rank_worker.py RANK WORLD PORT OUT_DIR
+    python rank_worker.py RANK WORLD INIT_METHOD OUT_DIR
 
 Joins the group, starts the memory profiler (its JSON goes to OUT_DIR under the default
 name), and under a lord with ``hook_into_python()`` allocates ``(rank + 1)`` MiB to keep
@@ -35,10 +35,10 @@ def _error(fn) -> str | None:
 
 
 def main() -> int:
-    rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    rank, world, init, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     dist.init_process_group(
         "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=init,
         rank=rank,
         world_size=world,
         timeout=datetime.timedelta(seconds=60),
