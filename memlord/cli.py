@@ -29,6 +29,9 @@ from typing import Any
 
 COMMANDS = ("run", "report", "gantt", "top", "merge")
 
+#: the longest refresh interval ``top --interval`` takes (a day)
+TOP_MAX_INTERVAL_S = 86400.0
+
 
 def _interval(text: str) -> float | None:
     if text.lower() in ("0", "off", "none"):
@@ -337,8 +340,13 @@ def top(args: argparse.Namespace) -> int:
     """``python -m memlord top``: see memlord/_top.py."""
     from . import _top
 
-    if not args.interval > 0:
-        _say(f"--interval must be a number of seconds > 0, got {args.interval}")
+    # time.sleep takes no infinity and nothing past the platform's time_t; a refresh
+    # interval longer than a day is no live view anyway
+    if not 0 < args.interval <= TOP_MAX_INTERVAL_S:
+        _say(
+            f"--interval must be a number of seconds > 0 and at most "
+            f"{TOP_MAX_INTERVAL_S:g}, got {args.interval:g}"
+        )
         return 2
     return _top.main(args.interval, once=args.once, as_json=args.json)
 

@@ -364,3 +364,21 @@ def test_bad_input(rtdir, call, exc, words):
         assert w in str(info.value)
     assert _publish.publisher_of(lord) is None
     assert not rtdir.exists() or not [p for p in os.listdir(rtdir) if p.endswith(".rec")]
+
+
+@pytest.mark.parametrize("interval", ["inf", "nan", "1e10", "0", "-1"])
+def test_top_refuses_an_interval_it_cannot_sleep_in_one_line(rtdir, interval):
+    """``top --interval S``: a value time.sleep cannot take (infinite, beyond the
+    platform's time_t) is refused before the first reading, like 0, with one line on
+    stderr and exit status 2, not a traceback after the first table."""
+    out = subprocess.run(
+        [sys.executable, "-m", "memlord", "top", "--interval", interval],
+        capture_output=True,
+        text=True,
+        env=_env(rtdir),
+        timeout=TIMEOUT_S,
+    )
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert out.stdout == ""
+    assert out.stderr.startswith("memlord: --interval") and out.stderr.count("\n") == 1, out.stderr
+    assert "Traceback" not in out.stderr
