@@ -151,12 +151,26 @@ _OUTPUTS = (
 )
 
 
+def _misnamed(option: str, path: str, fmt: str, endings: str) -> bool:
+    """Whether ``path``, given to ``--option``, names another format than the option's
+    (said in one line)."""
+    from .report import format_of
+
+    try:
+        found = format_of(path)
+    except ValueError:
+        found = None
+    if found != fmt:
+        _say(f"--{option} {path}: the name must end in {endings}")
+        return True
+    return False
+
+
 def _check_outputs(args: argparse.Namespace) -> dict[str, tuple[str, str]] | None:
     """The output options' paths, absolute (against the directory `run` was started in,
     whatever the script's ``os.chdir`` later) -> (option, the path as given); or None
     after saying, in one line, why one cannot be written.  Checked before the script
     runs, so a wrong name costs nothing."""
-    from .report import format_of
     from .report._util import check_writable
 
     given: dict[str, tuple[str, str]] = {}
@@ -164,12 +178,7 @@ def _check_outputs(args: argparse.Namespace) -> dict[str, tuple[str, str]] | Non
         path = getattr(args, option)
         if not path:
             continue
-        try:
-            found = format_of(path)
-        except ValueError:
-            found = None
-        if found != fmt:
-            _say(f"--{option} {path}: the name must end in {endings}")
+        if _misnamed(option, path, fmt, endings):
             return None
         given[os.path.abspath(path)] = (f"--{option}", path)  # endings differ: no clash
     if args.html:
@@ -326,6 +335,11 @@ def _convert(source: str, outputs: Sequence[str]) -> int:
 
 
 def report(args: argparse.Namespace) -> int:
+    # --trace and --pickle name their format, as run's options do (-o takes any format)
+    for option, fmt, endings in _OUTPUTS:
+        path = getattr(args, option) if option in ("trace", "pickle") else None
+        if path and _misnamed(option, path, fmt, endings):
+            return 2
     outputs = [p for p in (args.output, args.trace, args.pickle) if p]
     if not args.output and not outputs:
         outputs = [str(Path(args.input).with_suffix(".html"))]

@@ -147,6 +147,32 @@ def test_report_and_gantt_convert_a_saved_profile(tmp_path, capsys):
     assert "wrote" in err and "[" not in err  # no progress bar when stderr is not a TTY
 
 
+@pytest.mark.parametrize(
+    ("option", "name", "endings"),
+    [("--trace", "t.json", ".trace.json"), ("--pickle", "p.html", ".pickle or .pkl")],
+)
+def test_report_output_option_refuses_a_name_of_another_format(tmp_path, option, name, endings):
+    """``report --trace F`` writes a trace and ``--pickle F`` a pickle, as ``run``'s
+    options do: a name that picks another writer (``--trace t.json`` would be a JSON
+    profile, ``--pickle p.html`` an HTML page) is refused in one line, nothing written."""
+    from support.synthetic import synthetic_profile
+
+    from memlord.report import export
+
+    export(synthetic_profile(200, steps=1), tmp_path / "in.json")
+    proc = subprocess.run(
+        [sys.executable, "-m", "memlord", "report", "in.json", option, name],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == f"memlord: {option} {name}: the name must end in {endings}\n"
+    assert not (tmp_path / name).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.json"]
+
+
 def test_cli_errors_are_clear(tmp_path, capsys):
     assert cli_main(["run", str(tmp_path / "missing.py")]) == 2
     assert "script not found" in capsys.readouterr().err
