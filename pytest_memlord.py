@@ -9,9 +9,11 @@ test is measured (``--memlord``, a memory marker, or the ``memlord`` fixture).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import tempfile
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -196,10 +198,15 @@ def pytest_configure(config: pytest.Config) -> None:
     if getattr(opt, "memlord_fail_on_increase", None) is not None:
         if not opt.memlord_baseline:
             raise pytest.UsageError("--memlord-fail-on-increase needs --memlord-baseline PATH")
-        if opt.memlord_fail_on_increase < 0:
-            raise pytest.UsageError("--memlord-fail-on-increase: expected a percentage >= 0")
+        if not opt.memlord_fail_on_increase >= 0:  # nan too: it would never fail a test
+            raise pytest.UsageError(
+                "--memlord-fail-on-increase: expected a percentage >= 0, got "
+                f"{opt.memlord_fail_on_increase:g}"
+            )
     if getattr(opt, "memlord_top", 10) < 0:
         raise pytest.UsageError("--memlord-top: expected an int >= 0")
+    if getattr(opt, "memlord_json", None):
+        check_writable(opt.memlord_json)
     baseline: dict[str, Any] = {}
     if getattr(opt, "memlord_baseline", None):
         baseline = load_baseline(opt.memlord_baseline)
@@ -209,6 +216,23 @@ def pytest_configure(config: pytest.Config) -> None:
         or getattr(opt, "memlord_baseline", None)
     )
     config.stash[_STASH] = {"active": active, "records": [], "baseline": baseline}
+
+
+def check_writable(path: str) -> None:
+    """A usage error, before any test runs, unless ``--memlord-json`` can write ``path``:
+    not a folder, and its folder (made when missing, as the write at the end would) takes
+    a new file, tried for real (memlord.report._util.check_writable, which this module
+    cannot import without torch)."""
+    target = Path(path)
+    try:
+        if target.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "is a folder")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=f".{target.name[:120]}.", dir=target.parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise pytest.UsageError(f"--memlord-json: cannot write {path}: {e.strerror or e}") from None
 
 
 def load_baseline(path: str) -> dict[str, dict[str, int]]:
@@ -455,6 +479,7 @@ def write_json(path: str, records: list[dict[str, Any]]) -> None:
 
     doc = {"version": JSON_VERSION, "tests": sorted(records, key=lambda r: r["nodeid"])}
     text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
+    Path(path).parent.mkdir(parents=True, exist_ok=True)  # made at start, unless removed since
     with atomic_write(os.fspath(path)) as f:
         f.write(text)
 

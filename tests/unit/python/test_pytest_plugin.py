@@ -282,6 +282,43 @@ def test_json_and_the_baseline_fail_a_test_whose_peak_grew(pytester: pytest.Pyte
     r.stdout.fnmatch_lines(["*test_suite.py::test_grows cpu: 4000 B -> 4600 B*"])
 
 
+def test_memlord_json_makes_a_missing_folder_and_refuses_a_place_it_cannot_write_at_once(
+    pytester: pytest.Pytester,
+) -> None:
+    """``--memlord-json reports/mem.json`` writes into a folder it makes (as ``python -m
+    memlord run`` does), and a path no file can take (a folder) is a usage error before
+    any test runs, not a traceback after the whole run."""
+    pytester.makepyfile(test_a="import torch\ndef test_a():\n    x = torch.zeros(1000)\n")
+    r = pytester.runpytest("-p", "no:cacheprovider", "--memlord-json", "reports/mem.json")
+    r.assert_outcomes(passed=1)
+    doc = json.loads((pytester.path / "reports" / "mem.json").read_text())
+    assert [(t["nodeid"], t["peak"]) for t in doc["tests"]] == [
+        ("test_a.py::test_a", {"cpu": 4000})
+    ]
+
+    (pytester.path / "taken").mkdir()
+    r = pytester.runpytest("-p", "no:cacheprovider", "--memlord-json", "taken")
+    assert r.ret == pytest.ExitCode.USAGE_ERROR
+    r.stderr.fnmatch_lines(["ERROR: --memlord-json: cannot write taken: *folder*"])
+    assert "Traceback" not in r.stderr.str() + r.stdout.str()
+    assert "passed" not in r.stdout.str()  # nothing ran
+    assert list((pytester.path / "taken").iterdir()) == []
+
+
+def test_fail_on_increase_refuses_nan(pytester: pytest.Pytester) -> None:
+    """``--memlord-fail-on-increase=nan`` would never fail a test (every comparison with
+    nan is false): a usage error, as a negative percentage is."""
+    pytester.makepyfile("def test_a():\n    pass\n")
+    pytester.runpytest("-p", "no:cacheprovider", "--memlord-json", "base.json")
+    args = ("-p", "no:cacheprovider", "--memlord-baseline", "base.json")
+    for value in ("nan", "-5"):
+        r = pytester.runpytest(*args, f"--memlord-fail-on-increase={value}")
+        assert r.ret == pytest.ExitCode.USAGE_ERROR, value
+        r.stderr.fnmatch_lines(
+            [f"ERROR: --memlord-fail-on-increase: expected a percentage >= 0, got {value}*"]
+        )
+
+
 def test_the_table_lists_the_highest_peaks_with_their_site(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_table="""
