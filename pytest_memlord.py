@@ -48,6 +48,9 @@ _UNITS = {
     "ti": 1024**4,
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgt]i?)b|(b))?\s*$", re.IGNORECASE)
+#: a device as the ledger names it (so a limit on it can match): an ASCII index without
+#: a leading zero, nothing after it (``$`` would let a trailing newline through)
+_DEVICE = re.compile(r"(cpu|mps|(cuda|xpu)(:(0|[1-9][0-9]*))?)\Z")
 _STASH: pytest.StashKey[dict[str, Any]] = pytest.StashKey()
 _BAD: pytest.StashKey[str] = pytest.StashKey()
 
@@ -65,9 +68,10 @@ def parse_size(value: object) -> int:
         m = _SIZE.match(value)
         if not m:
             raise ValueError(f"expected a size like '24 MB', '1.5GiB' or '512KiB', got {value!r}")
-        number = float(m.group(1))
-        unit = _UNITS[(m.group(2) or "").lower()]
-        return int(number * unit)
+        number = float(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
+        if number == float("inf"):  # more digits than a float holds
+            raise ValueError(f"expected a size below 2**1024 bytes, got {value!r}")
+        return int(number)
     if value != value or value in (float("inf"), float("-inf")) or value < 0:
         raise ValueError(f"expected a size >= 0, got {value!r}")
     return int(value)
@@ -86,7 +90,7 @@ def format_size(n: int) -> str:
 def _check_device(where: str, device: object, allow_none: bool) -> str | None:
     if device is None and allow_none:
         return None
-    if not isinstance(device, str) or not re.match(r"^(cpu|cuda(:\d+)?|mps|xpu(:\d+)?)$", device):
+    if not isinstance(device, str) or not _DEVICE.match(device):
         raise ValueError(f"{where}: device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}")
     return device
 

@@ -384,6 +384,11 @@ class _Marked:
         (pytest.mark.limit_memory(), "limit_memory: missing the size"),
         (pytest.mark.limit_memory("1 MB", "cuda", 3), "takes at most 2 positional arguments"),
         (pytest.mark.limit_memory("1 MB", device="gpu"), "device: expected 'cpu', 'cuda'"),
+        # devices no key of the ledger is ever named: the limit would check nothing
+        (pytest.mark.limit_memory("1 MB", device="cuda:01"), "device: expected 'cpu', 'cuda'"),
+        (pytest.mark.limit_leaks("1 MB", device="cuda:1\n"), "device: expected 'cpu', 'cuda'"),
+        (pytest.mark.limit_memory("1 MB", device="cuda:\u0661"), "device: expected 'cpu'"),
+        (pytest.mark.limit_memory("9" * 400), "size: expected a size"),
         (pytest.mark.limit_memory(b"1 MB"), "size: expected a size (an int, a float or"),
         (pytest.mark.limit_leaks("1 MB", colour=1), "unexpected argument 'colour'"),
         (pytest.mark.limit_leaks(1, size=2), "argument 'size' given twice"),
@@ -438,6 +443,7 @@ def test_sizes_are_decimal_or_binary(text: object, expected: int) -> None:
         (-1, ValueError, "expected a size >= 0, got -1"),
         (float("nan"), ValueError, "expected a size >= 0"),
         ("1.5 GB!", ValueError, "expected a size like '24 MB'"),
+        ("9" * 400 + " MB", ValueError, "expected a size"),  # no float: OverflowError
         ("MB", ValueError, "expected a size like '24 MB'"),
         (True, TypeError, "got bool"),
         (None, TypeError, "got NoneType"),
