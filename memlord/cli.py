@@ -303,6 +303,9 @@ def _convert(source: str, outputs: Sequence[str]) -> int:
         except ValueError as exc:
             _say(str(exc))
             return 2
+    if os.path.isdir(source):
+        _say(f"{source}: is a folder, not a file")
+        return 2
     if not os.path.isfile(source):
         _say(f"no such file: {source}")
         return 2

@@ -173,6 +173,23 @@ def test_report_output_option_refuses_a_name_of_another_format(tmp_path, option,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.json"]
 
 
+@pytest.mark.parametrize("command", [["report", "in.json"], ["gantt", "in.json", "g.html"]])
+def test_report_of_a_folder_says_it_is_a_folder(tmp_path, command):
+    """An input that is a folder exists: ``report``/``gantt`` say it is a folder (as
+    ``merge`` does), not "no such file"."""
+    (tmp_path / "in.json").mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "memlord", *command],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == "memlord: in.json: is a folder, not a file\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.json"]
+
+
 def test_cli_errors_are_clear(tmp_path, capsys):
     assert cli_main(["run", str(tmp_path / "missing.py")]) == 2
     assert "script not found" in capsys.readouterr().err
