@@ -345,7 +345,9 @@ class MemoryTracker:
 
     def _periodic(self) -> None:
         assert self.interval is not None
-        while not self._stop_event.wait(self.interval):
+        # any finite interval is valid; a wait past TIMEOUT_MAX raises OverflowError
+        wait_s = min(self.interval, threading.TIMEOUT_MAX)
+        while not self._stop_event.wait(wait_s):
             try:
                 # totals only: scanning objects from this thread is not safe
                 self.take_snapshot(None, tensors=False)

@@ -198,6 +198,22 @@ def test_one_snapshot_thread_only_while_running(tmp_path):
     del x
 
 
+@pytest.mark.parametrize("interval", [1e10, 1e300])
+def test_a_huge_interval_is_a_thread_that_waits_not_one_that_dies(tmp_path, monkeypatch, interval):
+    """Any finite positive ``interval`` is valid (``run --interval 1e10`` too): the
+    snapshot thread waits (past ``threading.TIMEOUT_MAX`` it waits that long) instead of
+    dying at once with OverflowError, and stops when the tracker stops."""
+    died: list = []
+    monkeypatch.setattr(threading, "excepthook", died.append)
+    tracker = initialize_memory_tracker(output_dir=tmp_path, interval=interval)
+    time.sleep(0.1)
+    assert died == []
+    assert len(_profiler_threads()) == 1
+    assert stop_memory_tracker() is not None
+    assert _profiler_threads() == []
+    assert tracker.profile().metadata["interval_s"] == interval
+
+
 def test_background_snapshots_never_break_tuple_building(tmp_path):
     """A scan of gc.get_objects() from the snapshot thread made tuple(generator) on the
     main thread fail with SystemError (the scan's list referred to the tuple being
