@@ -236,7 +236,11 @@ def run(args: argparse.Namespace) -> int:
     sys.argv = [str(script), *args.args]
     sys.path.insert(0, str(script.resolve().parent))
     modules = None
-    tracker.start()
+    try:
+        tracker.start()
+    except MemoryError as exc:  # the event ring, allocated at start (nothing else is on)
+        _say(f"--events {tracker.events}: {exc}")
+        return 2
     if not args.no_publish and tracker.source is not None:
         try:
             tracker.source.lord.publish(" ".join([args.script, *args.args])[:127])

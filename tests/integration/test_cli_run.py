@@ -190,6 +190,35 @@ def test_report_of_a_folder_says_it_is_a_folder(tmp_path, command):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.json"]
 
 
+def test_run_with_an_event_ring_larger_than_memory_ends_in_one_line(tmp_path):
+    """``run --events N`` with a ring the machine cannot hold (64 bytes a record) ends
+    ``run`` before the script starts, with exit status 2 and one line naming the option,
+    not a MemoryError traceback."""
+    (tmp_path / "s.py").write_text("print('script ran')\n")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "memlord",
+            "run",
+            "--events",
+            str(2**60),
+            "--json",
+            "p.json",
+            "s.py",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    assert proc.stderr.startswith(f"memlord: --events {2**60}: ") and proc.stderr.count("\n") == 1
+    assert "more than this machine's memory" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.py"]
+
+
 def test_cli_errors_are_clear(tmp_path, capsys):
     assert cli_main(["run", str(tmp_path / "missing.py")]) == 2
     assert "script not found" in capsys.readouterr().err
