@@ -152,8 +152,8 @@ _OUTPUTS = (
 
 
 def _misnamed(option: str, path: str, fmt: str, endings: str) -> bool:
-    """Whether ``path``, given to ``--option``, names another format than the option's
-    (said in one line)."""
+    """Whether ``path``, given to ``option`` (``--json``, ``gantt``), names another
+    format than the option's (said in one line)."""
     from .report import format_of
 
     try:
@@ -161,7 +161,7 @@ def _misnamed(option: str, path: str, fmt: str, endings: str) -> bool:
     except ValueError:
         found = None
     if found != fmt:
-        _say(f"--{option} {path}: the name must end in {endings}")
+        _say(f"{option} {path}: the name must end in {endings}")
         return True
     return False
 
@@ -178,7 +178,7 @@ def _check_outputs(args: argparse.Namespace) -> dict[str, tuple[str, str]] | Non
         path = getattr(args, option)
         if not path:
             continue
-        if _misnamed(option, path, fmt, endings):
+        if _misnamed(f"--{option}", path, fmt, endings):
             return None
         given[os.path.abspath(path)] = (f"--{option}", path)  # endings differ: no clash
     if args.html:
@@ -345,7 +345,7 @@ def report(args: argparse.Namespace) -> int:
     # --trace and --pickle name their format, as run's options do (-o takes any format)
     for option, fmt, endings in _OUTPUTS:
         path = getattr(args, option) if option in ("trace", "pickle") else None
-        if path and _misnamed(option, path, fmt, endings):
+        if path and _misnamed(f"--{option}", path, fmt, endings):
             return 2
     outputs = [p for p in (args.output, args.trace, args.pickle) if p]
     if not args.output and not outputs:
@@ -354,6 +354,8 @@ def report(args: argparse.Namespace) -> int:
 
 
 def gantt(args: argparse.Namespace) -> int:
+    if _misnamed("gantt", args.output, "html", ".html or .htm"):  # the HTML report only
+        return 2
     return _convert(args.input, [args.output])
 
 

@@ -173,6 +173,26 @@ def test_report_output_option_refuses_a_name_of_another_format(tmp_path, option,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.json"]
 
 
+def test_gantt_refuses_an_output_that_is_no_html_page(tmp_path):
+    """``gantt IN.json OUT.html`` writes the HTML report: ``OUT`` named for another
+    format (``g.json`` wrote a JSON profile) is refused in one line, nothing written."""
+    from support.synthetic import synthetic_profile
+
+    from memlord.report import export
+
+    export(synthetic_profile(200, steps=1), tmp_path / "in.json")
+    proc = subprocess.run(
+        [sys.executable, "-m", "memlord", "gantt", "in.json", "g.json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == "memlord: gantt g.json: the name must end in .html or .htm\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.json"]
+
+
 @pytest.mark.parametrize("command", [["report", "in.json"], ["gantt", "in.json", "g.html"]])
 def test_report_of_a_folder_says_it_is_a_folder(tmp_path, command):
     """An input that is a folder exists: ``report``/``gantt`` say it is a folder (as
