@@ -252,9 +252,26 @@ def load_baseline(path: str) -> dict[str, dict[str, int]]:
             f"--memlord-baseline: {path} is not a memlord --memlord-json file (version "
             f"{JSON_VERSION})"
         )
+    bad = f"--memlord-baseline: {path} is not a memlord --memlord-json file: "
+    tests = doc.get("tests", [])
+    if not isinstance(tests, list):
+        raise pytest.UsageError(bad + "tests is not a list")
     out = {}
-    for t in doc.get("tests", []):
-        out[t["nodeid"]] = {d: int(v) for d, v in t.get("peak", {}).items()}
+    for i, t in enumerate(tests):
+        peak = t.get("peak", {}) if isinstance(t, dict) else None
+        if (
+            not isinstance(t, dict)
+            or not isinstance(t.get("nodeid"), str)
+            or not isinstance(peak, dict)
+            or not all(
+                isinstance(d, str) and isinstance(v, int) and not isinstance(v, bool)
+                for d, v in peak.items()
+            )
+        ):
+            raise pytest.UsageError(
+                bad + f'tests[{i}] is not {{"nodeid": str, "peak": {{device: int}}, ...}}'
+            )
+        out[t["nodeid"]] = dict(peak)
     return out
 
 

@@ -305,6 +305,32 @@ def test_memlord_json_makes_a_missing_folder_and_refuses_a_place_it_cannot_write
     assert list((pytester.path / "taken").iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    ("doc", "where"),
+    [
+        ({"version": 1, "tests": 3}, "tests"),
+        ({"version": 1, "tests": [3]}, "tests[0]"),
+        ({"version": 1, "tests": [{}]}, "tests[0]"),
+        ({"version": 1, "tests": [{"nodeid": "a", "peak": [1]}]}, "tests[0]"),
+        ({"version": 1, "tests": [{"nodeid": "a", "peak": {"cpu": "x"}}]}, "tests[0]"),
+        ({"version": 1, "tests": [{"nodeid": "a"}, {"nodeid": 3, "peak": {}}]}, "tests[1]"),
+    ],
+)
+def test_a_malformed_baseline_is_a_usage_error_naming_the_entry(
+    pytester: pytest.Pytester, doc: object, where: str
+) -> None:
+    """A baseline with the right version but a broken body (hand-edited, a merge
+    conflict resolved badly) is a usage error naming the file and the entry, not an
+    INTERNALERROR traceback."""
+    pytester.makepyfile("def test_a():\n    pass\n")
+    (pytester.path / "b.json").write_text(json.dumps(doc))
+    r = pytester.runpytest("-p", "no:cacheprovider", "--memlord-baseline", "b.json")
+    assert r.ret == pytest.ExitCode.USAGE_ERROR
+    prefix = "ERROR: --memlord-baseline: b.json is not a memlord --memlord-json file: "
+    assert f"{prefix}{where} is not " in r.stderr.str(), r.stderr.str()
+    assert "INTERNALERROR" not in r.stdout.str() + r.stderr.str()
+
+
 def test_fail_on_increase_refuses_nan(pytester: pytest.Pytester) -> None:
     """``--memlord-fail-on-increase=nan`` would never fail a test (every comparison with
     nan is false): a usage error, as a negative percentage is."""
