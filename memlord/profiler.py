@@ -514,6 +514,15 @@ class MemoryTracker:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
+        # a profiler the program runs: torch 2.13 lets a second one start, which takes
+        # the session and leaves the program's with no event at all
+        if torch.autograd._profiler_enabled():
+            log.warning(
+                "memlord profiler: torch.profiler is busy (another profiler is "
+                "active); ops not recorded"
+            )
+            yield
+            return
         prof = torch.profiler.profile(
             activities=activities, record_shapes=True, profile_memory=True
         )

@@ -3,6 +3,7 @@ and the JSON written at stop, at exit and on SIGTERM / SIGINT (real subprocesses
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -267,6 +268,31 @@ def test_track_pytorch_ops(tmp_path):
         "cuda_memory_mb",
         "input_shapes",
     }
+
+
+def test_track_pytorch_ops_inside_the_programs_profiler_leaves_it_alone(tmp_path, caplog):
+    """Inside a torch profiler the program runs, ``track_pytorch_ops()`` records nothing
+    and says so (a WARNING): the program's profiler keeps every operator it saw, the
+    same as without memlord. (torch 2.13 lets a second profile start, and it took the
+    session: the program's profiler came out empty.)"""
+
+    def profiled(block):
+        with torch.profiler.profile() as prof:
+            torch.mm(torch.ones(3, 3), torch.ones(3, 3))
+            with block():
+                torch.sigmoid(torch.ones(5))
+            torch.tanh(torch.ones(5))
+        return {e.key for e in prof.key_averages()}
+
+    bare = profiled(contextlib.nullcontext)
+    tracker = initialize_memory_tracker(output_dir=tmp_path, interval=None)
+    with caplog.at_level("WARNING", logger="memlord"):
+        seen = profiled(tracker.track_pytorch_ops)
+    stop_memory_tracker()
+    assert {"aten::mm", "aten::sigmoid", "aten::tanh"} <= bare
+    assert seen == bare
+    assert tracker.profile().pytorch_operations == []
+    assert any("torch.profiler is busy" in r.getMessage() for r in caplog.records)
 
 
 def test_bad_arguments_raise_and_change_nothing(tmp_path):
