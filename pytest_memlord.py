@@ -236,7 +236,10 @@ def check_writable(path: str) -> None:
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise pytest.UsageError(f"--memlord-json: cannot write {path}: {e.strerror or e}") from None
+        where = f" ({e.filename})" if e.filename and os.fspath(e.filename) != path else ""
+        raise pytest.UsageError(
+            f"--memlord-json: cannot write {path}: {e.strerror or e}{where}"
+        ) from None
 
 
 def load_baseline(path: str) -> dict[str, dict[str, int]]:
