@@ -9,9 +9,11 @@ test is measured (``--memlord``, a memory marker, or the ``memlord`` fixture).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import tempfile
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,9 @@ _UNITS = {
     "ti": 1024**4,
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgt]i?)b|(b))?\s*$", re.IGNORECASE)
+#: a device as the ledger names it (so a limit on it can match): an ASCII index without
+#: a leading zero, nothing after it (``$`` would let a trailing newline through)
+_DEVICE = re.compile(r"(cpu|mps|(cuda|xpu)(:(0|[1-9][0-9]*))?)\Z")
 _STASH: pytest.StashKey[dict[str, Any]] = pytest.StashKey()
 _BAD: pytest.StashKey[str] = pytest.StashKey()
 
@@ -63,9 +68,10 @@ def parse_size(value: object) -> int:
         m = _SIZE.match(value)
         if not m:
             raise ValueError(f"expected a size like '24 MB', '1.5GiB' or '512KiB', got {value!r}")
-        number = float(m.group(1))
-        unit = _UNITS[(m.group(2) or "").lower()]
-        return int(number * unit)
+        number = float(m.group(1)) * _UNITS[(m.group(2) or "").lower()]
+        if number == float("inf"):  # more digits than a float holds
+            raise ValueError(f"expected a size below 2**1024 bytes, got {value!r}")
+        return int(number)
     if value != value or value in (float("inf"), float("-inf")) or value < 0:
         raise ValueError(f"expected a size >= 0, got {value!r}")
     return int(value)
@@ -84,7 +90,7 @@ def format_size(n: int) -> str:
 def _check_device(where: str, device: object, allow_none: bool) -> str | None:
     if device is None and allow_none:
         return None
-    if not isinstance(device, str) or not re.match(r"^(cpu|cuda(:\d+)?|mps|xpu(:\d+)?)$", device):
+    if not isinstance(device, str) or not _DEVICE.match(device):
         raise ValueError(f"{where}: device: expected 'cpu', 'cuda' or 'cuda:N', got {device!r}")
     return device
 
@@ -196,10 +202,15 @@ def pytest_configure(config: pytest.Config) -> None:
     if getattr(opt, "memlord_fail_on_increase", None) is not None:
         if not opt.memlord_baseline:
             raise pytest.UsageError("--memlord-fail-on-increase needs --memlord-baseline PATH")
-        if opt.memlord_fail_on_increase < 0:
-            raise pytest.UsageError("--memlord-fail-on-increase: expected a percentage >= 0")
+        if not opt.memlord_fail_on_increase >= 0:  # nan too: it would never fail a test
+            raise pytest.UsageError(
+                "--memlord-fail-on-increase: expected a percentage >= 0, got "
+                f"{opt.memlord_fail_on_increase:g}"
+            )
     if getattr(opt, "memlord_top", 10) < 0:
         raise pytest.UsageError("--memlord-top: expected an int >= 0")
+    if getattr(opt, "memlord_json", None):
+        check_writable(opt.memlord_json)
     baseline: dict[str, Any] = {}
     if getattr(opt, "memlord_baseline", None):
         baseline = load_baseline(opt.memlord_baseline)
@@ -209,6 +220,26 @@ def pytest_configure(config: pytest.Config) -> None:
         or getattr(opt, "memlord_baseline", None)
     )
     config.stash[_STASH] = {"active": active, "records": [], "baseline": baseline}
+
+
+def check_writable(path: str) -> None:
+    """A usage error, before any test runs, unless ``--memlord-json`` can write ``path``:
+    not a folder, and its folder (made when missing, as the write at the end would) takes
+    a new file, tried for real (memlord.report._util.check_writable, which this module
+    cannot import without torch)."""
+    target = Path(path)
+    try:
+        if target.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "is a folder")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=f".{target.name[:120]}.", dir=target.parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename and os.fspath(e.filename) != path else ""
+        raise pytest.UsageError(
+            f"--memlord-json: cannot write {path}: {e.strerror or e}{where}"
+        ) from None
 
 
 def load_baseline(path: str) -> dict[str, dict[str, int]]:
@@ -224,9 +255,26 @@ def load_baseline(path: str) -> dict[str, dict[str, int]]:
             f"--memlord-baseline: {path} is not a memlord --memlord-json file (version "
             f"{JSON_VERSION})"
         )
+    bad = f"--memlord-baseline: {path} is not a memlord --memlord-json file: "
+    tests = doc.get("tests", [])
+    if not isinstance(tests, list):
+        raise pytest.UsageError(bad + "tests is not a list")
     out = {}
-    for t in doc.get("tests", []):
-        out[t["nodeid"]] = {d: int(v) for d, v in t.get("peak", {}).items()}
+    for i, t in enumerate(tests):
+        peak = t.get("peak", {}) if isinstance(t, dict) else None
+        if (
+            not isinstance(t, dict)
+            or not isinstance(t.get("nodeid"), str)
+            or not isinstance(peak, dict)
+            or not all(
+                isinstance(d, str) and isinstance(v, int) and not isinstance(v, bool)
+                for d, v in peak.items()
+            )
+        ):
+            raise pytest.UsageError(
+                bad + f'tests[{i}] is not {{"nodeid": str, "peak": {{device: int}}, ...}}'
+            )
+        out[t["nodeid"]] = dict(peak)
     return out
 
 
@@ -455,6 +503,7 @@ def write_json(path: str, records: list[dict[str, Any]]) -> None:
 
     doc = {"version": JSON_VERSION, "tests": sorted(records, key=lambda r: r["nodeid"])}
     text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
+    Path(path).parent.mkdir(parents=True, exist_ok=True)  # made at start, unless removed since
     with atomic_write(os.fspath(path)) as f:
         f.write(text)
 

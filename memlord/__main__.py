@@ -9,6 +9,7 @@ printed at the end.  Set DEBUG=1 to see every event as it happens.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 
@@ -92,5 +93,19 @@ def main(argv: list[str] | None = None) -> int:
     return demo(args.layers)
 
 
+def _run() -> int:
+    """``main()`` for ``python -m memlord``: a reader of stdout that went away (``python
+    -m memlord | head -1``) ends the output quietly, with status 1, as the Python
+    documentation of SIGPIPE suggests; not with a BrokenPipeError traceback, and a second
+    one when stdout is flushed at exit.  (A script that ``run`` runs keeps its own.)"""
+    try:
+        return main()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # nothing left to flush at exit
+        os.close(devnull)
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_run())

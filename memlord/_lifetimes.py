@@ -238,6 +238,19 @@ def max_overlap(birth: np.ndarray, death: np.ndarray) -> int:
     return int(np.cumsum(delta[order]).max())
 
 
+def _device_name(device: Any) -> str:
+    """``device`` as the analysis names devices (``"cpu"``, ``"cuda:0"``), or the error
+    naming the argument."""
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(
+            f"argument 'device' must be a str, a torch.device or None, not {type_name(device)}"
+        )
+    try:
+        return str(torch.device(device))
+    except (RuntimeError, ValueError):
+        raise ValueError(f"argument 'device' is not a device: {device!r}") from None
+
+
 class LifetimeAnalyzer:
     """The lifetimes of every storage a lord's event ring saw, or of the tensors given to
     :meth:`record_usage`; see docs/sizing.md.
@@ -571,7 +584,9 @@ class LifetimeAnalyzer:
 
     def _peak(self, step: int | None, device: Any) -> tuple[int, int, int, np.ndarray]:
         """(device index, peak time, peak bytes, mask of storages live then)."""
-        key = (step, None if device is None else str(device))
+        if device is not None:
+            device = _device_name(device)
+        key = (step, device)
         got = self._peaks.get(key)
         if got is None:
             got = self._peaks[key] = self._find_peak(step, device)
@@ -583,7 +598,7 @@ class LifetimeAnalyzer:
         best = (-1, 0, -1, np.zeros(len(c), bool))
         devs = range(len(c.devices))
         if device is not None:
-            name = str(torch.device(device))
+            name = _device_name(device)
             if name not in c.devices:
                 raise ValueError(f"argument 'device' has no storage in this analysis: {name!r}")
             devs = [c.devices.index(name)]

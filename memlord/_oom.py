@@ -490,6 +490,9 @@ def retry_on_oom(
     while True:
         attempt += 1
         failed: BaseException | None = None
+        # what an earlier OOM on this thread left: matched by id, its dead error's id may
+        # be a new error's (post_mortems_of), so only this attempt's record may answer
+        _local.last = _local.last_observed = None
         try:
             return fn(*args, **kwargs)
         except BaseException as e:

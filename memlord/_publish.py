@@ -702,6 +702,11 @@ def _bump_pressure() -> None:
         os.close(fd)
 
 
+#: the longest wait a request's deadline records, about 126 years: the deadline is an
+#: int64 of ns since the epoch, which ends in 2262
+_MAX_RECORDED_WAIT_S = 4e9
+
+
 def request_memory(lord: Any, device: Any, nbytes: int, *, timeout: float = 10.0) -> bool:
     """``lord.request_memory(device, nbytes, timeout=10.0)``: ask the cooperating
     publishers on this host to give memory back on ``device``; True once the device's
@@ -719,8 +724,10 @@ def request_memory(lord: Any, device: Any, nbytes: int, *, timeout: float = 10.0
         raise TypeError(
             f"request_memory(): argument 'nbytes' must be an int, not {type(nbytes).__name__}"
         )
-    if nbytes < 0:
-        raise ValueError(f"request_memory(): argument 'nbytes' must be >= 0, got {nbytes}")
+    if not 0 <= nbytes < 2**63:  # the record holds an int64
+        raise ValueError(
+            f"request_memory(): argument 'nbytes' must be >= 0 and < 2**63, got {nbytes}"
+        )
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(
             f"request_memory(): argument 'timeout' must be seconds, not {type(timeout).__name__}"
@@ -739,7 +746,9 @@ def request_memory(lord: Any, device: Any, nbytes: int, *, timeout: float = 10.0
     if own is None:
         own = publish(lord, cooperate=False)
     try:
-        own._set_request(name, nbytes, time.time_ns() + int(float(timeout) * 1e9))
+        # any finite timeout is valid; a longer one is recorded as the longest that fits
+        wait_ns = int(min(float(timeout), _MAX_RECORDED_WAIT_S) * 1e9)
+        own._set_request(name, nbytes, time.time_ns() + wait_ns)
         _bump_pressure()
         while True:
             free = free_bytes(dev)

@@ -730,6 +730,10 @@ class ModuleTracker(ModuleSpans):
 
     def regions(self, clear: bool = False) -> dict[str, dict[str, Any]]:
         """The regions this tracker opened, aggregated per name (as lord.regions())."""
+        if not isinstance(clear, bool):
+            raise TypeError(
+                "regions(): argument 'clear' must be a bool, not " + type(clear).__name__
+            )
         return self._aggregate.result(self._done, clear)
 
     def __enter__(self) -> ModuleTracker:

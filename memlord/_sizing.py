@@ -425,15 +425,7 @@ class MemoryFit:
             budget = device_budget(d)
         else:
             budget = _check_size("max_batch_size", "budget", budget, 0)
-        if isinstance(headroom, bool) or not isinstance(headroom, (int, float)):
-            raise TypeError(
-                f"max_batch_size(): argument 'headroom' must be a float, not {type_name(headroom)}"
-            )
-        if not 0.0 <= headroom < 1.0:
-            raise ValueError(
-                f"max_batch_size(): argument 'headroom' must be in [0, 1), not {headroom}"
-            )
-        limit = budget * (1.0 - headroom)
+        limit = budget * (1.0 - _check_headroom("max_batch_size", headroom))
 
         def fits(n: int) -> bool:
             return round(self._predict(n, d), 3) <= limit
@@ -604,6 +596,14 @@ def _confirm(step: Callable[[int], Any], n: int) -> int:
     return tried[-1]
 
 
+def _check_headroom(fn: str, headroom: Any) -> float:
+    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)):
+        raise TypeError(f"{fn}(): argument 'headroom' must be a float, not {type_name(headroom)}")
+    if not 0.0 <= headroom < 1.0:
+        raise ValueError(f"{fn}(): argument 'headroom' must be in [0, 1), not {headroom}")
+    return float(headroom)
+
+
 def find_batch_size(
     step: Callable[[int], Any],
     start: int,
@@ -625,6 +625,10 @@ def find_batch_size(
     if batch_sizes is None:
         batch_sizes = tuple(s for s in (1, 2, 4) if s <= start)
     sizes = _check_sizes("find_batch_size", batch_sizes, 2)
+    # checked before any step runs (max_batch_size's ValueError below means "no bound")
+    if budget is not None:
+        budget = _check_size("find_batch_size", "budget", budget, 0)
+    _check_headroom("find_batch_size", headroom)
     fit = fit_memory(step, sizes, device=device, warmup=warmup)
     try:
         n = max(1, min(start, fit.max_batch_size(budget, headroom=headroom, device=device)))

@@ -29,6 +29,9 @@ from typing import Any
 
 COMMANDS = ("run", "report", "gantt", "top", "merge")
 
+#: the longest refresh interval ``top --interval`` takes (a day)
+TOP_MAX_INTERVAL_S = 86400.0
+
 
 def _interval(text: str) -> float | None:
     if text.lower() in ("0", "off", "none"):
@@ -148,12 +151,26 @@ _OUTPUTS = (
 )
 
 
+def _misnamed(option: str, path: str, fmt: str, endings: str) -> bool:
+    """Whether ``path``, given to ``option`` (``--json``, ``gantt``), names another
+    format than the option's (said in one line)."""
+    from .report import format_of
+
+    try:
+        found = format_of(path)
+    except ValueError:
+        found = None
+    if found != fmt:
+        _say(f"{option} {path}: the name must end in {endings}")
+        return True
+    return False
+
+
 def _check_outputs(args: argparse.Namespace) -> dict[str, tuple[str, str]] | None:
     """The output options' paths, absolute (against the directory `run` was started in,
     whatever the script's ``os.chdir`` later) -> (option, the path as given); or None
     after saying, in one line, why one cannot be written.  Checked before the script
     runs, so a wrong name costs nothing."""
-    from .report import format_of
     from .report._util import check_writable
 
     given: dict[str, tuple[str, str]] = {}
@@ -161,12 +178,7 @@ def _check_outputs(args: argparse.Namespace) -> dict[str, tuple[str, str]] | Non
         path = getattr(args, option)
         if not path:
             continue
-        try:
-            found = format_of(path)
-        except ValueError:
-            found = None
-        if found != fmt:
-            _say(f"--{option} {path}: the name must end in {endings}")
+        if _misnamed(f"--{option}", path, fmt, endings):
             return None
         given[os.path.abspath(path)] = (f"--{option}", path)  # endings differ: no clash
     if args.html:
@@ -224,7 +236,11 @@ def run(args: argparse.Namespace) -> int:
     sys.argv = [str(script), *args.args]
     sys.path.insert(0, str(script.resolve().parent))
     modules = None
-    tracker.start()
+    try:
+        tracker.start()
+    except MemoryError as exc:  # the event ring, allocated at start (nothing else is on)
+        _say(f"--events {tracker.events}: {exc}")
+        return 2
     if not args.no_publish and tracker.source is not None:
         try:
             tracker.source.lord.publish(" ".join([args.script, *args.args])[:127])
@@ -291,6 +307,9 @@ def _convert(source: str, outputs: Sequence[str]) -> int:
         except ValueError as exc:
             _say(str(exc))
             return 2
+    if os.path.isdir(source):
+        _say(f"{source}: is a folder, not a file")
+        return 2
     if not os.path.isfile(source):
         _say(f"no such file: {source}")
         return 2
@@ -323,6 +342,11 @@ def _convert(source: str, outputs: Sequence[str]) -> int:
 
 
 def report(args: argparse.Namespace) -> int:
+    # --trace and --pickle name their format, as run's options do (-o takes any format)
+    for option, fmt, endings in _OUTPUTS:
+        path = getattr(args, option) if option in ("trace", "pickle") else None
+        if path and _misnamed(f"--{option}", path, fmt, endings):
+            return 2
     outputs = [p for p in (args.output, args.trace, args.pickle) if p]
     if not args.output and not outputs:
         outputs = [str(Path(args.input).with_suffix(".html"))]
@@ -330,6 +354,8 @@ def report(args: argparse.Namespace) -> int:
 
 
 def gantt(args: argparse.Namespace) -> int:
+    if _misnamed("gantt", args.output, "html", ".html or .htm"):  # the HTML report only
+        return 2
     return _convert(args.input, [args.output])
 
 
@@ -337,8 +363,13 @@ def top(args: argparse.Namespace) -> int:
     """``python -m memlord top``: see memlord/_top.py."""
     from . import _top
 
-    if not args.interval > 0:
-        _say(f"--interval must be a number of seconds > 0, got {args.interval}")
+    # time.sleep takes no infinity and nothing past the platform's time_t; a refresh
+    # interval longer than a day is no live view anyway
+    if not 0 < args.interval <= TOP_MAX_INTERVAL_S:
+        _say(
+            f"--interval must be a number of seconds > 0 and at most "
+            f"{TOP_MAX_INTERVAL_S:g}, got {args.interval:g}"
+        )
         return 2
     return _top.main(args.interval, once=args.once, as_json=args.json)
 

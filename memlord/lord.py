@@ -68,9 +68,10 @@ class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, SnapshotMixin, _core.Lo
                 "MemLord(): argument 'region_history' must be an int, not "
                 + type(region_history).__name__
             )
-        if region_history < 0:
+        if not 0 <= region_history < 2**63:  # it sizes a deque
             raise ValueError(
-                f"MemLord(): argument 'region_history' must be >= 0, not {region_history}"
+                f"MemLord(): argument 'region_history' must be >= 0 and < 2**63, not "
+                f"{region_history}"
             )
         self._region_aggregate = _Aggregate(region_history)
         bytes_given = auto_gc_bytes is not _AUTO

@@ -345,7 +345,9 @@ class MemoryTracker:
 
     def _periodic(self) -> None:
         assert self.interval is not None
-        while not self._stop_event.wait(self.interval):
+        # any finite interval is valid; a wait past TIMEOUT_MAX raises OverflowError
+        wait_s = min(self.interval, threading.TIMEOUT_MAX)
+        while not self._stop_event.wait(wait_s):
             try:
                 # totals only: scanning objects from this thread is not safe
                 self.take_snapshot(None, tensors=False)
@@ -512,6 +514,15 @@ class MemoryTracker:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
+        # a profiler the program runs: torch 2.13 lets a second one start, which takes
+        # the session and leaves the program's with no event at all
+        if torch.autograd._profiler_enabled():
+            log.warning(
+                "memlord profiler: torch.profiler is busy (another profiler is "
+                "active); ops not recorded"
+            )
+            yield
+            return
         prof = torch.profiler.profile(
             activities=activities, record_shapes=True, profile_memory=True
         )

@@ -190,6 +190,10 @@ def _operations_from_seed(allocs: dict[str, Any]) -> list[Span]:
 def load(path: str | os.PathLike[str]) -> Profile:
     """Read a profile written by :func:`memlord.report.export` (``.json``) or by the
     memory profiler."""
+    if not isinstance(path, (str, os.PathLike)):  # an int would be opened as a descriptor
+        raise TypeError(
+            f"load(): argument 'path' must be a str or os.PathLike, not {type(path).__name__}"
+        )
     with open(path, encoding="utf-8") as f:
         try:
             data = json.load(f)

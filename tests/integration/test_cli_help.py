@@ -3,6 +3,7 @@ a new user finds them; each command's own --help works."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -39,3 +40,26 @@ def test_help_in_a_real_process():
     )
     assert proc.returncode == 0, proc.stderr
     assert all(f"  {c} " in proc.stdout for c in ("run", "report", "gantt")), proc.stdout
+
+
+@pytest.mark.parametrize("argv", [["--info"], [], ["top", "--once"]])
+def test_a_reader_that_goes_away_ends_the_output_quietly(argv, tmp_path):
+    """``python -m memlord ... | head -1``: when the reader of stdout is gone, the
+    command stops without a BrokenPipeError traceback (neither from a print nor from the
+    flush at exit), as other command-line tools do."""
+    env = dict(os.environ, MEMLORD_RUNTIME_DIR=str(tmp_path / "rt"))
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before the first line
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "memlord", *argv],
+            stdout=w,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+    finally:
+        os.close(w)
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
+    assert proc.returncode == 1

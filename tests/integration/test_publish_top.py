@@ -353,6 +353,8 @@ def test_runtime_dir_must_be_private(tmp_path, monkeypatch):
         (lambda L: L.request_memory(3, 1), TypeError, ["'device'", "int"]),
         (lambda L: L.request_memory("cpu", -1), ValueError, ["'nbytes'", "-1"]),
         (lambda L: L.request_memory("cpu", 1.5), TypeError, ["'nbytes'", "float"]),
+        # more than a record's int64 holds: was struct.error from inside the publisher
+        (lambda L: L.request_memory("cpu", 2**63), ValueError, ["'nbytes'", "2**63"]),
         (lambda L: L.request_memory("cpu", 1, timeout=-1), ValueError, ["'timeout'"]),
     ],
 )
@@ -364,3 +366,47 @@ def test_bad_input(rtdir, call, exc, words):
         assert w in str(info.value)
     assert _publish.publisher_of(lord) is None
     assert not rtdir.exists() or not [p for p in os.listdir(rtdir) if p.endswith(".rec")]
+
+
+@pytest.mark.parametrize("interval", ["inf", "nan", "1e10", "0", "-1"])
+def test_top_refuses_an_interval_it_cannot_sleep_in_one_line(rtdir, interval):
+    """``top --interval S``: a value time.sleep cannot take (infinite, beyond the
+    platform's time_t) is refused before the first reading, like 0, with one line on
+    stderr and exit status 2, not a traceback after the first table."""
+    out = subprocess.run(
+        [sys.executable, "-m", "memlord", "top", "--interval", interval],
+        capture_output=True,
+        text=True,
+        env=_env(rtdir),
+        timeout=TIMEOUT_S,
+    )
+    assert out.returncode == 2, (out.stdout, out.stderr)
+    assert out.stdout == ""
+    assert out.stderr.startswith("memlord: --interval") and out.stderr.count("\n") == 1, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_request_with_a_huge_finite_timeout_waits_and_clears(rtdir):
+    """``timeout`` is any finite number of seconds >= 0: a huge one waits (here until a
+    signal ends the wait) rather than failing to fit the record's deadline
+    (OverflowError for 1e300, struct.error for 1e10), and the temporary record is gone
+    after."""
+
+    class Stop(Exception):
+        pass
+
+    def stop(signum, frame):
+        raise Stop
+
+    lord = MemLord()
+    old = signal.signal(signal.SIGALRM, stop)
+    try:
+        for timeout in (1e300, 1e10):
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            with pytest.raises(Stop):
+                lord.request_memory("cpu", 2**62, timeout=timeout)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert _publish.publisher_of(lord) is None
+    assert not [p for p in os.listdir(rtdir) if p.endswith(".rec")]

@@ -365,3 +365,24 @@ def test_fit_methods_check_their_arguments():
         fit.max_batch_size(100, headroom=1.0)
     with pytest.raises(ValueError, match="'budget'"):
         fit.max_batch_size(-1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "exc", "words"),
+    [
+        ({"budget": -1}, ValueError, ["find_batch_size()", "'budget'", "-1"]),
+        ({"budget": 1.5}, TypeError, ["find_batch_size()", "'budget'", "float"]),
+        ({"headroom": 1.0}, ValueError, ["find_batch_size()", "'headroom'"]),
+        ({"headroom": "5%"}, TypeError, ["find_batch_size()", "'headroom'", "str"]),
+    ],
+)
+def test_find_batch_size_checks_budget_and_headroom_before_any_step(kwargs, exc, words):
+    """A bad ``budget`` or ``headroom`` is an error naming it before a single step runs:
+    not a fit of real steps first, and never taken for "nothing bounds the batch" (a
+    negative budget ran a step of size ``start``)."""
+    seen: list = []
+    with pytest.raises(exc) as info:
+        find_batch_size(seen.append, 64, **kwargs)
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
+    assert seen == []

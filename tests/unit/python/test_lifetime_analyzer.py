@@ -173,6 +173,12 @@ def test_record_usage_by_hand():
     assert got["peak_bytes"] == 800 and isinstance(got["reusable_bytes"], int)
 
 
+def _fed() -> LifetimeAnalyzer:
+    a = LifetimeAnalyzer()
+    a.record_usage(0, torch.ones(10))
+    return a
+
+
 @pytest.mark.parametrize(
     ("call", "exc", "words"),
     [
@@ -185,6 +191,15 @@ def test_record_usage_by_hand():
         (lambda: LifetimeAnalyzer().record_usage(1, 3), TypeError, ["'tensors'", "int"]),
         (lambda: LifetimeAnalyzer().record_usage(1, [3]), TypeError, ["'tensors'", "int"]),
         (lambda: LifetimeAnalyzer().peak_composition(step="1"), TypeError, ["'step'", "str"]),
+        # a device torch cannot parse: a ValueError naming it, not torch's RuntimeError
+        (lambda: _fed().peak_composition(device="gpu"), ValueError, ["'device'", "'gpu'"]),
+        (lambda: _fed().compute_reuse_plan(device="gpu"), ValueError, ["'device'", "'gpu'"]),
+        (
+            lambda: _fed().get_optimization_suggestions(device="cuda:x"),
+            ValueError,
+            ["'device'", "'cuda:x'"],
+        ),
+        (lambda: _fed().peak_composition(device=0), TypeError, ["'device'", "int"]),
     ],
 )
 def test_bad_input_names_the_argument(call, exc, words):

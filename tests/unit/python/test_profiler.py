@@ -3,6 +3,7 @@ and the JSON written at stop, at exit and on SIGTERM / SIGINT (real subprocesses
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -198,6 +199,22 @@ def test_one_snapshot_thread_only_while_running(tmp_path):
     del x
 
 
+@pytest.mark.parametrize("interval", [1e10, 1e300])
+def test_a_huge_interval_is_a_thread_that_waits_not_one_that_dies(tmp_path, monkeypatch, interval):
+    """Any finite positive ``interval`` is valid (``run --interval 1e10`` too): the
+    snapshot thread waits (past ``threading.TIMEOUT_MAX`` it waits that long) instead of
+    dying at once with OverflowError, and stops when the tracker stops."""
+    died: list = []
+    monkeypatch.setattr(threading, "excepthook", died.append)
+    tracker = initialize_memory_tracker(output_dir=tmp_path, interval=interval)
+    time.sleep(0.1)
+    assert died == []
+    assert len(_profiler_threads()) == 1
+    assert stop_memory_tracker() is not None
+    assert _profiler_threads() == []
+    assert tracker.profile().metadata["interval_s"] == interval
+
+
 def test_background_snapshots_never_break_tuple_building(tmp_path):
     """A scan of gc.get_objects() from the snapshot thread made tuple(generator) on the
     main thread fail with SystemError (the scan's list referred to the tuple being
@@ -251,6 +268,31 @@ def test_track_pytorch_ops(tmp_path):
         "cuda_memory_mb",
         "input_shapes",
     }
+
+
+def test_track_pytorch_ops_inside_the_programs_profiler_leaves_it_alone(tmp_path, caplog):
+    """Inside a torch profiler the program runs, ``track_pytorch_ops()`` records nothing
+    and says so (a WARNING): the program's profiler keeps every operator it saw, the
+    same as without memlord. (torch 2.13 lets a second profile start, and it took the
+    session: the program's profiler came out empty.)"""
+
+    def profiled(block):
+        with torch.profiler.profile() as prof:
+            torch.mm(torch.ones(3, 3), torch.ones(3, 3))
+            with block():
+                torch.sigmoid(torch.ones(5))
+            torch.tanh(torch.ones(5))
+        return {e.key for e in prof.key_averages()}
+
+    bare = profiled(contextlib.nullcontext)
+    tracker = initialize_memory_tracker(output_dir=tmp_path, interval=None)
+    with caplog.at_level("WARNING", logger="memlord"):
+        seen = profiled(tracker.track_pytorch_ops)
+    stop_memory_tracker()
+    assert {"aten::mm", "aten::sigmoid", "aten::tanh"} <= bare
+    assert seen == bare
+    assert tracker.profile().pytorch_operations == []
+    assert any("torch.profiler is busy" in r.getMessage() for r in caplog.records)
 
 
 def test_bad_arguments_raise_and_change_nothing(tmp_path):

@@ -282,6 +282,69 @@ def test_json_and_the_baseline_fail_a_test_whose_peak_grew(pytester: pytest.Pyte
     r.stdout.fnmatch_lines(["*test_suite.py::test_grows cpu: 4000 B -> 4600 B*"])
 
 
+def test_memlord_json_makes_a_missing_folder_and_refuses_a_place_it_cannot_write_at_once(
+    pytester: pytest.Pytester,
+) -> None:
+    """``--memlord-json reports/mem.json`` writes into a folder it makes (as ``python -m
+    memlord run`` does), and a path no file can take (a folder) is a usage error before
+    any test runs, not a traceback after the whole run."""
+    pytester.makepyfile(test_a="import torch\ndef test_a():\n    x = torch.zeros(1000)\n")
+    r = pytester.runpytest("-p", "no:cacheprovider", "--memlord-json", "reports/mem.json")
+    r.assert_outcomes(passed=1)
+    doc = json.loads((pytester.path / "reports" / "mem.json").read_text())
+    assert [(t["nodeid"], t["peak"]) for t in doc["tests"]] == [
+        ("test_a.py::test_a", {"cpu": 4000})
+    ]
+
+    (pytester.path / "taken").mkdir()
+    r = pytester.runpytest("-p", "no:cacheprovider", "--memlord-json", "taken")
+    assert r.ret == pytest.ExitCode.USAGE_ERROR
+    r.stderr.fnmatch_lines(["ERROR: --memlord-json: cannot write taken: *folder*"])
+    assert "Traceback" not in r.stderr.str() + r.stdout.str()
+    assert "passed" not in r.stdout.str()  # nothing ran
+    assert list((pytester.path / "taken").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("doc", "where"),
+    [
+        ({"version": 1, "tests": 3}, "tests"),
+        ({"version": 1, "tests": [3]}, "tests[0]"),
+        ({"version": 1, "tests": [{}]}, "tests[0]"),
+        ({"version": 1, "tests": [{"nodeid": "a", "peak": [1]}]}, "tests[0]"),
+        ({"version": 1, "tests": [{"nodeid": "a", "peak": {"cpu": "x"}}]}, "tests[0]"),
+        ({"version": 1, "tests": [{"nodeid": "a"}, {"nodeid": 3, "peak": {}}]}, "tests[1]"),
+    ],
+)
+def test_a_malformed_baseline_is_a_usage_error_naming_the_entry(
+    pytester: pytest.Pytester, doc: object, where: str
+) -> None:
+    """A baseline with the right version but a broken body (hand-edited, a merge
+    conflict resolved badly) is a usage error naming the file and the entry, not an
+    INTERNALERROR traceback."""
+    pytester.makepyfile("def test_a():\n    pass\n")
+    (pytester.path / "b.json").write_text(json.dumps(doc))
+    r = pytester.runpytest("-p", "no:cacheprovider", "--memlord-baseline", "b.json")
+    assert r.ret == pytest.ExitCode.USAGE_ERROR
+    prefix = "ERROR: --memlord-baseline: b.json is not a memlord --memlord-json file: "
+    assert f"{prefix}{where} is not " in r.stderr.str(), r.stderr.str()
+    assert "INTERNALERROR" not in r.stdout.str() + r.stderr.str()
+
+
+def test_fail_on_increase_refuses_nan(pytester: pytest.Pytester) -> None:
+    """``--memlord-fail-on-increase=nan`` would never fail a test (every comparison with
+    nan is false): a usage error, as a negative percentage is."""
+    pytester.makepyfile("def test_a():\n    pass\n")
+    pytester.runpytest("-p", "no:cacheprovider", "--memlord-json", "base.json")
+    args = ("-p", "no:cacheprovider", "--memlord-baseline", "base.json")
+    for value in ("nan", "-5"):
+        r = pytester.runpytest(*args, f"--memlord-fail-on-increase={value}")
+        assert r.ret == pytest.ExitCode.USAGE_ERROR, value
+        r.stderr.fnmatch_lines(
+            [f"ERROR: --memlord-fail-on-increase: expected a percentage >= 0, got {value}*"]
+        )
+
+
 def test_the_table_lists_the_highest_peaks_with_their_site(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_table="""
@@ -347,6 +410,11 @@ class _Marked:
         (pytest.mark.limit_memory(), "limit_memory: missing the size"),
         (pytest.mark.limit_memory("1 MB", "cuda", 3), "takes at most 2 positional arguments"),
         (pytest.mark.limit_memory("1 MB", device="gpu"), "device: expected 'cpu', 'cuda'"),
+        # devices no key of the ledger is ever named: the limit would check nothing
+        (pytest.mark.limit_memory("1 MB", device="cuda:01"), "device: expected 'cpu', 'cuda'"),
+        (pytest.mark.limit_leaks("1 MB", device="cuda:1\n"), "device: expected 'cpu', 'cuda'"),
+        (pytest.mark.limit_memory("1 MB", device="cuda:\u0661"), "device: expected 'cpu'"),
+        (pytest.mark.limit_memory("9" * 400), "size: expected a size"),
         (pytest.mark.limit_memory(b"1 MB"), "size: expected a size (an int, a float or"),
         (pytest.mark.limit_leaks("1 MB", colour=1), "unexpected argument 'colour'"),
         (pytest.mark.limit_leaks(1, size=2), "argument 'size' given twice"),
@@ -401,6 +469,7 @@ def test_sizes_are_decimal_or_binary(text: object, expected: int) -> None:
         (-1, ValueError, "expected a size >= 0, got -1"),
         (float("nan"), ValueError, "expected a size >= 0"),
         ("1.5 GB!", ValueError, "expected a size like '24 MB'"),
+        ("9" * 400 + " MB", ValueError, "expected a size"),  # no float: OverflowError
         ("MB", ValueError, "expected a size like '24 MB'"),
         (True, TypeError, "got bool"),
         (None, TypeError, "got NoneType"),

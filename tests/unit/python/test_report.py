@@ -5,6 +5,7 @@ HTML report's escaping and optional extra."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
 from collections import defaultdict
 
@@ -345,6 +346,25 @@ def test_export_rejects_bad_arguments(doc, tmp_path):
         "pickle",
         "html",
     ]
+
+
+@pytest.mark.parametrize("path", [None, b"profile.json", 1.5, "fd"])
+def test_load_refuses_a_path_that_is_not_one_and_leaves_file_descriptors_alone(doc, tmp_path, path):
+    """``load(path)`` takes a str or os.PathLike, like ``export`` and
+    ``load_post_mortem``: an int would be opened as a file descriptor, read, and closed
+    (another part of the program's file, socket or pipe); it is a TypeError naming
+    ``path``, and the descriptor stays open."""
+    export(doc, tmp_path / "p.json")
+    fd = os.open(tmp_path / "p.json", os.O_RDONLY)
+    try:
+        with pytest.raises(
+            TypeError, match=r"load\(\): argument 'path' must be a str or os\.PathLike"
+        ):
+            load(fd if path == "fd" else path)
+        os.fstat(fd)  # still open (OSError: Bad file descriptor when load closed it)
+        assert os.lseek(fd, 0, os.SEEK_CUR) == 0  # and unread
+    finally:
+        os.close(fd)
 
 
 def test_html_without_plotly_names_the_extra(doc, tmp_path, no_plotly):

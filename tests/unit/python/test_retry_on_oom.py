@@ -215,3 +215,24 @@ def test_refcounts_of_arguments():
     before = sys.getrefcount(arg)
     memlord.retry_on_oom(lambda x: None, arg, backoff=0)
     assert sys.getrefcount(arg) == before
+
+
+def test_the_note_names_no_post_mortem_of_an_earlier_oom_whose_error_had_the_same_id():
+    """The post-mortems a note names are found by the failed error's id (an exception
+    takes no weak reference). An earlier OOM's record on this thread, left by an error
+    that has since died, must not be taken for a new error that CPython placed at the same
+    address with the same message: that named another test's post-mortem in
+    test_last_error_raised_with_a_note_and_backoff, now and then, after
+    test_watch_oom.py."""
+    from memlord import _oom
+
+    error = RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate")
+
+    def step():
+        raise error
+
+    # what a watched OOM leaves behind, as if its dead error had had this id
+    _oom._local.last = (id(error), str(error), ["/elsewhere/memlord-oom-host-1-1.json"])
+    with pytest.raises(RuntimeError) as info:
+        memlord.retry_on_oom(step, attempts=1, backoff=0)
+    assert info.value.__notes__ == ["memlord: out of memory on all 1 attempts of retry_on_oom"]

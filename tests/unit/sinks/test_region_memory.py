@@ -83,9 +83,12 @@ def test_region_history_must_be_an_int(bad) -> None:
         MemLord(region_history=bad)
 
 
-def test_region_history_must_not_be_negative() -> None:
+@pytest.mark.parametrize("bad", [-1, 2**63, 2**70])
+def test_region_history_must_not_be_negative_or_past_int64(bad) -> None:
+    """A value no history can have is a ValueError naming the argument (2**63 and more
+    raised OverflowError from the deque it sizes)."""
     with pytest.raises(ValueError, match="region_history"):
-        MemLord(region_history=-1)
+        MemLord(region_history=bad)
 
 
 def test_ring_records_keep_decoding_to_their_region_after_sweeps() -> None:

@@ -185,6 +185,13 @@ def test_bad_arguments():
     with pytest.raises(TypeError, match="function"):
         lord.region("x")(5)
     assert lord.regions() == {}
+    # a tracker's regions() checks clear= as the lord's does (1 used to clear it)
+    model = nn.Linear(2, 2)
+    with lord.track_modules(model) as tracker:
+        model(torch.ones(1, 2))
+    with pytest.raises(TypeError, match="'clear'"):
+        tracker.regions(clear=1)
+    assert tracker.regions()["Linear"]["count"] == 1
 
 
 def test_hooked_conversion_counts_in_region():
