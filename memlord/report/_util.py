@@ -100,6 +100,8 @@ def _create_temp(path: Path) -> tuple[int, Path]:
             return os.open(tmp, flags, 0o666), tmp
         except FileExistsError:
             continue
+        except OSError as e:  # the folder: name the file asked for, not the temporary one
+            raise OSError(e.errno, e.strerror, str(path)) from None
     raise FileExistsError(errno.EEXIST, "no free temporary name", str(path))  # pragma: no cover
 
 

@@ -102,6 +102,20 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_nothing(tmp_path):
     assert os.listdir(tmp_path) == ["p.json"]
 
 
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_a_write_into_a_missing_folder_names_the_file_asked_for(tmp_path, suffix):
+    # as open() would: FileNotFoundError, naming the path given (it named the hidden
+    # temporary file beside it, a name the caller never wrote)
+    path = tmp_path / "missing" / f"p{suffix}"
+    with pytest.raises(FileNotFoundError) as info:
+        export(synthetic_profile(10, steps=1), path)
+    assert info.value.filename == str(path)
+    with pytest.raises(FileNotFoundError) as info:
+        MemLord().export(str(path))
+    assert info.value.filename == str(path)
+    assert os.listdir(tmp_path) == []
+
+
 def test_written_files_follow_the_umask(tmp_path):
     """The temporary file is made as open() would make the file (not mkstemp's 0600)."""
     from memlord.report._util import atomic_write
