@@ -76,6 +76,8 @@ _U32 = 2**32
 def _code(fname: str, code: Any, end: int) -> int:
     """``code`` as an int in ``range(end)``, else a TypeError or ValueError that names it."""
     try:
+        if isinstance(code, bool):  # an int to operator.index, but no code
+            raise TypeError
         value = operator.index(code)
     except TypeError:
         raise TypeError(
@@ -139,13 +141,15 @@ class EventsMixin:
 
     @staticmethod
     def event_kind(code: int) -> str:
-        """``"alloc"``, ``"free"``, ``"gc"`` or ``"reset"``."""
+        """The kind's name (``EVENT_KINDS``): ``"alloc"``, ``"free"``, ``"gc"``,
+        ``"reset"``, ``"reset_peak"``, ``"reset_accumulated"`` or ``"oom"``."""
         return EVENT_KINDS[_code("event_kind", code, len(EVENT_KINDS))]
 
     @staticmethod
     def event_source(code: int) -> str:
-        """``"explicit"``, ``"convert"``, ``"factory"``, ``"death"``, ``"deferred"``,
-        ``"policy"`` or ``"param"``."""
+        """The source's name (``EVENT_SOURCES``): ``"explicit"``, ``"convert"``,
+        ``"factory"``, ``"death"``, ``"deferred"``, ``"policy"``, ``"param"``, ``"op"``,
+        ``"grad"``, ``"load"``, ``"tensor"`` or ``"allocator"``."""
         return EVENT_SOURCES[_code("event_source", code, len(EVENT_SOURCES))]
 
     def event_device(self, code: int) -> str:

@@ -47,6 +47,8 @@ def _state(lord):
             ["event_kind", "'code'", f"between 0 and {len(memlord.EVENT_KINDS) - 1}"],
         ),
         (lambda L: L.event_kind(1.0), TypeError, ["event_kind", "'code'", "float"]),
+        (lambda L: L.event_kind(True), TypeError, ["event_kind", "'code'", "bool"]),
+        (lambda L: L.event_source(False), TypeError, ["event_source", "'code'", "bool"]),
         (lambda L: L.event_source(-1), ValueError, ["event_source", "'code'", "-1"]),
         (
             lambda L: L.event_source(len(memlord.EVENT_SOURCES)),
