@@ -23,12 +23,15 @@ static PyObject *kwarg(PyObject *const *args, Py_ssize_t nargs, PyObject *kwname
 }
 
 /* The non_blocking flag of a Tensor.to/.cuda or Module.to call: the keyword,
- * or the first positional bool (every overload takes it as its first bool). */
+ * or the first positional bool (every overload takes it as its first bool).
+ * torch's parser takes only a bool there, so nothing else is asked for its
+ * truth: Module.to's hook reads the flag before torch's parser has refused
+ * it, and a tensor's __bool__ would show in a TorchFunctionMode. */
 static int call_non_blocking(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    PyObject *nb = kwarg(args, nargs, kwnames, "non_blocking");
+    const PyObject *nb = kwarg(args, nargs, kwnames, "non_blocking");
     if (nb != NULL) {
-        return PyObject_IsTrue(nb) == 1;
+        return nb == Py_True;
     }
     for (Py_ssize_t i = 1; i < nargs; i++) {
         if (PyBool_Check(args[i])) {

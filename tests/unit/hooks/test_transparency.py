@@ -526,6 +526,29 @@ def module_to_bad_argument():
     return small_net().to("nowhere")
 
 
+class _Truthy:
+    """An object whose truth a program can see being asked (it raises, too)."""
+
+    asked = 0
+
+    def __bool__(self):
+        _Truthy.asked += 1
+        raise ValueError("my truth is not to be asked")
+
+
+@row
+def module_to_non_blocking_not_a_bool():
+    """torch's parser refuses a non_blocking that is not a bool without asking its truth:
+    neither a TorchFunctionMode (a tensor's __bool__) nor the object itself sees one."""
+    asked = _Truthy.asked
+    with RecordingMode() as mode:
+        errors = [
+            _error_of(lambda: small_net().to(torch.float64, non_blocking=torch.tensor(True))),
+            _error_of(lambda: small_net().to("cpu", non_blocking=_Truthy())),
+        ]
+    return [errors, mode.seen, _Truthy.asked - asked]
+
+
 @row
 def module_to_returns_self():
     m = small_net()
