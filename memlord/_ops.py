@@ -77,7 +77,7 @@ class _State:
         self.sources_on = False
         self.handles: list[Any] = []
         self.grad_handles: list[Any] = []
-        self.load_patches: list[tuple[Any, str, Any]] = []
+        self.load_patches: list[tuple[Any, str, Any, Any]] = []
         #: optimizer -> the ids of the parameters memlord's gradient hook was put on at its
         #: last step: the same parameters again need no look at their hooks
         self.watched: weakref.WeakKeyDictionary[Any, tuple[int, ...]] = weakref.WeakKeyDictionary()
@@ -333,16 +333,16 @@ def _loaded(result: Any) -> None:
         _report("torch.load")
 
 
-def _wrap_load(original: Any) -> Any:
-    @functools.wraps(original)
-    def load(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs)
-        if _state.sources_on:
-            _loaded(result)
-        return result
+def _after_load(result: Any) -> None:
+    if _state.sources_on:
+        _loaded(result)
 
-    load.__memlord_original__ = original  # type: ignore[attr-defined]
-    return load
+
+def _wrap_load(owner: Any, original: Any) -> Any:
+    """torch.load, seen by ``_after_load`` after it returns: a C hook, so that no frame of
+    memlord's stands between torch.load and its caller (its warnings' ``stacklevel=2``
+    names the program's line) and it introspects as torch.load itself."""
+    return _core._after_hook(owner, "load", original, _after_load)
 
 
 def _install_sources() -> None:
@@ -358,10 +358,10 @@ def _install_sources() -> None:
         import torch.serialization as serialization
 
         original = serialization.load
-        wrapped = _wrap_load(original)
+        wrapped = _wrap_load(serialization, original)
         for owner in (torch, serialization):
             if getattr(owner, "load", None) is original:
-                _state.load_patches.append((owner, "load", original))
+                _state.load_patches.append((owner, "load", original, wrapped))
                 owner.load = wrapped  # type: ignore[attr-defined]
     except BaseException:
         _uninstall_sources()
@@ -378,9 +378,8 @@ def _uninstall_sources() -> None:
         h.remove()
     _state.grad_handles.clear()
     _state.watched.clear()
-    for owner, name, original in reversed(_state.load_patches):
-        current = getattr(owner, name, None)
-        if getattr(current, "__memlord_original__", None) is original:
+    for owner, name, original, wrapped in reversed(_state.load_patches):
+        if getattr(owner, name, None) is wrapped:
             setattr(owner, name, original)
     _state.load_patches.clear()
     _core._optimizer_step(False)

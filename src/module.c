@@ -506,6 +506,9 @@ static PyMethodDef core_methods[] = {
      "counts its change of size."},
     {"_optimizer_step", (PyCFunction)ml_ops_optimizer_step, METH_O,
      "_optimizer_step(begin)\n--\n\nThis thread's optimizer.step() begins or ends."},
+    {"_after_hook", (PyCFunction)(void (*)(void))ml_hooks_after_hook, METH_FASTCALL,
+     "_after_hook(owner, name, original, after)\n--\n\nA hook (not installed) that calls "
+     "original and passes its result to after(result): torch.load's category source."},
     {"_tensor_meta", (PyCFunction)core_tensor_meta, METH_O,
      "(device, nbytes) of a tensor as the hooks size it: its storage bytes."},
     {NULL, NULL, 0, NULL},

@@ -332,6 +332,30 @@ static PyObject *hook_module_apply(PyObject *callable, PyObject *const *args, si
     return result;
 }
 
+/* A Python function of torch whose result memlord looks at (torch.load: the
+ * category source of what it loads), called with no frame of memlord's
+ * between it and its caller: what it reads of its caller's frame (a
+ * warning's stacklevel=2 names the program's line) is as without memlord.
+ * after's failure is reported, never raised; the result goes back
+ * unchanged. */
+static PyObject *hook_after(PyObject *callable, PyObject *const *args, size_t nargsf,
+                            PyObject *kwnames)
+{
+    const HookObject *self = (const HookObject *)callable;
+    PyObject *result = ml_call_original(self, args, nargsf, kwnames);
+    if (result == NULL || self->after == NULL) {
+        return result;
+    }
+    PyObject *after = Py_NewRef(self->after); /* held across its call */
+    PyObject *r = PyObject_CallOneArg(after, result);
+    Py_DECREF(after);
+    if (r == NULL) {
+        PyErr_WriteUnraisable(callable);
+    }
+    Py_XDECREF(r);
+    return result;
+}
+
 static PyObject *hook_sync(PyObject *callable, PyObject *const *args, size_t nargsf,
                            PyObject *kwnames)
 {
@@ -361,6 +385,8 @@ vectorcallfunc ml_hook_entry(int kind)
         return hook_param;
     case HK_MODULE_APPLY:
         return hook_module_apply;
+    case HK_AFTER:
+        return hook_after;
     default:
         return hook_sync;
     }

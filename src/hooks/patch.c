@@ -163,6 +163,7 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
     hook->name = Py_NewRef(pname);
     hook->weakreflist = NULL;
     hook->kind = kind;
+    hook->after = NULL;
     ml_direct_of(hook, original, (PyTypeObject *)st->tensor_type);
     PyObject_GC_Track(hook);
     if (PyObject_SetAttr(owner, pname, (PyObject *)hook) < 0) {
@@ -208,6 +209,32 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
     p->alias_put = aput;
     p->group = installing_group;
     return 0;
+}
+
+PyObject *ml_hook_after_new(ml_state *st, PyObject *owner, PyObject *name, PyObject *original,
+                            PyObject *after)
+{
+    PyObject *pname = PyUnicode_FromObject(name);
+    if (pname == NULL) {
+        return NULL;
+    }
+    PyUnicode_InternInPlace(&pname);
+    HookObject *hook =
+        PyObject_GC_New(HookObject, PyType_Check(owner) ? st->hook_type : st->fn_hook_type);
+    if (hook == NULL) {
+        Py_DECREF(pname);
+        return NULL;
+    }
+    hook->vectorcall = ml_hook_entry(HK_AFTER);
+    hook->original = Py_NewRef(original);
+    hook->owner = Py_NewRef(owner);
+    hook->name = pname;
+    hook->weakreflist = NULL;
+    hook->kind = HK_AFTER;
+    hook->after = Py_NewRef(after);
+    ml_direct_of(hook, original, (PyTypeObject *)st->tensor_type);
+    PyObject_GC_Track(hook);
+    return (PyObject *)hook;
 }
 
 /* 1 when owner.name still holds hook (memlord's patch is on top), 0 when

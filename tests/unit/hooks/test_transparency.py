@@ -597,6 +597,25 @@ def state_dict_save_load_round_trip():
     return torch.load(buf)
 
 
+@row
+def load_warns_at_the_callers_line():
+    """torch.load warns with stacklevel=2 (a TorchScript archive): the warning names the
+    line that called torch.load, so filters by module and line see the program's own; and
+    torch.load's argument spec is its own."""
+    buf = io.BytesIO()
+    torch.jit.save(torch.jit.script(nn.Linear(2, 2)), buf)
+    buf.seek(0)
+    line = sys._getframe().f_lineno + 3
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.load(buf, weights_only=False)
+    return [
+        [[w.filename == __file__, w.lineno - line, str(w.message)] for w in caught[:1]],
+        str(inspect.getfullargspec(torch.load)),
+        str(inspect.signature(torch.load)),
+    ]
+
+
 # --------------------------------------------------------------------------- device contexts
 
 
