@@ -303,6 +303,9 @@ static PyObject *hook_module_apply(PyObject *callable, PyObject *const *args, si
         ml_lords_release(&lords);
         return result;
     }
+    /* the walk reads the module's tensors and gradients through torch's
+     * methods (untyped_storage, .grad): a TorchFunctionMode would see them */
+    PyObject *guard = ml_quiet_enter();
     ml_walk w;
     ml_walk_init(&w);
     w.collect_keys = 1;
@@ -328,6 +331,7 @@ static PyObject *hook_module_apply(PyObject *callable, PyObject *const *args, si
         ml_site_clear(&site);
     }
     ml_walk_clear(&w);
+    ml_quiet_exit(guard);
     ml_lords_release(&lords);
     return result;
 }

@@ -1188,6 +1188,20 @@ def torch_function_mode_records():
     return [mode.seen, a, b, c]
 
 
+@row
+def torch_function_mode_records_module_conversions():
+    """A mode sees what Module conversions call, and nothing of memlord's own reads of the
+    module's tensors (its walk after Module._apply, its gradients)."""
+    m = small_net()
+    m[0].weight.grad = torch.ones_like(m[0].weight)
+    with RecordingMode() as mode:
+        m.half()
+        m.to(torch.float64)
+        m.type(torch.float32)
+        m.to_empty(device="cpu")  # uninitialized: only the calls are compared
+    return [s[0] for s in mode.seen]
+
+
 class DispatchRecorder(TorchDispatchMode):
     def __init__(self):
         super().__init__()
