@@ -166,7 +166,14 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
     hook->after = NULL;
     ml_direct_of(hook, original, (PyTypeObject *)st->tensor_type);
     PyObject_GC_Track(hook);
-    if (PyObject_SetAttr(owner, pname, (PyObject *)hook) < 0) {
+    /* A staticmethod in the class (nn.Parameter.__new__) goes in as a
+     * staticmethod of the hook: read through an instance it binds to
+     * nothing, as the original does (p.__new__(cls, data)). */
+    PyObject *put = own != NULL && PyObject_TypeCheck(own, &PyStaticMethod_Type)
+                        ? PyStaticMethod_New((PyObject *)hook)
+                        : Py_NewRef((PyObject *)hook);
+    if (put == NULL || PyObject_SetAttr(owner, pname, put) < 0) {
+        Py_XDECREF(put);
         Py_DECREF(hook);
         Py_DECREF(pname);
         Py_DECREF(original);
@@ -191,6 +198,7 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
         if (PyObject_SetAttr(owner, pname, own != NULL ? own : original) < 0) {
             PyErr_Clear();
         }
+        Py_DECREF(put);
         Py_DECREF(hook);
         Py_DECREF(pname);
         Py_DECREF(original);
@@ -204,6 +212,7 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
     p->own = own;
     p->original = original;
     p->hook = (PyObject *)hook;
+    p->put = put;
     p->alias_type = acls;
     p->alias_own = aown;
     p->alias_put = aput;
@@ -237,9 +246,9 @@ PyObject *ml_hook_after_new(ml_state *st, PyObject *owner, PyObject *name, PyObj
     return (PyObject *)hook;
 }
 
-/* 1 when owner.name still holds hook (memlord's patch is on top), 0 when
+/* 1 when owner.name still holds put (memlord's patch is on top), 0 when
  * someone else's patch is there or the attribute is gone, -1 on error. */
-static int holds_hook(PyObject *owner, PyObject *name, const PyObject *hook)
+static int holds_hook(PyObject *owner, PyObject *name, const PyObject *put)
 {
     if (PyType_Check(owner)) {
         PyObject *dict = ((PyTypeObject *)owner)->tp_dict;
@@ -247,7 +256,7 @@ static int holds_hook(PyObject *owner, PyObject *name, const PyObject *hook)
         if (v == NULL && PyErr_Occurred()) {
             return -1;
         }
-        return v == hook;
+        return v == put;
     }
     PyObject *v = PyObject_GetAttr(owner, name);
     if (v == NULL) {
@@ -257,7 +266,7 @@ static int holds_hook(PyObject *owner, PyObject *name, const PyObject *hook)
         }
         return -1;
     }
-    int same = v == hook;
+    int same = v == put;
     Py_DECREF(v);
     return same;
 }
@@ -284,7 +293,7 @@ int ml_unpatch_group(int group)
         ml_disp.npatches--;
         jit_builtin_alias(p.hook, p.original, 0);
         alias_restore(p.alias_type, p.name, p.alias_own, p.alias_put);
-        int ours = holds_hook(p.owner, p.name, p.hook);
+        int ours = holds_hook(p.owner, p.name, p.put);
         int r = 0;
         if (ours > 0) {
             r = p.own != NULL ? PyObject_SetAttr(p.owner, p.name, p.own)
@@ -299,6 +308,7 @@ int ml_unpatch_group(int group)
         Py_XDECREF(p.own);
         Py_XDECREF(p.original);
         Py_XDECREF(p.hook);
+        Py_XDECREF(p.put);
         Py_XDECREF(p.alias_type);
         Py_XDECREF(p.alias_own);
         Py_XDECREF(p.alias_put);

@@ -266,6 +266,19 @@ def parameter_from_data():
     return [p, q, isinstance(p, nn.Parameter)]
 
 
+@row
+def parameter_new_through_an_instance():
+    """Parameter.__new__ is a staticmethod: read through an instance it binds to nothing,
+    so p.__new__(cls, data) makes a parameter of cls."""
+    p = nn.Parameter(torch.ones(3))
+    return [
+        p.__new__(nn.Parameter, torch.zeros(2)),
+        p.__new__(nn.Parameter, torch.zeros(1), False),
+        type(p.__new__(nn.Parameter)).__name__,
+        nn.Buffer(torch.ones(1)).__new__(nn.Buffer, torch.ones(2)),
+    ]
+
+
 # --------------------------------------------------------------------------- conversions
 
 
