@@ -309,17 +309,22 @@ def _optimizer_post(optimizer: Any, args: Any, kwargs: Any) -> None:
 
 
 def _tensors_in(obj: Any, out: list[Any], depth: int = 0) -> None:
-    """The tensors of what torch.load returned: nested dicts, lists, tuples, modules."""
-    if depth > 64:
-        return
-    if isinstance(obj, (torch.Tensor, torch.nn.Module)):
-        out.append(obj)
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            _tensors_in(v, out, depth + 1)
-    elif isinstance(obj, (list, tuple, set, frozenset)):
-        for v in obj:
-            _tensors_in(v, out, depth + 1)
+    """The tensors of what torch.load returned: nested dicts, lists, tuples, modules.  Each
+    object is looked at once: pickle keeps shared and cyclic references (a list holding
+    itself), and a walk of every path through them would not end."""
+    seen: set[int] = set()
+    todo = [(obj, depth)]
+    while todo:
+        obj, depth = todo.pop()
+        if depth > 64 or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (torch.Tensor, torch.nn.Module)):
+            out.append(obj)
+        elif isinstance(obj, dict):
+            todo.extend((v, depth + 1) for v in reversed(list(obj.values())))
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            todo.extend((v, depth + 1) for v in reversed(list(obj)))
 
 
 @_unseen

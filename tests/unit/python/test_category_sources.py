@@ -5,9 +5,13 @@ register them. Each figure is checked against torch's own storage sizes."""
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
+from support import warm
 from torch import nn
 
 from memlord import MemLord
@@ -42,6 +46,40 @@ def test_torch_load_counts_what_it_returns_as_loaded(lord):
     assert lord.allocated("cpu")[0] - before >= nbytes(*got)
     del loaded, got
     assert cats(lord)["loaded"] == 0
+
+
+_SELF_REFERENCING_LOAD = """
+import io, torch
+from memlord import MemLord
+cycle = [torch.ones(4)]
+cycle.append(cycle)
+cycle.append({"again": cycle, "t": torch.ones(2, dtype=torch.float64)})
+buf = io.BytesIO()
+torch.save(cycle, buf)
+lord = MemLord(auto_gc_bytes=None)
+with lord.hook_into_python():
+    buf.seek(0)
+    loaded = torch.load(buf)
+    assert loaded[1] is loaded and loaded[2]["again"] is loaded
+    print(lord.stats("cpu")["cpu"]["categories"]["loaded"])
+"""
+
+
+def test_torch_load_of_a_structure_holding_itself_returns():
+    """pickle keeps cycles: torch.load of a list that holds itself (twice) returns at once,
+    as without memlord, and each tensor in it is loaded once.  (The load source walked
+    every path through the structure, 2**64 of them here: a hang.)"""
+    try:
+        r = warm.run(
+            [sys.executable, "-c", textwrap.dedent(_SELF_REFERENCING_LOAD)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("torch.load did not return within 60 s")
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout.split()[-1]) == 4 * 4 + 2 * 8
 
 
 def test_torch_load_is_torch_serialization_load_again_after_disable():
