@@ -228,8 +228,11 @@ PyObject *ml_hook_after_new(ml_state *st, PyObject *owner, PyObject *name, PyObj
         return NULL;
     }
     PyUnicode_InternInPlace(&pname);
-    HookObject *hook =
-        PyObject_GC_New(HookObject, PyType_Check(owner) ? st->hook_type : st->fn_hook_type);
+    /* a Python function (torch.load) binds when a class holds it: a hook of one is a
+     * descriptor, binding as the function does */
+    HookObject *hook = PyObject_GC_New(HookObject, PyType_Check(owner) || PyFunction_Check(original)
+                                                       ? st->hook_type
+                                                       : st->fn_hook_type);
     if (hook == NULL) {
         Py_DECREF(pname);
         return NULL;

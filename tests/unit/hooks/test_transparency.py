@@ -614,7 +614,11 @@ def state_dict_save_load_round_trip():
 def load_warns_at_the_callers_line():
     """torch.load warns with stacklevel=2 (a TorchScript archive): the warning names the
     line that called torch.load, so filters by module and line see the program's own; and
-    torch.load's argument spec is its own."""
+    torch.load's argument spec is its own, and it binds in a class as a function does."""
+
+    class Holder:
+        load = torch.load
+
     buf = io.BytesIO()
     torch.jit.save(torch.jit.script(nn.Linear(2, 2)), buf)
     buf.seek(0)
@@ -626,6 +630,7 @@ def load_warns_at_the_callers_line():
         [[w.filename == __file__, w.lineno - line, str(w.message)] for w in caught[:1]],
         str(inspect.getfullargspec(torch.load)),
         str(inspect.signature(torch.load)),
+        [type(Holder().load).__name__, Holder.load is torch.load, Holder().load.__self__ is None],
     ]
 
 
