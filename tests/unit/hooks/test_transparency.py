@@ -739,6 +739,17 @@ def jit_script_factory():
 
 
 @row
+def jit_script_calling_torch_load():
+    """torch.jit.script resolves torch.load by id() in its builtin table (aten::load, which
+    it then cannot find): the same error whether torch.load is hooked or not."""
+
+    def f(path: str):
+        return torch.load(path)
+
+    return torch.jit.script(f)
+
+
+@row
 def jit_script_conversions():
     def f(x: torch.Tensor):
         return x.to(torch.float64).half().float() + x.double().float()
