@@ -415,10 +415,11 @@ def _wrap_storage_resize(original: Any) -> Any:
     frees and re-allocates parameters with it): a tracked storage counts its new size."""
 
     @functools.wraps(original)
-    def resize_(self: Any, size: Any) -> Any:
-        result = original(self, size)
+    def resize_(*args: Any, **kwargs: Any) -> Any:
+        # the arguments exactly as given: torch's own call takes and refuses them
+        result = original(*args, **kwargs)
         try:
-            _core._storage_resized(self, self.nbytes())
+            _core._storage_resized(args[0], args[0].nbytes())
         except Exception:  # noqa: BLE001 - accounting never raises into the caller
             _report("UntypedStorage.resize_")
         return result

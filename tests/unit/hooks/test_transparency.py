@@ -1517,6 +1517,23 @@ def mkldnn_conversion():
     return [t.to_dense().double(), t.layout]
 
 
+@row
+def storage_resize_arguments():
+    """UntypedStorage.resize_ (wrapped under ops=True, to count a tracked storage's new size)
+    takes what torch's takes and refuses what it refuses, with torch's words."""
+
+    def storage():
+        return torch.ones(4).untyped_storage()
+
+    return [
+        storage().resize_(8).nbytes(),
+        _error_of(lambda: storage().resize_(size=8)),
+        _error_of(lambda: storage().resize_()),
+        _error_of(lambda: storage().resize_(8, 9)),
+        _error_of(lambda: torch.UntypedStorage.resize_()),
+    ]
+
+
 # --------------------------------------------------------------------------- the tests
 
 
