@@ -87,13 +87,13 @@ _state = _State()
 
 
 def _report(where: str) -> None:
-    """A source failed: say so, never raise into the program."""
+    """A source failed (inside its ``except``): say so through ``sys.unraisablehook``, never
+    raise into the program.  (``sys`` has no ``UnraisableHookArgs`` to build the hook's
+    argument with: the C core writes it.)"""
     try:
-        sys.unraisablehook(  # type: ignore[call-arg]
-            sys.UnraisableHookArgs(  # type: ignore[attr-defined]
-                (*sys.exc_info()[:3], f"memlord: {where}", None)  # type: ignore[arg-type]
-            )
-        )
+        error = sys.exc_info()[1]
+        if error is not None:
+            _core._write_unraisable(error, f"memlord: {where}")
     except Exception:  # noqa: BLE001 - reporting must not fail either
         pass
 
@@ -295,12 +295,13 @@ def _optimizer_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
 def _optimizer_post(optimizer: Any, args: Any, kwargs: Any) -> None:
     _core._optimizer_step(False)
     try:
-        held = [
-            v
-            for state in optimizer.state.values()
-            for v in state.values()
-            if isinstance(v, torch.Tensor)
-        ]
+        held = []
+        for state in optimizer.state.values():
+            # a dict per parameter (torch's optimizers), or whatever a custom one keeps
+            if isinstance(state, torch.Tensor):
+                held.append(state)
+            elif isinstance(state, dict):
+                held.extend(v for v in state.values() if isinstance(v, torch.Tensor))
         if held:
             # what the optimizer holds is its state, whatever made it
             _categorize(held, "optimizer_state", "tensor", _ALL & ~_BIT["parameter"])

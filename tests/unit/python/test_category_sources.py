@@ -109,6 +109,55 @@ def test_gradients_parameters_buffers_and_optimizer_state(lord):
     assert cats(lord)["parameter"] == nbytes(*params)
 
 
+def test_a_failing_source_is_reported_and_the_call_returns(lord, monkeypatch):
+    """A category source that fails goes to sys.unraisablehook, naming itself; torch.load
+    returns what it loaded all the same."""
+    import memlord._ops as ops
+
+    def broken(*args):
+        raise RuntimeError("categorizing broke")
+
+    reports = []
+    monkeypatch.setattr(sys, "unraisablehook", reports.append)
+    monkeypatch.setattr(ops._core, "_categorize", broken)
+    buf = io.BytesIO()
+    torch.save({"w": torch.ones(3)}, buf)
+    buf.seek(0)
+    assert torch.load(buf)["w"].tolist() == [1.0, 1.0, 1.0]
+    assert [(str(r.exc_value), r.object) for r in reports] == [
+        ("categorizing broke", "memlord: categorizing loaded")
+    ]
+
+
+class _BareStateSGD(torch.optim.Optimizer):
+    """An optimizer keeping a bare tensor per parameter in ``state`` (torch's own
+    state_dict() and load_state_dict() take any value there)."""
+
+    def __init__(self, params):
+        super().__init__(params, {"lr": 0.1})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                buf = self.state.get(p)
+                self.state[p] = p.grad.clone() if buf is None else buf.add_(p.grad)
+                p.add_(self.state[p], alpha=-group["lr"])
+
+
+def test_optimizer_state_that_is_not_a_dict(lord, monkeypatch):
+    """State values that are tensors, not dicts: categorised as optimizer state, and the
+    source reports no failure."""
+    reports = []
+    monkeypatch.setattr(sys, "unraisablehook", reports.append)
+    model = nn.Linear(8, 4)
+    opt = _BareStateSGD(model.parameters())
+    model(torch.randn(2, 8)).sum().backward()
+    opt.step()
+    assert reports == []
+    assert cats(lord)["optimizer_state"] == nbytes(*opt.state.values())
+
+
 def test_sources_are_removed_with_the_last_hooks():
     from torch.nn.modules import module as torch_module
     from torch.optim import optimizer as torch_optimizer
