@@ -77,7 +77,7 @@ class _State:
         self.sources_on = False
         self.handles: list[Any] = []
         self.grad_handles: list[Any] = []
-        self.load_patches: list[tuple[Any, str, Any]] = []
+        self.load_patches: list[tuple[Any, str, Any, Any]] = []
         #: optimizer -> the ids of the parameters memlord's gradient hook was put on at its
         #: last step: the same parameters again need no look at their hooks
         self.watched: weakref.WeakKeyDictionary[Any, tuple[int, ...]] = weakref.WeakKeyDictionary()
@@ -87,13 +87,13 @@ _state = _State()
 
 
 def _report(where: str) -> None:
-    """A source failed: say so, never raise into the program."""
+    """A source failed (inside its ``except``): say so through ``sys.unraisablehook``, never
+    raise into the program.  (``sys`` has no ``UnraisableHookArgs`` to build the hook's
+    argument with: the C core writes it.)"""
     try:
-        sys.unraisablehook(  # type: ignore[call-arg]
-            sys.UnraisableHookArgs(  # type: ignore[attr-defined]
-                (*sys.exc_info()[:3], f"memlord: {where}", None)  # type: ignore[arg-type]
-            )
-        )
+        error = sys.exc_info()[1]
+        if error is not None:
+            _core._write_unraisable(error, f"memlord: {where}")
     except Exception:  # noqa: BLE001 - reporting must not fail either
         pass
 
@@ -295,12 +295,13 @@ def _optimizer_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
 def _optimizer_post(optimizer: Any, args: Any, kwargs: Any) -> None:
     _core._optimizer_step(False)
     try:
-        held = [
-            v
-            for state in optimizer.state.values()
-            for v in state.values()
-            if isinstance(v, torch.Tensor)
-        ]
+        held = []
+        for state in optimizer.state.values():
+            # a dict per parameter (torch's optimizers), or whatever a custom one keeps
+            if isinstance(state, torch.Tensor):
+                held.append(state)
+            elif isinstance(state, dict):
+                held.extend(v for v in state.values() if isinstance(v, torch.Tensor))
         if held:
             # what the optimizer holds is its state, whatever made it
             _categorize(held, "optimizer_state", "tensor", _ALL & ~_BIT["parameter"])
@@ -309,17 +310,22 @@ def _optimizer_post(optimizer: Any, args: Any, kwargs: Any) -> None:
 
 
 def _tensors_in(obj: Any, out: list[Any], depth: int = 0) -> None:
-    """The tensors of what torch.load returned: nested dicts, lists, tuples, modules."""
-    if depth > 64:
-        return
-    if isinstance(obj, (torch.Tensor, torch.nn.Module)):
-        out.append(obj)
-    elif isinstance(obj, dict):
-        for v in obj.values():
-            _tensors_in(v, out, depth + 1)
-    elif isinstance(obj, (list, tuple, set, frozenset)):
-        for v in obj:
-            _tensors_in(v, out, depth + 1)
+    """The tensors of what torch.load returned: nested dicts, lists, tuples, modules.  Each
+    object is looked at once: pickle keeps shared and cyclic references (a list holding
+    itself), and a walk of every path through them would not end."""
+    seen: set[int] = set()
+    todo = [(obj, depth)]
+    while todo:
+        obj, depth = todo.pop()
+        if depth > 64 or id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (torch.Tensor, torch.nn.Module)):
+            out.append(obj)
+        elif isinstance(obj, dict):
+            todo.extend((v, depth + 1) for v in reversed(list(obj.values())))
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            todo.extend((v, depth + 1) for v in reversed(list(obj)))
 
 
 @_unseen
@@ -333,16 +339,33 @@ def _loaded(result: Any) -> None:
         _report("torch.load")
 
 
-def _wrap_load(original: Any) -> Any:
-    @functools.wraps(original)
-    def load(*args: Any, **kwargs: Any) -> Any:
-        result = original(*args, **kwargs)
-        if _state.sources_on:
-            _loaded(result)
-        return result
+def _after_load(result: Any) -> None:
+    if _state.sources_on:
+        _loaded(result)
 
-    load.__memlord_original__ = original  # type: ignore[attr-defined]
-    return load
+
+def _wrap_load(owner: Any, original: Any) -> Any:
+    """torch.load, seen by ``_after_load`` after it returns: a C hook, so that no frame of
+    memlord's stands between torch.load and its caller (its warnings' ``stacklevel=2``
+    names the program's line) and it introspects as torch.load itself."""
+    return _core._after_hook(owner, "load", original, _after_load)
+
+
+def _jit_builtin(wrapped: Any, original: Any, add: bool) -> None:
+    """torch.jit.script resolves torch's functions by id() in its builtin table (torch.load
+    is ``aten::load`` there): the hook has its original's entry while installed, as the C
+    hooks do (``jit_builtin_alias`` in src/hooks/patch.c).  Best effort."""
+    try:
+        from torch.jit import _builtins
+
+        if add:
+            op = _builtins._find_builtin(original)
+            if op is not None:
+                _builtins._register_builtin(wrapped, op)
+        elif _builtins._builtin_table is not None:
+            _builtins._builtin_table.pop(id(wrapped), None)
+    except Exception:  # noqa: BLE001 - only the wording of a script error differs without it
+        pass
 
 
 def _install_sources() -> None:
@@ -358,11 +381,13 @@ def _install_sources() -> None:
         import torch.serialization as serialization
 
         original = serialization.load
-        wrapped = _wrap_load(original)
+        wrapped = _wrap_load(serialization, original)
         for owner in (torch, serialization):
             if getattr(owner, "load", None) is original:
-                _state.load_patches.append((owner, "load", original))
+                _state.load_patches.append((owner, "load", original, wrapped))
                 owner.load = wrapped  # type: ignore[attr-defined]
+        if _state.load_patches:
+            _jit_builtin(wrapped, original, True)
     except BaseException:
         _uninstall_sources()
         raise
@@ -378,9 +403,9 @@ def _uninstall_sources() -> None:
         h.remove()
     _state.grad_handles.clear()
     _state.watched.clear()
-    for owner, name, original in reversed(_state.load_patches):
-        current = getattr(owner, name, None)
-        if getattr(current, "__memlord_original__", None) is original:
+    for owner, name, original, wrapped in reversed(_state.load_patches):
+        _jit_builtin(wrapped, original, False)
+        if getattr(owner, name, None) is wrapped:
             setattr(owner, name, original)
     _state.load_patches.clear()
     _core._optimizer_step(False)
@@ -391,10 +416,11 @@ def _wrap_storage_resize(original: Any) -> Any:
     frees and re-allocates parameters with it): a tracked storage counts its new size."""
 
     @functools.wraps(original)
-    def resize_(self: Any, size: Any) -> Any:
-        result = original(self, size)
+    def resize_(*args: Any, **kwargs: Any) -> Any:
+        # the arguments exactly as given: torch's own call takes and refuses them
+        result = original(*args, **kwargs)
         try:
-            _core._storage_resized(self, self.nbytes())
+            _core._storage_resized(args[0], args[0].nbytes())
         except Exception:  # noqa: BLE001 - accounting never raises into the caller
             _report("UntypedStorage.resize_")
         return result

@@ -301,6 +301,17 @@ def _grad_nodes(obj: Any, leaves: bool = True, depth: int = 0, out: list | None 
     return out
 
 
+def _will_run(node: Any) -> bool:
+    """Whether the running backward will execute node.  torch will not say it for a leaf's
+    gradient accumulator while autograd.grad() runs (RuntimeError): grad() runs none."""
+    try:
+        return torch._C._will_engine_execute_node(node)
+    except RuntimeError:
+        if isinstance(node, torch._C._functions.AccumulateGrad):
+            return False
+        raise
+
+
 class _BackwardCall:
     """One module call's backward: opened when the gradient of its first output is
     ready, closed when the gradients of its inputs are (or when the backward ends, for
@@ -320,7 +331,7 @@ class _BackwardCall:
             return  # another output of the call, or a second pass of this backward
         try:
             self.token = self.begin()
-            needed = [n for n in self.in_nodes if torch._C._will_engine_execute_node(n)]
+            needed = [n for n in self.in_nodes if _will_run(n)]
             self.left = len(needed)
             _at_backward_end(self, needed)
         except Exception:  # noqa: BLE001 - accounting never raises into the caller

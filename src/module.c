@@ -267,6 +267,21 @@ static PyObject *core_tensor_abi(PyObject *Py_UNUSED(module), PyObject *const *a
                          ml_abi_enabled() ? Py_True : Py_False);
 }
 
+/* _write_unraisable(exc, where): exc to sys.unraisablehook, as a failure in
+ * where (a str), the way the C sources report theirs.  Python cannot build
+ * the hook's argument (sys.UnraisableHookArgs is no attribute of sys). */
+static PyObject *core_write_unraisable(PyObject *Py_UNUSED(module), PyObject *const *args,
+                                       Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyExceptionInstance_Check(args[0]) || !PyUnicode_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "_write_unraisable(exc, where): an exception and a str");
+        return NULL;
+    }
+    ml_err_set_raised(Py_NewRef(args[0]));
+    PyErr_WriteUnraisable(args[1]);
+    Py_RETURN_NONE;
+}
+
 /* _tensor_meta(t): (device str, nbytes, storage address or 0) as the hooks
  * size t. */
 static PyObject *core_tensor_meta(PyObject *module, PyObject *t)
@@ -506,6 +521,11 @@ static PyMethodDef core_methods[] = {
      "counts its change of size."},
     {"_optimizer_step", (PyCFunction)ml_ops_optimizer_step, METH_O,
      "_optimizer_step(begin)\n--\n\nThis thread's optimizer.step() begins or ends."},
+    {"_after_hook", (PyCFunction)(void (*)(void))ml_hooks_after_hook, METH_FASTCALL,
+     "_after_hook(owner, name, original, after)\n--\n\nA hook (not installed) that calls "
+     "original and passes its result to after(result): torch.load's category source."},
+    {"_write_unraisable", (PyCFunction)(void (*)(void))core_write_unraisable, METH_FASTCALL,
+     "_write_unraisable(exc, where)\n--\n\nexc to sys.unraisablehook, as a failure in where."},
     {"_tensor_meta", (PyCFunction)core_tensor_meta, METH_O,
      "(device, nbytes) of a tensor as the hooks size it: its storage bytes."},
     {NULL, NULL, 0, NULL},

@@ -25,6 +25,8 @@ typedef struct {
     PyObject *own;      /* owner.__dict__[name] before patching, or NULL */
     PyObject *original; /* getattr(owner, name) before patching */
     PyObject *hook;     /* the HookObject installed */
+    PyObject *put;      /* what owner.name was set to: the hook, or a staticmethod
+                         * of it where own is a staticmethod (Parameter.__new__) */
     /* The same attribute in the class torch dispatches through, when that is
      * not owner (see alias_of): alias_type.__dict__[name] held alias_own
      * and now holds alias_put (the hook, or a staticmethod of it).  NULL

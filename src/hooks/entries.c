@@ -23,12 +23,15 @@ static PyObject *kwarg(PyObject *const *args, Py_ssize_t nargs, PyObject *kwname
 }
 
 /* The non_blocking flag of a Tensor.to/.cuda or Module.to call: the keyword,
- * or the first positional bool (every overload takes it as its first bool). */
+ * or the first positional bool (every overload takes it as its first bool).
+ * torch's parser takes only a bool there, so nothing else is asked for its
+ * truth: Module.to's hook reads the flag before torch's parser has refused
+ * it, and a tensor's __bool__ would show in a TorchFunctionMode. */
 static int call_non_blocking(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
-    PyObject *nb = kwarg(args, nargs, kwnames, "non_blocking");
+    const PyObject *nb = kwarg(args, nargs, kwnames, "non_blocking");
     if (nb != NULL) {
-        return PyObject_IsTrue(nb) == 1;
+        return nb == Py_True;
     }
     for (Py_ssize_t i = 1; i < nargs; i++) {
         if (PyBool_Check(args[i])) {
@@ -300,6 +303,9 @@ static PyObject *hook_module_apply(PyObject *callable, PyObject *const *args, si
         ml_lords_release(&lords);
         return result;
     }
+    /* the walk reads the module's tensors and gradients through torch's
+     * methods (untyped_storage, .grad): a TorchFunctionMode would see them */
+    PyObject *guard = ml_quiet_enter();
     ml_walk w;
     ml_walk_init(&w);
     w.collect_keys = 1;
@@ -325,7 +331,32 @@ static PyObject *hook_module_apply(PyObject *callable, PyObject *const *args, si
         ml_site_clear(&site);
     }
     ml_walk_clear(&w);
+    ml_quiet_exit(guard);
     ml_lords_release(&lords);
+    return result;
+}
+
+/* A Python function of torch whose result memlord looks at (torch.load: the
+ * category source of what it loads), called with no frame of memlord's
+ * between it and its caller: what it reads of its caller's frame (a
+ * warning's stacklevel=2 names the program's line) is as without memlord.
+ * after's failure is reported, never raised; the result goes back
+ * unchanged. */
+static PyObject *hook_after(PyObject *callable, PyObject *const *args, size_t nargsf,
+                            PyObject *kwnames)
+{
+    const HookObject *self = (const HookObject *)callable;
+    PyObject *result = ml_call_original(self, args, nargsf, kwnames);
+    if (result == NULL || self->after == NULL) {
+        return result;
+    }
+    PyObject *after = Py_NewRef(self->after); /* held across its call */
+    PyObject *r = PyObject_CallOneArg(after, result);
+    Py_DECREF(after);
+    if (r == NULL) {
+        PyErr_WriteUnraisable(callable);
+    }
+    Py_XDECREF(r);
     return result;
 }
 
@@ -358,6 +389,8 @@ vectorcallfunc ml_hook_entry(int kind)
         return hook_param;
     case HK_MODULE_APPLY:
         return hook_module_apply;
+    case HK_AFTER:
+        return hook_after;
     default:
         return hook_sync;
     }

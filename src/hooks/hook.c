@@ -152,6 +152,7 @@ static int hook_traverse(HookObject *self, visitproc visit, void *arg)
     Py_VISIT(self->original);
     Py_VISIT(self->owner);
     Py_VISIT(self->direct_sub);
+    Py_VISIT(self->after);
     return 0;
 }
 
@@ -161,6 +162,7 @@ static int hook_clear(HookObject *self)
     self->direct_self = NULL;
     self->direct_type = NULL;
     Py_CLEAR(self->direct_sub);
+    Py_CLEAR(self->after);
     Py_CLEAR(self->original);
     Py_CLEAR(self->owner);
     Py_CLEAR(self->name);

@@ -16,6 +16,7 @@ enum hook_kind {
     HK_PARAM = 5,        /* hook_into_python: nn.Parameter.__new__ moves registrations */
     HK_FACTORY_LIKE = 6, /* *_like and Tensor.clone: the layout follows the input */
     HK_MODULE_APPLY = 7, /* Module._apply: lifetime tracking of what a conversion leaves */
+    HK_AFTER = 8,        /* a Python function whose result `after` sees (torch.load) */
 };
 
 /* What memlord installs in place of a torch attribute.  It behaves as the
@@ -45,6 +46,9 @@ typedef struct {
      * torch._C.TensorBase, and the exact check spares PyType_IsSubtype's walk
      * of the MRO on every call */
     PyTypeObject *direct_sub;
+    /* HK_AFTER: called with the original's result before it is returned
+     * (a strong reference), else NULL */
+    PyObject *after;
 } HookObject;
 
 extern PyType_Spec ml_hook_spec;    /* the wrapper installed in torch's classes */

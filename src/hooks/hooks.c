@@ -340,6 +340,18 @@ PyObject *ml_hooks_lords(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(unused
     return out;
 }
 
+PyObject *ml_hooks_after_hook(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyUnicode_Check(args[1]) || !PyCallable_Check(args[2]) ||
+        !PyCallable_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "_after_hook(owner, name, original, after): name a str, original and "
+                        "after callables");
+        return NULL;
+    }
+    return ml_hook_after_new(ml_state_of_module(module), args[0], args[1], args[2], args[3]);
+}
+
 PyObject *ml_hooks_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(unused))
 {
     return Py_BuildValue("{s:O,s:O,s:n,s:n,s:n,s:n,s:n,s:n,s:N}", "installed",

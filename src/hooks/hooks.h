@@ -39,6 +39,10 @@ PyObject *ml_hooks_lords(PyObject *module, PyObject *unused);
  * running here (the error leaving it is then not offered to the OOM handler
  * again), else False. */
 PyObject *ml_hooks_oom_claim(PyObject *module, PyObject *unused);
+/* _core._after_hook(owner, name, original, after): a hook calling original
+ * and passing its result to after(result) (a failure of after is reported),
+ * for memlord._ops to install (torch.load).  Not installed by this call. */
+PyObject *ml_hooks_after_hook(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* Frees now waiting for a CUDA event, every lord's. */
 Py_ssize_t ml_hooks_npending(void);
 /* Testing aid (_core._testing.cuda_standin): with a callable source(index) -> stream

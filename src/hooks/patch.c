@@ -163,9 +163,17 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
     hook->name = Py_NewRef(pname);
     hook->weakreflist = NULL;
     hook->kind = kind;
+    hook->after = NULL;
     ml_direct_of(hook, original, (PyTypeObject *)st->tensor_type);
     PyObject_GC_Track(hook);
-    if (PyObject_SetAttr(owner, pname, (PyObject *)hook) < 0) {
+    /* A staticmethod in the class (nn.Parameter.__new__) goes in as a
+     * staticmethod of the hook: read through an instance it binds to
+     * nothing, as the original does (p.__new__(cls, data)). */
+    PyObject *put = own != NULL && PyObject_TypeCheck(own, &PyStaticMethod_Type)
+                        ? PyStaticMethod_New((PyObject *)hook)
+                        : Py_NewRef((PyObject *)hook);
+    if (put == NULL || PyObject_SetAttr(owner, pname, put) < 0) {
+        Py_XDECREF(put);
         Py_DECREF(hook);
         Py_DECREF(pname);
         Py_DECREF(original);
@@ -190,6 +198,7 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
         if (PyObject_SetAttr(owner, pname, own != NULL ? own : original) < 0) {
             PyErr_Clear();
         }
+        Py_DECREF(put);
         Py_DECREF(hook);
         Py_DECREF(pname);
         Py_DECREF(original);
@@ -203,6 +212,7 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
     p->own = own;
     p->original = original;
     p->hook = (PyObject *)hook;
+    p->put = put;
     p->alias_type = acls;
     p->alias_own = aown;
     p->alias_put = aput;
@@ -210,9 +220,38 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
     return 0;
 }
 
-/* 1 when owner.name still holds hook (memlord's patch is on top), 0 when
+PyObject *ml_hook_after_new(ml_state *st, PyObject *owner, PyObject *name, PyObject *original,
+                            PyObject *after)
+{
+    PyObject *pname = PyUnicode_FromObject(name);
+    if (pname == NULL) {
+        return NULL;
+    }
+    PyUnicode_InternInPlace(&pname);
+    /* a Python function (torch.load) binds when a class holds it: a hook of one is a
+     * descriptor, binding as the function does */
+    HookObject *hook = PyObject_GC_New(HookObject, PyType_Check(owner) || PyFunction_Check(original)
+                                                       ? st->hook_type
+                                                       : st->fn_hook_type);
+    if (hook == NULL) {
+        Py_DECREF(pname);
+        return NULL;
+    }
+    hook->vectorcall = ml_hook_entry(HK_AFTER);
+    hook->original = Py_NewRef(original);
+    hook->owner = Py_NewRef(owner);
+    hook->name = pname;
+    hook->weakreflist = NULL;
+    hook->kind = HK_AFTER;
+    hook->after = Py_NewRef(after);
+    ml_direct_of(hook, original, (PyTypeObject *)st->tensor_type);
+    PyObject_GC_Track(hook);
+    return (PyObject *)hook;
+}
+
+/* 1 when owner.name still holds put (memlord's patch is on top), 0 when
  * someone else's patch is there or the attribute is gone, -1 on error. */
-static int holds_hook(PyObject *owner, PyObject *name, const PyObject *hook)
+static int holds_hook(PyObject *owner, PyObject *name, const PyObject *put)
 {
     if (PyType_Check(owner)) {
         PyObject *dict = ((PyTypeObject *)owner)->tp_dict;
@@ -220,7 +259,7 @@ static int holds_hook(PyObject *owner, PyObject *name, const PyObject *hook)
         if (v == NULL && PyErr_Occurred()) {
             return -1;
         }
-        return v == hook;
+        return v == put;
     }
     PyObject *v = PyObject_GetAttr(owner, name);
     if (v == NULL) {
@@ -230,7 +269,7 @@ static int holds_hook(PyObject *owner, PyObject *name, const PyObject *hook)
         }
         return -1;
     }
-    int same = v == hook;
+    int same = v == put;
     Py_DECREF(v);
     return same;
 }
@@ -257,7 +296,7 @@ int ml_unpatch_group(int group)
         ml_disp.npatches--;
         jit_builtin_alias(p.hook, p.original, 0);
         alias_restore(p.alias_type, p.name, p.alias_own, p.alias_put);
-        int ours = holds_hook(p.owner, p.name, p.hook);
+        int ours = holds_hook(p.owner, p.name, p.put);
         int r = 0;
         if (ours > 0) {
             r = p.own != NULL ? PyObject_SetAttr(p.owner, p.name, p.own)
@@ -272,6 +311,7 @@ int ml_unpatch_group(int group)
         Py_XDECREF(p.own);
         Py_XDECREF(p.original);
         Py_XDECREF(p.hook);
+        Py_XDECREF(p.put);
         Py_XDECREF(p.alias_type);
         Py_XDECREF(p.alias_own);
         Py_XDECREF(p.alias_put);

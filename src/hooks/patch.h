@@ -16,5 +16,11 @@ void ml_uninstall_torch(void);
 int ml_unpatch_group(int group);
 /* 1 when some patch of group is installed. */
 int ml_group_installed(int group);
+/* A new hook of kind HK_AFTER (not installed anywhere: memlord._ops puts it in
+ * place): original(...)'s result is passed to after(result), whose failure
+ * is reported, then returned.  owner and name are where it will be found
+ * (for pickling).  NULL with an exception set on failure. */
+PyObject *ml_hook_after_new(ml_state *st, PyObject *owner, PyObject *name, PyObject *original,
+                            PyObject *after);
 
 #endif

@@ -511,44 +511,94 @@ static void where_clear(ml_where *at)
     at->own = ML_OWN_NONE;
 }
 
-/* Every value of a _parameters / _buffers dict is a tensor or None. */
+/* The (key, value) pairs of a registry that is a mapping but no dict (a
+ * ScriptModule's _parameters, _buffers and _modules are torch.jit's
+ * OrderedDictWrapper), as a new list of 2-tuples: a snapshot, so nothing is
+ * borrowed from it while torch code runs.  NULL with the error set when reg
+ * has no items() giving pairs. */
+static PyObject *registry_items(PyObject *reg)
+{
+    PyObject *items = PyMapping_Items(reg);
+    if (items == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
+        PyObject *kv = PyList_GET_ITEM(items, i);
+        if (!PyTuple_Check(kv) || PyTuple_GET_SIZE(kv) != 2) {
+            Py_DECREF(items);
+            PyErr_SetString(PyExc_TypeError, "items() must give (key, value) pairs");
+            return NULL;
+        }
+    }
+    return items;
+}
+
+/* One entry of a _parameters / _buffers registry: a tensor or None (key and
+ * value held by the caller). */
+static int walk_registry_entry(ml_state *st, ml_walk *w, PyObject *m, PyObject *name, PyObject *key,
+                               PyObject *value, ml_where *at)
+{
+    if (value == Py_None) {
+        return 0;
+    }
+    if (!PyObject_TypeCheck(value, (PyTypeObject *)st->tensor_type)) {
+        at->module = Py_NewRef(m);
+        at->registry = name;
+        at->key = Py_NewRef(key);
+        at->own = ML_OWN_TAIL;
+        PyErr_Format(PyExc_TypeError, "is a %.100s, expected a torch.Tensor or None",
+                     Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    if (ml_walk_tensor(st, w, value) < 0) {
+        at->module = Py_NewRef(m);
+        at->registry = name;
+        at->key = Py_NewRef(key);
+        return -1;
+    }
+    return 0;
+}
+
+/* Every value of a _parameters / _buffers dict (or mapping) is a tensor or
+ * None. */
 static int walk_tensor_registry(ml_state *st, ml_walk *w, PyObject *m, PyObject *name,
                                 PyObject *reg, ml_where *at)
 {
     if (!PyDict_Check(reg)) {
-        at->module = Py_NewRef(m);
-        at->registry = name;
-        at->own = ML_OWN_SENTENCE;
-        PyErr_Format(PyExc_TypeError, "the module's %U is a %.100s, expected a dict", name,
-                     Py_TYPE(reg)->tp_name);
-        return -1;
+        PyObject *items = registry_items(reg);
+        if (items == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception) ||
+                PyErr_ExceptionMatches(PyExc_MemoryError)) {
+                return -1;
+            }
+            PyErr_Clear();
+            at->module = Py_NewRef(m);
+            at->registry = name;
+            at->own = ML_OWN_SENTENCE;
+            PyErr_Format(PyExc_TypeError, "the module's %U is a %.100s, expected a dict", name,
+                         Py_TYPE(reg)->tp_name);
+            return -1;
+        }
+        int rc = 0;
+        for (Py_ssize_t i = 0; rc == 0 && i < PyList_GET_SIZE(items); i++) {
+            PyObject *kv = PyList_GET_ITEM(items, i); /* the list is ours: it stays */
+            rc = walk_registry_entry(st, w, m, name, PyTuple_GET_ITEM(kv, 0),
+                                     PyTuple_GET_ITEM(kv, 1), at);
+        }
+        Py_DECREF(items);
+        return rc;
     }
     Py_ssize_t pos = 0;
     PyObject *key, *value;
     while (PyDict_Next(reg, &pos, &key, &value)) {
-        if (value == Py_None) {
-            continue;
-        }
-        if (!PyObject_TypeCheck(value, (PyTypeObject *)st->tensor_type)) {
-            at->module = Py_NewRef(m);
-            at->registry = name;
-            at->key = Py_NewRef(key);
-            at->own = ML_OWN_TAIL;
-            PyErr_Format(PyExc_TypeError, "is a %.100s, expected a torch.Tensor or None",
-                         Py_TYPE(value)->tp_name);
-            return -1;
-        }
         Py_INCREF(key);
         Py_INCREF(value); /* the dict may change while torch code runs */
-        int rc = ml_walk_tensor(st, w, value);
+        int rc = walk_registry_entry(st, w, m, name, key, value, at);
         Py_DECREF(value);
+        Py_DECREF(key);
         if (rc < 0) {
-            at->module = Py_NewRef(m);
-            at->registry = name;
-            at->key = key;
             return -1;
         }
-        Py_DECREF(key);
     }
     return 0;
 }
@@ -590,6 +640,26 @@ static int walk_one_module(ml_state *st, ml_walk *w, PyObject *m, ml_stack *stac
                 return -1;
             }
         }
+    } else {
+        /* a ScriptModule's OrderedModuleDict; anything else has no submodules */
+        PyObject *items = registry_items(subs);
+        if (items == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception) ||
+                PyErr_ExceptionMatches(PyExc_MemoryError)) {
+                Py_DECREF(subs);
+                return -1;
+            }
+            PyErr_Clear();
+        }
+        for (Py_ssize_t i = 0; items != NULL && i < PyList_GET_SIZE(items); i++) {
+            PyObject *value = PyTuple_GET_ITEM(PyList_GET_ITEM(items, i), 1);
+            if (value != Py_None && stack_push(stack, value) < 0) {
+                Py_DECREF(items);
+                Py_DECREF(subs);
+                return -1;
+            }
+        }
+        Py_XDECREF(items);
     }
     Py_DECREF(subs);
     return 0;

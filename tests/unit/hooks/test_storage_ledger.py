@@ -123,6 +123,28 @@ def test_swap_tensors_accepts_tracked_tensors(tracking):
     assert cpu(lord) == 0
 
 
+def test_script_module_is_walked_as_its_module(lord, monkeypatch):
+    """A ScriptModule's _parameters, _buffers and _modules are torch.jit's mappings, not
+    dicts: allocate() counts every storage of it and of its submodules, and converting it
+    under tracking reports no failure, the ledger equal to its live storages."""
+    torch.manual_seed(0)
+    m = torch.jit.script(nn.Sequential(nn.Linear(8, 8), nn.Sequential(nn.Linear(8, 4))))
+    reports = []
+    monkeypatch.setattr(sys, "unraisablehook", reports.append)
+    with lord.hook_into_python():
+        lord.allocate(m)
+        assert cpu(lord) == storage_bytes(m) == 4 * (8 * 8 + 8 + 8 * 4 + 4)
+        with lord.hook_into_torch():
+            m.half()
+            m.to(torch.float64)
+        gc.collect()
+        assert reports == []
+        assert cpu(lord) == storage_bytes(m) == 8 * (8 * 8 + 8 + 8 * 4 + 4)
+        del m
+        gc.collect()
+        assert cpu(lord) == 0
+
+
 @pytest.mark.parametrize("swap", [False, True], ids=["plain", "swap"])
 def test_module_to_under_swap_on_conversion(tracking, future_flags, swap):
     """Module.to() on a tracked model, with and without set_swap_module_params_on_conversion:

@@ -266,6 +266,19 @@ def parameter_from_data():
     return [p, q, isinstance(p, nn.Parameter)]
 
 
+@row
+def parameter_new_through_an_instance():
+    """Parameter.__new__ is a staticmethod: read through an instance it binds to nothing,
+    so p.__new__(cls, data) makes a parameter of cls."""
+    p = nn.Parameter(torch.ones(3))
+    return [
+        p.__new__(nn.Parameter, torch.zeros(2)),
+        p.__new__(nn.Parameter, torch.zeros(1), False),
+        type(p.__new__(nn.Parameter)).__name__,
+        nn.Buffer(torch.ones(1)).__new__(nn.Buffer, torch.ones(2)),
+    ]
+
+
 # --------------------------------------------------------------------------- conversions
 
 
@@ -467,6 +480,33 @@ def conversions_at_the_recursion_limit():
     return [deepest(T.half), deepest(lambda: torch.zeros(2)), deepest(lambda: T.to("cpu"))]
 
 
+_NOT_PROFILED = (
+    "a hook is no builtin: CPython reports c_call/c_return to sys.setprofile (and "
+    "torch.profiler's with_stack tracer) only for builtins and method descriptors, so a "
+    "hooked call is not reported; emitting them from the hooks is not done"
+)
+
+
+@row(xfail={m: _NOT_PROFILED for m in MODES})
+def profilers_see_hooked_calls():
+    """What sys.setprofile (cProfile, torch.profiler's Python tracer) sees of a hooked call:
+    a c_call event naming the builtin."""
+    seen = []
+
+    def profile(frame, event, arg):
+        if event == "c_call":
+            seen.append(getattr(arg, "__name__", "?"))
+
+    x = torch.ones(2)
+    sys.setprofile(profile)
+    try:
+        x.half()
+        torch.zeros(2)
+    finally:
+        sys.setprofile(None)
+    return [n for n in seen if n in ("half", "zeros")]
+
+
 @row
 def conversion_autograd():
     x = torch.ones(3, requires_grad=True)
@@ -526,6 +566,29 @@ def module_to_bad_argument():
     return small_net().to("nowhere")
 
 
+class _Truthy:
+    """An object whose truth a program can see being asked (it raises, too)."""
+
+    asked = 0
+
+    def __bool__(self):
+        _Truthy.asked += 1
+        raise ValueError("my truth is not to be asked")
+
+
+@row
+def module_to_non_blocking_not_a_bool():
+    """torch's parser refuses a non_blocking that is not a bool without asking its truth:
+    neither a TorchFunctionMode (a tensor's __bool__) nor the object itself sees one."""
+    asked = _Truthy.asked
+    with RecordingMode() as mode:
+        errors = [
+            _error_of(lambda: small_net().to(torch.float64, non_blocking=torch.tensor(True))),
+            _error_of(lambda: small_net().to("cpu", non_blocking=_Truthy())),
+        ]
+    return [errors, mode.seen, _Truthy.asked - asked]
+
+
 @row
 def module_to_returns_self():
     m = small_net()
@@ -572,6 +635,30 @@ def state_dict_save_load_round_trip():
     torch.save(small_net().half().state_dict(), buf)
     buf.seek(0)
     return torch.load(buf)
+
+
+@row
+def load_warns_at_the_callers_line():
+    """torch.load warns with stacklevel=2 (a TorchScript archive): the warning names the
+    line that called torch.load, so filters by module and line see the program's own; and
+    torch.load's argument spec is its own, and it binds in a class as a function does."""
+
+    class Holder:
+        load = torch.load
+
+    buf = io.BytesIO()
+    torch.jit.save(torch.jit.script(nn.Linear(2, 2)), buf)
+    buf.seek(0)
+    line = sys._getframe().f_lineno + 3
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.load(buf, weights_only=False)
+    return [
+        [[w.filename == __file__, w.lineno - line, str(w.message)] for w in caught[:1]],
+        str(inspect.getfullargspec(torch.load)),
+        str(inspect.signature(torch.load)),
+        [type(Holder().load).__name__, Holder.load is torch.load, Holder().load.__self__ is None],
+    ]
 
 
 # --------------------------------------------------------------------------- device contexts
@@ -676,6 +763,17 @@ def jit_script_factory():
         return torch.zeros(n) + torch.ones(n, dtype=torch.float64)
 
     return torch.jit.script(f)(3)
+
+
+@row
+def jit_script_calling_torch_load():
+    """torch.jit.script resolves torch.load by id() in its builtin table (aten::load, which
+    it then cannot find): the same error whether torch.load is hooked or not."""
+
+    def f(path: str):
+        return torch.load(path)
+
+    return torch.jit.script(f)
 
 
 @row
@@ -1146,6 +1244,20 @@ def torch_function_mode_records():
     return [mode.seen, a, b, c]
 
 
+@row
+def torch_function_mode_records_module_conversions():
+    """A mode sees what Module conversions call, and nothing of memlord's own reads of the
+    module's tensors (its walk after Module._apply, its gradients)."""
+    m = small_net()
+    m[0].weight.grad = torch.ones_like(m[0].weight)
+    with RecordingMode() as mode:
+        m.half()
+        m.to(torch.float64)
+        m.type(torch.float32)
+        m.to_empty(device="cpu")  # uninitialized: only the calls are compared
+    return [s[0] for s in mode.seen]
+
+
 class DispatchRecorder(TorchDispatchMode):
     def __init__(self):
         super().__init__()
@@ -1403,6 +1515,23 @@ def complex_conversions():
 def mkldnn_conversion():
     t = torch.ones(2, 2).to_mkldnn()
     return [t.to_dense().double(), t.layout]
+
+
+@row
+def storage_resize_arguments():
+    """UntypedStorage.resize_ (wrapped under ops=True, to count a tracked storage's new size)
+    takes what torch's takes and refuses what it refuses, with torch's words."""
+
+    def storage():
+        return torch.ones(4).untyped_storage()
+
+    return [
+        storage().resize_(8).nbytes(),
+        _error_of(lambda: storage().resize_(size=8)),
+        _error_of(lambda: storage().resize_()),
+        _error_of(lambda: storage().resize_(8, 9)),
+        _error_of(lambda: torch.UntypedStorage.resize_()),
+    ]
 
 
 # --------------------------------------------------------------------------- the tests

@@ -5,9 +5,13 @@ register them. Each figure is checked against torch's own storage sizes."""
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
+from support import warm
 from torch import nn
 
 from memlord import MemLord
@@ -44,6 +48,40 @@ def test_torch_load_counts_what_it_returns_as_loaded(lord):
     assert cats(lord)["loaded"] == 0
 
 
+_SELF_REFERENCING_LOAD = """
+import io, torch
+from memlord import MemLord
+cycle = [torch.ones(4)]
+cycle.append(cycle)
+cycle.append({"again": cycle, "t": torch.ones(2, dtype=torch.float64)})
+buf = io.BytesIO()
+torch.save(cycle, buf)
+lord = MemLord(auto_gc_bytes=None)
+with lord.hook_into_python():
+    buf.seek(0)
+    loaded = torch.load(buf)
+    assert loaded[1] is loaded and loaded[2]["again"] is loaded
+    print(lord.stats("cpu")["cpu"]["categories"]["loaded"])
+"""
+
+
+def test_torch_load_of_a_structure_holding_itself_returns():
+    """pickle keeps cycles: torch.load of a list that holds itself (twice) returns at once,
+    as without memlord, and each tensor in it is loaded once.  (The load source walked
+    every path through the structure, 2**64 of them here: a hang.)"""
+    try:
+        r = warm.run(
+            [sys.executable, "-c", textwrap.dedent(_SELF_REFERENCING_LOAD)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("torch.load did not return within 60 s")
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout.split()[-1]) == 4 * 4 + 2 * 8
+
+
 def test_torch_load_is_torch_serialization_load_again_after_disable():
     original = torch.load
     lord = MemLord()
@@ -69,6 +107,55 @@ def test_gradients_parameters_buffers_and_optimizer_state(lord):
     opt.zero_grad(set_to_none=True)
     assert cats(lord)["gradient"] == 0
     assert cats(lord)["parameter"] == nbytes(*params)
+
+
+def test_a_failing_source_is_reported_and_the_call_returns(lord, monkeypatch):
+    """A category source that fails goes to sys.unraisablehook, naming itself; torch.load
+    returns what it loaded all the same."""
+    import memlord._ops as ops
+
+    def broken(*args):
+        raise RuntimeError("categorizing broke")
+
+    reports = []
+    monkeypatch.setattr(sys, "unraisablehook", reports.append)
+    monkeypatch.setattr(ops._core, "_categorize", broken)
+    buf = io.BytesIO()
+    torch.save({"w": torch.ones(3)}, buf)
+    buf.seek(0)
+    assert torch.load(buf)["w"].tolist() == [1.0, 1.0, 1.0]
+    assert [(str(r.exc_value), r.object) for r in reports] == [
+        ("categorizing broke", "memlord: categorizing loaded")
+    ]
+
+
+class _BareStateSGD(torch.optim.Optimizer):
+    """An optimizer keeping a bare tensor per parameter in ``state`` (torch's own
+    state_dict() and load_state_dict() take any value there)."""
+
+    def __init__(self, params):
+        super().__init__(params, {"lr": 0.1})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                buf = self.state.get(p)
+                self.state[p] = p.grad.clone() if buf is None else buf.add_(p.grad)
+                p.add_(self.state[p], alpha=-group["lr"])
+
+
+def test_optimizer_state_that_is_not_a_dict(lord, monkeypatch):
+    """State values that are tensors, not dicts: categorised as optimizer state, and the
+    source reports no failure."""
+    reports = []
+    monkeypatch.setattr(sys, "unraisablehook", reports.append)
+    model = nn.Linear(8, 4)
+    opt = _BareStateSGD(model.parameters())
+    model(torch.randn(2, 8)).sum().backward()
+    opt.step()
+    assert reports == []
+    assert cats(lord)["optimizer_state"] == nbytes(*opt.state.values())
 
 
 def test_sources_are_removed_with_the_last_hooks():

@@ -301,6 +301,32 @@ def test_track_modules_transformer_forward_backward():
     assert lord.regions()["layers.0.attn"]["count"] == 2
 
 
+def test_track_modules_under_autograd_grad_of_a_leaf_input(caplog):
+    """A gradient penalty: torch.autograd.grad of a tracked model's output with respect to
+    its leaf input (create_graph), then backward.  autograd.grad runs no leaf's gradient
+    accumulator (torch refuses to say whether it would), so the backward region of a call
+    whose input is that leaf closes at the end of that pass: every region closes, nothing
+    is logged.  Both passes reach the calls' outputs (the gradient's graph goes through the
+    forward's), so each call has two backward regions."""
+    lord = MemLord()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(2, 2), nn.Tanh())
+    x = torch.ones(1, 2, requires_grad=True)
+    with caplog.at_level("DEBUG", logger="memlord"), lord.track_modules(model) as tracker:
+        (g,) = torch.autograd.grad(model(x).sum(), x, create_graph=True)
+        g.sum().backward()
+    assert [r.getMessage() for r in caplog.records] == []
+    regs = tracker.regions()
+    assert {n: regs[n]["count"] for n in regs} == {
+        "Sequential": 1,
+        "0": 1,
+        "1": 1,
+        "Sequential (backward)": 2,
+        "0 (backward)": 2,
+        "1 (backward)": 2,
+    }
+
+
 def test_track_modules_disable_removes_hooks():
     lord = MemLord()
     model = nn.Sequential(nn.Linear(4, 4))
