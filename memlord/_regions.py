@@ -587,7 +587,14 @@ class ModuleSpans:
                     self._names[sub] = qual
         return name
 
+    # Each hook does nothing while dynamo traces: dynamo folds the test to a constant, so
+    # the spans' C calls and autograd reads add no graph break (torch.compile(model,
+    # fullgraph=True) compiles as without memlord); a compiled call has no spans inside,
+    # as torch's own ModTracker skips optimized modules.
+
     def _pre(self, module: Any, args: Any) -> None:
+        if _ops._dynamo_compiling():
+            return
         try:
             self._enter(module, self._name(module), args)
         except Exception:  # noqa: BLE001 - accounting never raises into the caller
@@ -595,6 +602,8 @@ class ModuleSpans:
 
     def _post(self, module: Any, args: Any, *rest: Any) -> None:
         # (kwargs, output) after a call; (output) when always_call runs it after a raise
+        if _ops._dynamo_compiling():
+            return
         kwargs, output = rest if len(rest) == 2 else (None, rest[-1])
         try:
             self._exit(module, self._name(module), output, kwargs)
@@ -603,6 +612,8 @@ class ModuleSpans:
 
     def _opener(self, name: str) -> Callable:
         def hook(module: Any, args: Any, kwargs: Any) -> None:
+            if _ops._dynamo_compiling():
+                return
             try:
                 self._enter(module, name, (args, kwargs))
             except Exception:  # noqa: BLE001 - accounting never raises into the caller
@@ -612,6 +623,8 @@ class ModuleSpans:
 
     def _closer(self, name: str) -> Callable:
         def hook(module: Any, _args: Any, output: Any) -> None:
+            if _ops._dynamo_compiling():
+                return
             try:
                 self._exit(module, name, output, None)
             except Exception:  # noqa: BLE001 - accounting never raises into the caller

@@ -5,6 +5,8 @@ gradient, and a forward that raises."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -97,3 +99,49 @@ def test_track_modules_and_run_modules_record_the_same_spans(tmp_path, fail: boo
         # the keyword input's gradient ends inner's backward before a's begins
         assert ("Model (backward)", "inner (backward)") in regions
         assert ("Model (backward)", "a (backward)") in regions
+
+
+def _compiled_counts(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """model compiled whole (fullgraph, the eager backend) and run forward and backward:
+    its output, and dynamo's graph and graph-break counts."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    out = torch.compile(model, backend="eager", fullgraph=True)(x)
+    out.sum().backward()
+    counts = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+    torch._dynamo.reset()
+    return out.detach(), *counts
+
+
+@pytest.mark.parametrize("how", ["track_modules", "run --modules"])
+def test_a_compiled_model_compiles_as_without_module_spans(tmp_path, how: str) -> None:
+    """torch.compile(model, fullgraph=True) under the module spans' hooks: the same output,
+    graphs and graph breaks as without them (torch is the reference). The hooks read
+    autograd nodes and call memlord's C core: traced, that was an error under fullgraph
+    ("Unsupported torch.* op returned non-Tensor") and a graph break without it. Eager
+    calls after the compiled one still open their spans."""
+    torch.manual_seed(0)
+    model = Model()
+    x = torch.randn(2, 8, requires_grad=True)
+    expected = _compiled_counts(model, x)
+    lord = MemLord()
+    if how == "track_modules":
+        spans: Any = lord.track_modules(model)
+    else:
+        tracker = MemoryTracker(tmp_path, True, None, install_handlers=False)
+        tracker.start()
+        spans = _module_spans(tracker)
+    try:
+        got = _compiled_counts(model, x)
+        assert torch.equal(got[0], expected[0]) and got[1:] == expected[1:] == (1, 0)
+        if how == "track_modules":
+            _step(model)  # eager: the spans are there
+            assert {"Model", "a", "inner", "inner.lin", "b"} <= set(lord.regions())
+    finally:
+        if how == "track_modules":
+            spans.disable()
+        else:
+            spans._remove_hooks()
+            tracker.stop()
