@@ -278,7 +278,7 @@ static PyObject *core_write_unraisable(PyObject *Py_UNUSED(module), PyObject *co
         return NULL;
     }
     ml_err_set_raised(Py_NewRef(args[0]));
-    PyErr_WriteUnraisable(args[1]);
+    ml_write_unraisable(args[1]);
     Py_RETURN_NONE;
 }
 
@@ -454,7 +454,7 @@ static int run_pending(void *Py_UNUSED(arg))
     if (fn != NULL) {
         PyObject *r = PyObject_CallNoArgs(fn);
         if (r == NULL) {
-            PyErr_WriteUnraisable(fn); /* never into the code it interrupted */
+            ml_write_unraisable(fn); /* never into the code it interrupted */
         }
         Py_XDECREF(r);
         Py_DECREF(fn);

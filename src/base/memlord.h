@@ -285,6 +285,14 @@ ml_state *ml_state_of_module(PyObject *module); /* borrowed module */
 PyObject *ml_import_attr(const char *module, const char *attr);
 /* *out = int(o), stealing o (NULL: an error is already set); -1 on error. */
 int ml_as_int64(PyObject *o, int64_t *out);
+/* Report the pending exception without raising it (accounting never raises
+ * into the caller): ml_write_unraisable(obj), the one way the C core
+ * reports.  Except a KeyboardInterrupt or SystemExit on the main thread: a
+ * signal's handler raised it while memlord's Python code ran (a DEBUG log
+ * line, a category source), where the program's code would have run without
+ * memlord; it goes back to the program, raised at the program's next check
+ * for signals (a pending call), as the signal would have been. */
+void ml_write_unraisable(PyObject *obj);
 
 /* ---- devices (device.c) ----------------------------------------------- */
 int ml_device_register_types(ml_state *st);

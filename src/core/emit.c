@@ -287,7 +287,7 @@ static void notify(ml_book *lord, const ml_sink_plan *p, const ml_event *ev, int
         if (fn != NULL) {
             fn(lord->sinks[i].data, lord, ev, n, ctx);
             if (PyErr_Occurred()) {
-                PyErr_WriteUnraisable((PyObject *)lord);
+                ml_write_unraisable((PyObject *)lord);
             }
         }
     }

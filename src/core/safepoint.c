@@ -83,7 +83,7 @@ static void tasks_run(ml_tasks *t)
         memmove(t->fn, t->fn + 1, (size_t)t->n * sizeof(t->fn[0]));
         fn();
         if (PyErr_Occurred()) {
-            PyErr_WriteUnraisable(NULL);
+            ml_write_unraisable(NULL);
         }
     }
 }

@@ -157,7 +157,7 @@ static void track_items(const ml_lords *lords, const ml_life_item *items, Py_ssi
         ml_site none = {0};
         if (ml_life_count(lord, items, n, 0, lord->track_callsite ? site : &none, source, NULL) <
             0) {
-            PyErr_WriteUnraisable((PyObject *)lord);
+            ml_write_unraisable((PyObject *)lord);
         }
     }
 }
@@ -175,7 +175,7 @@ void ml_track_for(const ml_lords *lords, const ml_walk *w, const ml_site *site,
         ml_site none = {0};
         if (ml_life_count_walk(lord, w, 0, lord->track_callsite ? site : &none, source, NULL,
                                ML_LIFE_CAT_CONTEXT) < 0) {
-            PyErr_WriteUnraisable((PyObject *)lord);
+            ml_write_unraisable((PyObject *)lord);
         }
     }
 }

@@ -17,7 +17,7 @@ int ml_lords_contain(PyObject *lords, const PyObject *lord)
  * unraisable (sys.unraisablehook) and the original's result stands. */
 ML_COLD void ml_report_failure(PyObject *hook)
 {
-    PyErr_WriteUnraisable(hook);
+    ml_write_unraisable(hook);
 }
 
 int ml_lords_alloc(ml_lords *l, Py_ssize_t cap)

@@ -179,7 +179,7 @@ static PyObject *hook_module_to(PyObject *callable, PyObject *const *args, size_
     if (!tl->module_site_set && ml_disp.lord_refs != NULL && ml_disp.module != NULL) {
         ml_lords lords;
         if (ml_lords_acquire(ml_disp.lord_refs, &lords) < 0) {
-            PyErr_WriteUnraisable(callable);
+            ml_write_unraisable(callable);
         } else {
             if (ml_any_tracks_callsite(&lords)) {
                 ml_site_capture(ml_disp.st, &tl->module_site);
@@ -354,7 +354,7 @@ static PyObject *hook_after(PyObject *callable, PyObject *const *args, size_t na
     PyObject *r = PyObject_CallOneArg(after, result);
     Py_DECREF(after);
     if (r == NULL) {
-        PyErr_WriteUnraisable(callable);
+        ml_write_unraisable(callable);
     }
     Py_XDECREF(r);
     return result;

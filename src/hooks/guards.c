@@ -108,7 +108,7 @@ void ml_quiet_exit(PyObject *guard)
     }
     PyObject *r = PyObject_CallMethod(guard, "__exit__", "OOO", Py_None, Py_None, Py_None);
     if (r == NULL) {
-        PyErr_WriteUnraisable(guard);
+        ml_write_unraisable(guard);
     }
     Py_XDECREF(r);
     Py_DECREF(guard);

@@ -82,7 +82,7 @@ static void cleanup_dead_lords(void)
         }
         PyObject *refs = lords_with(*slots[g], NULL, 0);
         if (refs == NULL) {
-            PyErr_WriteUnraisable(NULL);
+            ml_write_unraisable(NULL);
             continue;
         }
         Py_XSETREF(*slots[g], refs);
@@ -94,7 +94,7 @@ static void cleanup_dead_lords(void)
             } else if (g == 1) {
                 ml_unpatch_group(G_PY);
             } else if (ml_ops_install(g == 2 ? "ops" : "sources", 0) < 0) {
-                PyErr_WriteUnraisable(NULL);
+                ml_write_unraisable(NULL);
             }
         }
     }

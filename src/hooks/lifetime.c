@@ -350,7 +350,7 @@ static PyObject *registry_vectorcall(PyObject *callable, PyObject *const *args, 
         // cppcheck-suppress knownConditionTrueFalse ; the capture may run a reset
         if (reg->lord == lord &&
             ml_lord_record(lord, ML_REC_FREE, &d, 1, &site, ML_SRC_DEATH, NULL) < 0) {
-            PyErr_WriteUnraisable((PyObject *)lord);
+            ml_write_unraisable((PyObject *)lord);
         }
         ml_site_clear(&site);
         Py_DECREF(lord);

@@ -27,7 +27,7 @@ void ml_oom_offer(ml_state *st, PyObject *what, int source)
             PyErr_ExceptionMatches(PyExc_MemoryError)) {
             PyErr_Clear();
         } else {
-            PyErr_WriteUnraisable(handler);
+            ml_write_unraisable(handler);
         }
     }
     Py_XDECREF(r);

@@ -240,7 +240,7 @@ static void count_for_ops_lords(ml_state *st, const ml_life_item *items, Py_ssiz
 {
     ml_lords lords;
     if (ml_lords_acquire(ml_disp.ops_lord_refs, &lords) < 0) {
-        PyErr_WriteUnraisable(NULL);
+        ml_write_unraisable(NULL);
         return;
     }
     ml_site site = {0};
@@ -262,7 +262,7 @@ static void count_for_ops_lords(ml_state *st, const ml_life_item *items, Py_ssiz
             r = ml_life_count(lord, items, n, 0, s, ML_SRC_OP, NULL);
         }
         if (r < 0) {
-            PyErr_WriteUnraisable((PyObject *)lord);
+            ml_write_unraisable((PyObject *)lord);
         }
     }
     ml_site_clear(&site);
@@ -337,7 +337,7 @@ static void count_outputs(ml_state *st, PyObject *result, long fresh, int flags)
     return;
 fail:
     Py_XDECREF(holder);
-    PyErr_WriteUnraisable(NULL);
+    ml_write_unraisable(NULL);
 }
 
 /* out= operators: the plain tensors passed by keyword (the out tensors are
@@ -384,7 +384,7 @@ static void out_grown(ml_state *st, ops_outs *o)
         ml_life_item it;
         int r = item_of(st, o->t[i], &it);
         if (r < 0) {
-            PyErr_WriteUnraisable(NULL);
+            ml_write_unraisable(NULL);
             continue;
         }
         if (r == 0 || it.bytes <= o->bytes[i]) {
@@ -488,7 +488,7 @@ PyObject *ml_ops_dispatch(PyObject *module, PyObject *const *args, Py_ssize_t na
     PyObject *call = op_lookup(func, &fresh, &flags);
     if (call == NULL) {
         /* accounting never raises into the caller: run the operator as it is */
-        PyErr_WriteUnraisable(func);
+        ml_write_unraisable(func);
         PyObject *r = PyObject_Call(func, fargs, fkwargs);
         Py_DECREF(fargs);
         return r;
@@ -585,7 +585,7 @@ PyObject *ml_ops_categorize(PyObject *module, PyObject *const *args, Py_ssize_t 
             /* storages tracked already add nothing */
             if (ml_life_count_walk(lord, &w, 0, lord->track_callsite ? &site : &none,
                                    (enum ml_ev_source)source, NULL, cat) < 0) {
-                PyErr_WriteUnraisable((PyObject *)lord);
+                ml_write_unraisable((PyObject *)lord);
             }
         }
     }

@@ -112,7 +112,7 @@ static void alias_restore(PyObject *cls, PyObject *name, PyObject *own, const Py
     }
     const PyObject *v = PyDict_GetItemWithError(((PyTypeObject *)cls)->tp_dict, name);
     if (v == put && alias_set(cls, name, own) < 0) {
-        PyErr_WriteUnraisable(cls);
+        ml_write_unraisable(cls);
     }
     PyErr_Clear();
 }
@@ -304,7 +304,7 @@ int ml_unpatch_group(int group)
         }
         if (ours < 0 || r < 0) {
             rc = -1;
-            PyErr_WriteUnraisable(p.owner);
+            ml_write_unraisable(p.owner);
         }
         Py_XDECREF(p.owner);
         Py_XDECREF(p.name);

@@ -26,7 +26,7 @@ static void credit(ml_pending *p, enum ml_ev_source source)
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(p->lords); i++) {
         ml_book *lord = (ml_book *)PyTuple_GET_ITEM(p->lords, i);
         if (ml_lord_record(lord, ML_REC_FREE, &d, 1, &p->site, source, NULL) < 0) {
-            PyErr_WriteUnraisable((PyObject *)lord);
+            ml_write_unraisable((PyObject *)lord);
         }
     }
 }

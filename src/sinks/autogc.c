@@ -64,7 +64,7 @@ static int due(ml_book *lord, ml_dev dev, ml_gc_why *why)
     if (lord->gc_mode == ML_GC_STRATEGY) {
         ml_capinfo cap;
         if (ml_capacity_read(st, &lord->capacity, dev, 0, &cap) < 0) {
-            PyErr_WriteUnraisable((PyObject *)lord);
+            ml_write_unraisable((PyObject *)lord);
             return 0;
         }
         /* the read may have run Python: look the slot up now */
@@ -84,7 +84,7 @@ static int due(ml_book *lord, ml_dev dev, ml_gc_why *why)
     /* bytes mode decides without capacity: read it for the record only */
     ml_capinfo cap;
     if (ml_capacity_read(st, &lord->capacity, dev, 0, &cap) < 0) {
-        PyErr_WriteUnraisable((PyObject *)lord);
+        ml_write_unraisable((PyObject *)lord);
     } else if (cap.known) {
         why->used_pct = (double)cap.used * 100.0 / (double)cap.total;
     }
@@ -120,7 +120,7 @@ static void autogc_notify(void *Py_UNUSED(data), ml_book *lord, const ml_event *
         gc.dev = e->dev;
         gc.bytes = why.value;
         if (ml_emit(lord, &gc, 1, &(ml_emit_ctx){NULL, NULL}) < 0) {
-            PyErr_WriteUnraisable((PyObject *)lord);
+            ml_write_unraisable((PyObject *)lord);
             continue;
         }
         request_release(lord, e->dev, &why, gc.count /* the device's runs, set by apply */);
@@ -156,7 +156,7 @@ static void run_releases(void)
         ml_state *st = ml_state_of_module(r.module);
         int released = ml_policy_release(st, r.dev);
         if (released < 0) {
-            PyErr_WriteUnraisable(r.module);
+            ml_write_unraisable(r.module);
         }
         ml_log_gc(st, r.dev, &r.why, r.runs, released, r.nlords);
         Py_DECREF(r.module);

@@ -177,7 +177,7 @@ static int ask(PyObject *logger, int level)
 {
     PyObject *r = PyObject_CallMethod(logger, "isEnabledFor", "i", level);
     if (r == NULL) {
-        PyErr_WriteUnraisable(logger);
+        ml_write_unraisable(logger);
         return 0;
     }
     int on = PyObject_IsTrue(r) == 1;
@@ -275,7 +275,7 @@ static int ask_wants(ml_state *st, int level)
         Py_XSETREF(st->debug_seen, v);
         PyObject *r = PyObject_CallOneArg(st->log_env_changed, v);
         if (r == NULL) {
-            PyErr_WriteUnraisable(st->log_env_changed);
+            ml_write_unraisable(st->log_env_changed);
         }
         Py_XDECREF(r);
         return ask(st->log_logger, level);
@@ -322,7 +322,7 @@ static void log_records(ml_state *st, ml_book *lord, const ml_event *ev, int n,
     /* Copy what the record needs first: building it runs Python. */
     PyObject *records = PyList_New(0);
     if (records == NULL) {
-        PyErr_WriteUnraisable(NULL);
+        ml_write_unraisable(NULL);
         return;
     }
     for (int i = 0; i < n; i++) {
@@ -339,7 +339,7 @@ static void log_records(ml_state *st, ml_book *lord, const ml_event *ev, int n,
         if (rec == NULL || PyList_Append(records, rec) < 0) {
             Py_XDECREF(rec);
             Py_DECREF(records);
-            PyErr_WriteUnraisable(NULL);
+            ml_write_unraisable(NULL);
             return;
         }
         Py_DECREF(rec);
@@ -347,7 +347,7 @@ static void log_records(ml_state *st, ml_book *lord, const ml_event *ev, int n,
     PyObject *r = PyObject_CallFunction(st->log_on_event, "OOOz", (PyObject *)lord, records,
                                         ctx->subject ? ctx->subject : Py_None, ctx->what);
     if (r == NULL) {
-        PyErr_WriteUnraisable(st->log_on_event);
+        ml_write_unraisable(st->log_on_event);
     }
     Py_XDECREF(r);
     Py_DECREF(records);
@@ -386,14 +386,14 @@ void ml_log_gc(ml_state *st, ml_dev dev, const ml_gc_why *why, int64_t runs, int
     }
     PyObject *devs = ml_dev_str(st, dev);
     if (devs == NULL) {
-        PyErr_WriteUnraisable(NULL);
+        ml_write_unraisable(NULL);
         return;
     }
     PyObject *r = PyObject_CallFunction(
         st->log_on_gc, "NsdsLLLii", devs, band, why->used_pct, ml_metric_name(why->metric),
         (long long)why->value, (long long)why->threshold, (long long)runs, released, nlords);
     if (r == NULL) {
-        PyErr_WriteUnraisable(st->log_on_gc);
+        ml_write_unraisable(st->log_on_gc);
     }
     Py_XDECREF(r);
 }

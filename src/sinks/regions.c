@@ -743,7 +743,7 @@ static PyObject *region_exit(RegionObject *self, PyObject *const *Py_UNUSED(args
                 PySequence_DelSlice(done, 0, PyList_GET_SIZE(done));
                 PyErr_Clear();
             } else {
-                PyErr_WriteUnraisable((PyObject *)lord);
+                ml_write_unraisable((PyObject *)lord);
             }
         }
         Py_XDECREF(res);
