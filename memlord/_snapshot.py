@@ -253,7 +253,7 @@ class LeakCheck:
         self._since = self._lord._now_ns()
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         self.check()
         if self._raise and self.leaked and exc_type is None:
             raise AssertionError(self.table())

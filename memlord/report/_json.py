@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -75,7 +76,7 @@ def _head(doc: Profile) -> dict[str, Any]:
     }
 
 
-def _chunks(doc: Profile, progress: Progress):
+def _chunks(doc: Profile, progress: Progress) -> Iterator[str]:
     head = json.dumps(_head(doc), default=_default, separators=(",", ":"))
     # "memlord" is the last key of the head and of its own object: the events go in
     # just before the two closing braces.

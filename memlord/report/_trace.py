@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -47,7 +48,7 @@ def _base_ns(doc: Profile) -> int:
     return min(times)
 
 
-def _chunks(doc: Profile, progress: Progress):
+def _chunks(doc: Profile, progress: Progress) -> Iterator[str]:
     base = _base_ns(doc)
     dumps = json.dumps
     title = doc.metadata.get("title") or "memlord"
