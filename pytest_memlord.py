@@ -419,7 +419,7 @@ def _record(
             "after": after,
             "passed": not bad,
         }
-        if bad:
+        if bad and not failed:
             lines = ["memlord: no_cuda_leaks: torch.cuda.memory_allocated changed:"]
             for d, (b, a) in bad.items():
                 lines.append(f"    {d}: {b} B before, {a} B after ({a - b:+d} B)")
@@ -442,6 +442,9 @@ def _record(
             for d, (b, p) in grew.items():
                 lines.append(f"    {d}: {format_size(p)} ({p} B), baseline {b} B")
             failures.append("\n".join(lines))
+    if failed:  # what was measured stays; no limit is judged on a test that raised
+        for entry in limits.values():
+            entry["passed"] = None
     record = {
         "nodeid": item.nodeid,
         "peak": dict(m.peak),

@@ -655,3 +655,37 @@ def test_beside_another_plugins_dispatch_and_function_modes(pytester: pytest.Pyt
     # the limit fails the product; the other plugin's modes saw mm and matmul
     r.assert_outcomes(passed=1, failed=1)
     assert "peak 1.9 MiB (2000000 B) > limit 512.0 KiB (524288 B)" in r.stdout.str()
+
+
+def test_a_test_that_raised_has_no_limit_judged_in_the_json(pytester: pytest.Pytester) -> None:
+    """A test that raised over its limit: the JSON keeps the peak measured and judges
+    nothing, the test's `passed` and its limit's both null (the limit said false, though
+    no limit is judged for a test that raised); the same test not raising is false."""
+    pytester.makepyfile(
+        """
+        import pytest, torch
+
+        @pytest.mark.limit_memory("1 KB")
+        def test_raises():
+            x = torch.ones(10000)
+            raise ValueError("boom")
+
+        @pytest.mark.limit_memory("1 KB")
+        def test_over():
+            x = torch.ones(10000)
+        """
+    )
+    r = pytester.runpytest("-p", "no:cacheprovider", "--memlord-json", "x.json")
+    r.assert_outcomes(failed=2)
+    doc = json.loads((pytester.path / "x.json").read_text())
+    by_name = {t["nodeid"].split("::")[-1]: t for t in doc["tests"]}
+    raised, over = by_name["test_raises"], by_name["test_over"]
+    assert raised["passed"] is None and over["passed"] is False
+    assert raised["limits"]["limit_memory"] == {
+        "limit": 1000,
+        "device": "cpu",
+        "peak": 40000,  # torch's own nbytes of the 10,000 floats
+        "passed": None,
+    }
+    assert over["limits"]["limit_memory"]["passed"] is False
+    assert over["limits"]["limit_memory"]["peak"] == 40000
