@@ -99,7 +99,9 @@ def _run() -> int:
     documentation of SIGPIPE suggests; not with a BrokenPipeError traceback, and a second
     one when stdout is flushed at exit.  (A script that ``run`` runs keeps its own.)"""
     try:
-        return main()
+        status = main()
+        sys.stdout.flush()  # a block-buffered pipe is written here, not at each print
+        return status
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # nothing left to flush at exit

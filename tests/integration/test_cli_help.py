@@ -42,12 +42,17 @@ def test_help_in_a_real_process():
     assert all(f"  {c} " in proc.stdout for c in ("run", "report", "gantt")), proc.stdout
 
 
+@pytest.mark.parametrize("buffered", [True, False], ids=["buffered", "PYTHONUNBUFFERED"])
 @pytest.mark.parametrize("argv", [["--info"], [], ["top", "--once"]])
-def test_a_reader_that_goes_away_ends_the_output_quietly(argv, tmp_path):
+def test_a_reader_that_goes_away_ends_the_output_quietly(argv, buffered, tmp_path):
     """``python -m memlord ... | head -1``: when the reader of stdout is gone, the
     command stops without a BrokenPipeError traceback (neither from a print nor from the
     flush at exit), as other command-line tools do."""
     env = dict(os.environ, MEMLORD_RUNTIME_DIR=str(tmp_path / "rt"))
+    # a pipe is block-buffered: short output is written by the flush at the end
+    env.pop("PYTHONUNBUFFERED", None)
+    if not buffered:
+        env["PYTHONUNBUFFERED"] = "1"
     r, w = os.pipe()
     os.close(r)  # the reader is gone before the first line
     try:
