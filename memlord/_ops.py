@@ -411,6 +411,9 @@ def _uninstall_sources() -> None:
     _core._optimizer_step(False)
 
 
+_BOUND_KEYWORD_CALLS = sys.version_info < (3, 11)
+
+
 def _wrap_storage_resize(original: Any) -> Any:
     """``torch.UntypedStorage.resize_`` is no aten operator (the mode never sees it; FSDP2
     frees and re-allocates parameters with it): a tracked storage counts its new size."""
@@ -418,7 +421,12 @@ def _wrap_storage_resize(original: Any) -> Any:
     @functools.wraps(original)
     def resize_(*args: Any, **kwargs: Any) -> Any:
         # the arguments exactly as given: torch's own call takes and refuses them
-        result = original(*args, **kwargs)
+        if kwargs and args and _BOUND_KEYWORD_CALLS:
+            # CPython 3.10 compiles s.resize_(k=v) to a call of the bound method, whose
+            # error names type(s) (UntypedStorage.resize_), not the descriptor's class
+            result = original.__get__(args[0], type(args[0]))(*args[1:], **kwargs)
+        else:
+            result = original(*args, **kwargs)
         try:
             _core._storage_resized(args[0], args[0].nbytes())
         except Exception:  # noqa: BLE001 - accounting never raises into the caller
