@@ -104,6 +104,27 @@ static int alias_set(PyObject *cls, PyObject *name, PyObject *value)
     return 0;
 }
 
+/* A new hook of kind over original (owner.pname), tracked by the GC; after
+ * for HK_AFTER, else NULL.  NULL with an exception set on failure. */
+static HookObject *hook_new(const ml_state *st, PyTypeObject *type, PyObject *owner,
+                            PyObject *pname, PyObject *original, int kind, PyObject *after)
+{
+    HookObject *hook = PyObject_GC_New(HookObject, type);
+    if (hook == NULL) {
+        return NULL;
+    }
+    hook->vectorcall = ml_hook_entry(kind);
+    hook->original = Py_NewRef(original);
+    hook->owner = Py_NewRef(owner);
+    hook->name = Py_NewRef(pname);
+    hook->weakreflist = NULL;
+    hook->kind = kind;
+    hook->after = Py_XNewRef(after);
+    ml_direct_of(hook, original, (PyTypeObject *)st->tensor_type);
+    PyObject_GC_Track(hook);
+    return hook;
+}
+
 /* Put the alias's own entry back where the hook is still there. */
 static void alias_restore(PyObject *cls, PyObject *name, PyObject *own, const PyObject *put)
 {
@@ -149,23 +170,14 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
     } else {
         own = Py_NewRef(original);
     }
-    HookObject *hook =
-        PyObject_GC_New(HookObject, PyType_Check(owner) ? st->hook_type : st->fn_hook_type);
+    HookObject *hook = hook_new(st, PyType_Check(owner) ? st->hook_type : st->fn_hook_type, owner,
+                                pname, original, kind, NULL);
     if (hook == NULL) {
         Py_DECREF(pname);
         Py_DECREF(original);
         Py_XDECREF(own);
         return -1;
     }
-    hook->vectorcall = ml_hook_entry(kind);
-    hook->original = Py_NewRef(original);
-    hook->owner = Py_NewRef(owner);
-    hook->name = Py_NewRef(pname);
-    hook->weakreflist = NULL;
-    hook->kind = kind;
-    hook->after = NULL;
-    ml_direct_of(hook, original, (PyTypeObject *)st->tensor_type);
-    PyObject_GC_Track(hook);
     /* A staticmethod in the class (nn.Parameter.__new__) goes in as a
      * staticmethod of the hook: read through an instance it binds to
      * nothing, as the original does (p.__new__(cls, data)). */
@@ -230,22 +242,10 @@ PyObject *ml_hook_after_new(ml_state *st, PyObject *owner, PyObject *name, PyObj
     PyUnicode_InternInPlace(&pname);
     /* a Python function (torch.load) binds when a class holds it: a hook of one is a
      * descriptor, binding as the function does */
-    HookObject *hook = PyObject_GC_New(HookObject, PyType_Check(owner) || PyFunction_Check(original)
-                                                       ? st->hook_type
-                                                       : st->fn_hook_type);
-    if (hook == NULL) {
-        Py_DECREF(pname);
-        return NULL;
-    }
-    hook->vectorcall = ml_hook_entry(HK_AFTER);
-    hook->original = Py_NewRef(original);
-    hook->owner = Py_NewRef(owner);
-    hook->name = pname;
-    hook->weakreflist = NULL;
-    hook->kind = HK_AFTER;
-    hook->after = Py_NewRef(after);
-    ml_direct_of(hook, original, (PyTypeObject *)st->tensor_type);
-    PyObject_GC_Track(hook);
+    HookObject *hook = hook_new(
+        st, PyType_Check(owner) || PyFunction_Check(original) ? st->hook_type : st->fn_hook_type,
+        owner, pname, original, HK_AFTER, after);
+    Py_DECREF(pname);
     return (PyObject *)hook;
 }
 

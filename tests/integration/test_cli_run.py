@@ -147,6 +147,17 @@ def test_report_and_gantt_convert_a_saved_profile(tmp_path, capsys):
     assert "wrote" in err and "[" not in err  # no progress bar when stderr is not a TTY
 
 
+def _memlord(cwd, *args: str) -> subprocess.CompletedProcess:
+    """``python -m memlord ARGS`` run in ``cwd``, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "memlord", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+    )
+
+
 @pytest.mark.parametrize(
     ("option", "name", "endings"),
     [("--trace", "t.json", ".trace.json"), ("--pickle", "p.html", ".pickle or .pkl")],
@@ -160,13 +171,7 @@ def test_report_output_option_refuses_a_name_of_another_format(tmp_path, option,
     from memlord.report import export
 
     export(synthetic_profile(200, steps=1), tmp_path / "in.json")
-    proc = subprocess.run(
-        [sys.executable, "-m", "memlord", "report", "in.json", option, name],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    proc = _memlord(tmp_path, "report", "in.json", option, name)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr == f"memlord: {option} {name}: the name must end in {endings}\n"
     assert not (tmp_path / name).exists()
@@ -181,13 +186,7 @@ def test_gantt_refuses_an_output_that_is_no_html_page(tmp_path):
     from memlord.report import export
 
     export(synthetic_profile(200, steps=1), tmp_path / "in.json")
-    proc = subprocess.run(
-        [sys.executable, "-m", "memlord", "gantt", "in.json", "g.json"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    proc = _memlord(tmp_path, "gantt", "in.json", "g.json")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr == "memlord: gantt g.json: the name must end in .html or .htm\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.json"]
@@ -198,13 +197,7 @@ def test_report_of_a_folder_says_it_is_a_folder(tmp_path, command):
     """An input that is a folder exists: ``report``/``gantt`` say it is a folder (as
     ``merge`` does), not "no such file"."""
     (tmp_path / "in.json").mkdir()
-    proc = subprocess.run(
-        [sys.executable, "-m", "memlord", *command],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    proc = _memlord(tmp_path, *command)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr == "memlord: in.json: is a folder, not a file\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.json"]
@@ -215,23 +208,7 @@ def test_run_with_an_event_ring_larger_than_memory_ends_in_one_line(tmp_path):
     ``run`` before the script starts, with exit status 2 and one line naming the option,
     not a MemoryError traceback."""
     (tmp_path / "s.py").write_text("print('script ran')\n")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "memlord",
-            "run",
-            "--events",
-            str(2**60),
-            "--json",
-            "p.json",
-            "s.py",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    proc = _memlord(tmp_path, "run", "--events", str(2**60), "--json", "p.json", "s.py")
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == ""
     assert proc.stderr.startswith(f"memlord: --events {2**60}: ") and proc.stderr.count("\n") == 1

@@ -63,22 +63,27 @@ print(json.dumps(dict(foreign=foreign, measured_8=measured_8, ref_8=ref_8,
 """
 
 
+def _in_a_fresh_process(code: str, cwd) -> dict:
+    """code run in a child of the warm interpreter (tests/support/warm.py: torch imported,
+    nothing made, tests/ on its path): the JSON object its last line prints."""
+    tests = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = warm.run(
+        [sys.executable, "-c", f"import sys; sys.path.insert(0, {tests!r})\n" + code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=cwd,
+    )
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def test_measured_and_predicted_peaks_against_memtracker(tmp_path):
     """In a fresh process (MemTracker keeps the modules it tracked alive, which would
     count in the other tests' peaks): memlord's measured peak of a step of 8 equals
     MemTracker's within 1%, and its prediction for 16, a size it never ran, is within 3%
     of MemTracker's peak of a real step of 16."""
-    tests = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    # a child of the warm interpreter (tests/support/warm.py): torch imported, nothing made
-    out = warm.run(
-        [sys.executable, "-c", f"import sys; sys.path.insert(0, {tests!r})\n" + _REFERENCE],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = _in_a_fresh_process(_REFERENCE, tmp_path)
     assert got["foreign"] < 0.001 * got["ref_8"]  # nothing else lives in that process
     assert got["measured_8"] - got["foreign"] == pytest.approx(got["ref_8"], rel=0.01)
     assert got["predicted_16"] - got["foreign"] == pytest.approx(got["ref_16"], rel=0.03)
@@ -251,17 +256,9 @@ print(json.dumps({"n": n, "seen": seen, "held": sum(held.values()), "fixed": fit
 
 
 def test_find_batch_size_trusts_a_right_prediction(tmp_path):
-    # in a child of the warm interpreter: in this process, what tests run before left alive
-    # counts in fixed_bytes (in a random order, enough to move the prediction anywhere)
-    out = warm.run(
-        [sys.executable, "-c", _RIGHT_PREDICTION],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    # in a fresh process: in this one, what tests run before left alive counts in
+    # fixed_bytes (in a random order, enough to move the prediction anywhere)
+    got = _in_a_fresh_process(_RIGHT_PREDICTION, tmp_path)
     assert got["per_sample"] == pytest.approx(1024)
     # what the fit holds fixed is what the GC's objects held before it, within a sample
     assert got["held"] >= 12 * 1024
