@@ -461,7 +461,7 @@ def test_every_public_name_is_in_the_docs(module: str) -> None:
         "memlord.report": ["reports.md", "oom.md"],
         "memlord.profiler": ["reports.md"],
     }[module]
-    text = "".join((PACKAGE.parent / "docs" / p).read_text() for p in pages)
+    text = "".join((REPO / "docs" / p).read_text() for p in pages)
     names = importlib.import_module(module).__all__
     missing = [n for n in names if not re.search(rf"\b{re.escape(n)}\b", text)]
     assert missing == [], f"{module}: not in docs/{', '.join(pages)}"
