@@ -351,23 +351,6 @@ def _wrap_load(owner: Any, original: Any) -> Any:
     return _core._after_hook(owner, "load", original, _after_load)
 
 
-def _jit_builtin(wrapped: Any, original: Any, add: bool) -> None:
-    """torch.jit.script resolves torch's functions by id() in its builtin table (torch.load
-    is ``aten::load`` there): the hook has its original's entry while installed, as the C
-    hooks do (``jit_builtin_alias`` in src/hooks/patch.c).  Best effort."""
-    try:
-        from torch.jit import _builtins
-
-        if add:
-            op = _builtins._find_builtin(original)
-            if op is not None:
-                _builtins._register_builtin(wrapped, op)
-        elif _builtins._builtin_table is not None:
-            _builtins._builtin_table.pop(id(wrapped), None)
-    except Exception:  # noqa: BLE001 - only the wording of a script error differs without it
-        pass
-
-
 def _install_sources() -> None:
     from torch.nn.modules import module as torch_module
     from torch.optim import optimizer as torch_optimizer
@@ -387,7 +370,9 @@ def _install_sources() -> None:
                 _state.load_patches.append((owner, "load", original, wrapped))
                 owner.load = wrapped  # type: ignore[attr-defined]
         if _state.load_patches:
-            _jit_builtin(wrapped, original, True)
+            # torch.jit.script finds torch.load (aten::load) by id(): the hook takes its
+            # entry while installed, as the C hooks do
+            _core._jit_builtin_alias(wrapped, original, True)
     except BaseException:
         _uninstall_sources()
         raise
@@ -404,7 +389,7 @@ def _uninstall_sources() -> None:
     _state.grad_handles.clear()
     _state.watched.clear()
     for owner, name, original, wrapped in reversed(_state.load_patches):
-        _jit_builtin(wrapped, original, False)
+        _core._jit_builtin_alias(wrapped, original, False)
         if getattr(owner, name, None) is wrapped:
             setattr(owner, name, original)
     _state.load_patches.clear()

@@ -524,6 +524,9 @@ static PyMethodDef core_methods[] = {
     {"_after_hook", (PyCFunction)(void (*)(void))ml_hooks_after_hook, METH_FASTCALL,
      "_after_hook(owner, name, original, after)\n--\n\nA hook (not installed) that calls "
      "original and passes its result to after(result): torch.load's category source."},
+    {"_jit_builtin_alias", (PyCFunction)(void (*)(void))ml_hooks_jit_alias, METH_FASTCALL,
+     "_jit_builtin_alias(hook, original, add)\n--\n\nhook takes (add=True) or gives back "
+     "original's entry in torch.jit's builtin table."},
     {"_write_unraisable", (PyCFunction)(void (*)(void))core_write_unraisable, METH_FASTCALL,
      "_write_unraisable(exc, where)\n--\n\nexc to sys.unraisablehook, as a failure in where."},
     {"_tensor_meta", (PyCFunction)core_tensor_meta, METH_O,

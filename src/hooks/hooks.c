@@ -352,6 +352,16 @@ PyObject *ml_hooks_after_hook(PyObject *module, PyObject *const *args, Py_ssize_
     return ml_hook_after_new(ml_state_of_module(module), args[0], args[1], args[2], args[3]);
 }
 
+PyObject *ml_hooks_jit_alias(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyBool_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "_jit_builtin_alias(hook, original, add): add a bool");
+        return NULL;
+    }
+    ml_jit_builtin_alias(args[0], args[1], args[2] == Py_True);
+    Py_RETURN_NONE;
+}
+
 PyObject *ml_hooks_info(PyObject *Py_UNUSED(module), PyObject *Py_UNUSED(unused))
 {
     return Py_BuildValue("{s:O,s:O,s:n,s:n,s:n,s:n,s:n,s:n,s:N}", "installed",

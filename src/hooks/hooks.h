@@ -43,6 +43,9 @@ PyObject *ml_hooks_oom_claim(PyObject *module, PyObject *unused);
  * and passing its result to after(result) (a failure of after is reported),
  * for memlord._ops to install (torch.load).  Not installed by this call. */
 PyObject *ml_hooks_after_hook(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* _core._jit_builtin_alias(hook, original, add): the builtin-table entry the
+ * C hooks get (ml_jit_builtin_alias), for the hook memlord._ops installs. */
+PyObject *ml_hooks_jit_alias(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* Frees now waiting for a CUDA event, every lord's. */
 Py_ssize_t ml_hooks_npending(void);
 /* Testing aid (_core._testing.cuda_standin): with a callable source(index) -> stream

@@ -12,7 +12,7 @@ static int installing_group;
  * id(function) (torch.jit._builtins): a hook gets its original's entry while
  * installed, so scripted code calling torch.zeros compiles to aten::zeros as
  * without memlord.  Best effort: without that module nothing is needed. */
-static void jit_builtin_alias(PyObject *hook, PyObject *original, int add)
+void ml_jit_builtin_alias(PyObject *hook, PyObject *original, int add)
 {
     PyObject *mod_name = PyUnicode_FromString("torch.jit._builtins");
     PyObject *mod = mod_name ? PyImport_GetModule(mod_name) : NULL;
@@ -192,7 +192,7 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
         Py_XDECREF(own);
         return -1;
     }
-    jit_builtin_alias((PyObject *)hook, original, 1);
+    ml_jit_builtin_alias((PyObject *)hook, original, 1);
     PyObject *acls, *aown, *aput;
     alias_of(owner, pname, original, (PyObject *)hook, &acls, &aown, &aput);
     if (acls != NULL && alias_set(acls, pname, aput) < 0) {
@@ -206,7 +206,7 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
         Py_XDECREF(acls);
         Py_XDECREF(aown);
         Py_XDECREF(aput);
-        jit_builtin_alias((PyObject *)hook, original, 0);
+        ml_jit_builtin_alias((PyObject *)hook, original, 0);
         if (PyObject_SetAttr(owner, pname, own != NULL ? own : original) < 0) {
             PyErr_Clear();
         }
@@ -294,7 +294,7 @@ int ml_unpatch_group(int group)
         memmove(&ml_disp.patches[i], &ml_disp.patches[i + 1],
                 (size_t)(ml_disp.npatches - i - 1) * sizeof(ml_patch));
         ml_disp.npatches--;
-        jit_builtin_alias(p.hook, p.original, 0);
+        ml_jit_builtin_alias(p.hook, p.original, 0);
         alias_restore(p.alias_type, p.name, p.alias_own, p.alias_put);
         int ours = holds_hook(p.owner, p.name, p.put);
         int r = 0;

@@ -16,6 +16,10 @@ void ml_uninstall_torch(void);
 int ml_unpatch_group(int group);
 /* 1 when some patch of group is installed. */
 int ml_group_installed(int group);
+/* While installed, hook has original's entry in torch.jit's builtin table
+ * (add 1; 0 takes it out): scripted code calling it compiles to the aten op
+ * the original is.  Best effort, no error set. */
+void ml_jit_builtin_alias(PyObject *hook, PyObject *original, int add);
 /* A new hook of kind HK_AFTER (not installed anywhere: memlord._ops puts it in
  * place): original(...)'s result is passed to after(result), whose failure
  * is reported, then returned.  owner and name are where it will be found
