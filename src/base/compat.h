@@ -205,6 +205,72 @@ static inline int *ml_recursion_remaining(PyThreadState *ts)
 #define ML_DIRECT_CALL 0
 #endif
 
+/* ---- profile functions ---------------------------------------------------
+ * What CPython tells a thread's profile function (sys.setprofile,
+ * PyEval_SetProfile: torch.profiler's Python tracer, cProfile before 3.12)
+ * about a builtin or method descriptor the bytecode calls: c_call before,
+ * c_return or c_exception after, with the builtin (a method descriptor
+ * bound to its self), and the caller's frame.  A hook is neither, so
+ * hooks/direct.c reports its original's call itself, as CPython would have:
+ * the same fields (PyThreadState's c_profilefunc, c_profileobj and tracing
+ * are public in 3.10 to 3.13), nothing while a trace or profile function
+ * already runs (tracing), and tracing entered during the call
+ * (PyThreadState_EnterTracing from 3.11; on 3.10 its steps, as 3.10's
+ * call_trace takes them).  tests/unit/hooks/test_transparency.py
+ * (profilers_see_hooked_calls and its rows), run on 3.10 to 3.13. */
+static inline int ml_profiling(const PyThreadState *ts)
+{
+    return ts->c_profilefunc != NULL && ts->tracing == 0;
+}
+
+/* 1 for a callable CPython reports as a builtin: exactly a builtin
+ * (PyCFunction or PyCMethod) on 3.10 and 3.11 (trace_call_function), any
+ * PyCFunction from 3.12 (sys_profile_call_or_return). */
+static inline int ml_profiled_builtin(PyObject *callable)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    return PyCFunction_Check(callable);
+#else
+    return PyCFunction_CheckExact(callable) || PyCMethod_CheckExact(callable);
+#endif
+}
+
+/* Event what (PyTrace_C_CALL, PyTrace_C_RETURN, PyTrace_C_EXCEPTION) with
+ * arg, to ts's profile function, with the running Python frame, under
+ * tracing.  0, or -1 with the profile function's exception set; 0 without a
+ * call when no profile function is set, one runs already, or no Python
+ * frame runs (a call made from C with no Python caller: CPython reports
+ * none). */
+static inline int ml_profile_event(PyThreadState *ts, int what, PyObject *arg)
+{
+    Py_tracefunc func = ts->c_profilefunc;
+    if (func == NULL || ts->tracing != 0) {
+        return 0;
+    }
+    PyFrameObject *frame = PyEval_GetFrame(); /* borrowed */
+    if (frame == NULL) {
+        return 0;
+    }
+    PyObject *obj = Py_XNewRef(ts->c_profileobj);
+    Py_INCREF(frame);
+#if PY_VERSION_HEX >= 0x030B0000
+    PyThreadState_EnterTracing(ts);
+#else
+    ts->tracing++;
+    ts->cframe->use_tracing = 0;
+#endif
+    int r = func(obj, frame, what, arg);
+#if PY_VERSION_HEX >= 0x030B0000
+    PyThreadState_LeaveTracing(ts);
+#else
+    ts->tracing--;
+    ts->cframe->use_tracing = ts->c_tracefunc != NULL || ts->c_profilefunc != NULL;
+#endif
+    Py_DECREF(frame);
+    Py_XDECREF(obj);
+    return r != 0 ? -1 : 0;
+}
+
 /* Whether an exception is set on ts (PyErr_Occurred without looking the
  * thread state up). */
 static inline int ml_exc_pending(const PyThreadState *ts)

@@ -107,3 +107,52 @@ PyObject *ml_call_direct(PyThreadState *ts, const HookObject *self, PyObject *co
     return ml_check_function_result(ts, self->original, result);
 }
 #endif
+
+/* The hook's call of its original, told to the thread's profile function as
+ * CPython tells it a call the bytecode makes of the original itself
+ * (3.10/3.11 trace_call_function and C_TRACE, 3.12/3.13
+ * sys_profile_call_or_return): a builtin is reported as itself, a method
+ * descriptor bound to its first argument (no argument: nothing reported,
+ * the call raises its own TypeError; a binding that fails is the call's
+ * error, as in CPython); c_call before the call (an error there and the call
+ * is not made), then, while a profile function is still set, c_exception
+ * with the call's exception put aside and given back (an error in it
+ * replaces the call's), or c_return (an error there drops the result).
+ * Python functions (Module.to, torch.load) are reported by CPython itself
+ * when their frame starts, and anything else is never reported: called as
+ * is.  A hook called from C (map(torch.zeros, ...)) is reported too, where
+ * CPython reports no call C makes (docs/guide.md). */
+PyObject *ml_call_profiled(PyThreadState *ts, const HookObject *self, PyObject *const *args,
+                           size_t nargsf, PyObject *kwnames)
+{
+    PyObject *original = self->original;
+    PyObject *reported;
+    if (ml_profiled_builtin(original)) {
+        reported = Py_NewRef(original);
+    } else if (Py_IS_TYPE(original, &PyMethodDescr_Type) && PyVectorcall_NARGS(nargsf) > 0) {
+        reported = Py_TYPE(original)->tp_descr_get(original, args[0], (PyObject *)Py_TYPE(args[0]));
+        if (reported == NULL) {
+            return NULL;
+        }
+    } else {
+        return ml_call_original_unprofiled(ts, self, args, nargsf, kwnames);
+    }
+    PyObject *result = NULL;
+    if (ml_profile_event(ts, PyTrace_C_CALL, reported) == 0) {
+        result = ml_call_original_unprofiled(ts, self, args, nargsf, kwnames);
+        if (ts->c_profilefunc != NULL) {
+            if (result == NULL) {
+                PyObject *exc = ml_err_get_raised();
+                if (ml_profile_event(ts, PyTrace_C_EXCEPTION, reported) == 0 && exc != NULL) {
+                    ml_err_set_raised(exc);
+                } else {
+                    Py_XDECREF(exc);
+                }
+            } else if (ml_profile_event(ts, PyTrace_C_RETURN, reported) != 0) {
+                Py_CLEAR(result);
+            }
+        }
+    }
+    Py_DECREF(reported);
+    return result;
+}

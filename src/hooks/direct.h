@@ -20,20 +20,19 @@ PyObject *ml_call_direct(PyThreadState *ts, const HookObject *self, PyObject *co
                          size_t nargsf, PyObject *kwnames);
 #endif
 
-/* original(*args, **kwnames) on ts, the calling thread's state, or NULL to
- * look it up where needed (a caller that has looked it up serves the call's
- * recursion check and result check, and its call site after, with one
- * look-up): directly when ml_direct_of allowed it, else
- * through the original's vectorcall, looked up on every call (it belongs to
- * the original's type, which may change its slots).  From 3.13 the hook
- * checks the vectorcall's result as PyObject_Vectorcall would
- * (ML_VECTORCALL_CHECK), before that PyObject_Vectorcall does. */
-static inline PyObject *ml_call_original_on(PyThreadState *ts, const HookObject *self,
-                                            PyObject *const *args, size_t nargsf, PyObject *kwnames)
+/* original(*args, **kwnames) on ts, the calling thread's state: directly
+ * when ml_direct_of allowed it, else through the original's vectorcall,
+ * looked up on every call (it belongs to the original's type, which may
+ * change its slots).  From 3.13 the hook checks the vectorcall's result as
+ * PyObject_Vectorcall would (ML_VECTORCALL_CHECK), before that
+ * PyObject_Vectorcall does.  No profile function told (below). */
+static inline PyObject *ml_call_original_unprofiled(PyThreadState *ts, const HookObject *self,
+                                                    PyObject *const *args, size_t nargsf,
+                                                    PyObject *kwnames)
 {
 #if ML_DIRECT_CALL
     if (self->direct != NULL) {
-        return ml_call_direct(ts != NULL ? ts : PyThreadState_Get(), self, args, nargsf, kwnames);
+        return ml_call_direct(ts, self, args, nargsf, kwnames);
     }
 #endif
 #if ML_VECTORCALL_CHECK
@@ -43,8 +42,7 @@ static inline PyObject *ml_call_original_on(PyThreadState *ts, const HookObject 
     vectorcallfunc f = PyVectorcall_Function(self->original);
     if (f != NULL) {
         PyObject *result = f(self->original, args, nargsf, kwnames);
-        if (ML_LIKELY(result != NULL &&
-                      !(ts != NULL ? ml_exc_pending(ts) : PyErr_Occurred() != NULL))) {
+        if (ML_LIKELY(result != NULL && !ml_exc_pending(ts))) {
             return result;
         }
         return ml_check_vectorcall_result(self->original, result);
@@ -53,6 +51,29 @@ static inline PyObject *ml_call_original_on(PyThreadState *ts, const HookObject 
     (void)ts;
 #endif
     return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+}
+
+/* ml_call_original_unprofiled, told to the thread's profile function as
+ * CPython tells it a call of the original made by the bytecode (c_call,
+ * then c_return or c_exception: base/compat.h, ml_profile_event). */
+PyObject *ml_call_profiled(PyThreadState *ts, const HookObject *self, PyObject *const *args,
+                           size_t nargsf, PyObject *kwnames);
+
+/* original(*args, **kwnames) on ts, the calling thread's state, or NULL to
+ * look it up here (a caller that has looked it up serves the call's
+ * recursion check and result check, and its call site after, with one
+ * look-up), as CPython's own call of the original would make it, a profile
+ * function told included. */
+static inline PyObject *ml_call_original_on(PyThreadState *ts, const HookObject *self,
+                                            PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    if (ts == NULL) {
+        ts = PyThreadState_Get();
+    }
+    if (ML_UNLIKELY(ml_profiling(ts))) {
+        return ml_call_profiled(ts, self, args, nargsf, kwnames);
+    }
+    return ml_call_original_unprofiled(ts, self, args, nargsf, kwnames);
 }
 
 /* ml_call_original_on, the thread state looked up where needed. */

@@ -480,31 +480,143 @@ def conversions_at_the_recursion_limit():
     return [deepest(T.half), deepest(lambda: torch.zeros(2)), deepest(lambda: T.to("cpu"))]
 
 
-_NOT_PROFILED = (
-    "a hook is no builtin: CPython reports c_call/c_return to sys.setprofile (and "
-    "torch.profiler's with_stack tracer) only for builtins and method descriptors, so a "
-    "hooked call is not reported; emitting them from the hooks is not done"
-)
+_PROFILED_NAMES = ("half", "double", "to", "zeros", "empty_like")
 
 
-@row(xfail={m: _NOT_PROFILED for m in MODES})
-def profilers_see_hooked_calls():
-    """What sys.setprofile (cProfile, torch.profiler's Python tracer) sees of a hooked call:
-    a c_call event naming the builtin."""
+def _profile_events(work) -> list:
+    """What a sys.setprofile function sees of the C calls work() makes: each c_call,
+    c_return and c_exception of a torch function or method, with what names it (a method
+    bound to its tensor), the caller's function and the line of the call."""
     seen = []
 
     def profile(frame, event, arg):
-        if event == "c_call":
-            seen.append(getattr(arg, "__name__", "?"))
+        if event.startswith("c_") and getattr(arg, "__name__", None) in _PROFILED_NAMES:
+            self_ = getattr(arg, "__self__", None)
+            seen.append(
+                [
+                    event,
+                    getattr(arg, "__qualname__", "?"),
+                    type(self_).__name__ if isinstance(self_, torch.Tensor) else None,
+                    frame.f_code.co_name,
+                    frame.f_lineno - frame.f_code.co_firstlineno,
+                ]
+            )
 
-    x = torch.ones(2)
     sys.setprofile(profile)
     try:
-        x.half()
-        torch.zeros(2)
+        work()
     finally:
         sys.setprofile(None)
-    return [n for n in seen if n in ("half", "zeros")]
+    return seen
+
+
+@row
+def profilers_see_hooked_calls():
+    """What sys.setprofile (the profile module, cProfile before 3.12, torch.profiler's Python
+    tracer) sees of hooked calls: c_call, then c_return or c_exception, naming the builtin
+    or the method bound to its tensor, from the caller's frame and line."""
+    x = torch.ones(2)
+
+    def work():
+        x.half()
+        torch.zeros(2)
+        x.to(torch.float64, non_blocking=False)
+        torch.empty_like(x)
+        try:
+            x.to("no such device")
+        except RuntimeError:
+            pass
+        try:
+            torch.zeros("two")
+        except TypeError:
+            pass
+        torch.Tensor.double(x)
+
+    return _profile_events(work)
+
+
+@row
+def profiler_errors_reach_the_caller():
+    """A profile function's error on c_call stops the call (the error reaches the caller,
+    profiling is off); on c_return it drops the result."""
+    x = torch.ones(2)
+    out = []
+    for when in ("c_call", "c_return"):
+
+        def profile(frame, event, arg, when=when):
+            if event == when and getattr(arg, "__name__", None) == "half":
+                raise KeyError(when)
+
+        sys.setprofile(profile)
+        try:
+            x.half()
+            out.append("no error")
+        except KeyError as e:
+            out.append(["KeyError", str(e), sys.getprofile() is None])
+        finally:
+            sys.setprofile(None)
+    return out
+
+
+_CALLED_FROM_C = (
+    "a hook called from C rather than by the bytecode (map(), functools.partial) is "
+    "reported to the profile function, where CPython reports no call that C makes"
+)
+
+
+@row(xfail={m: _CALLED_FROM_C for m in ("torch", "both", "ops")})
+def profilers_see_no_call_made_from_c():
+    def work():
+        list(map(torch.Tensor.half, [torch.ones(1)]))
+        functools.partial(torch.Tensor.double, torch.ones(1))()
+
+    return _profile_events(work)
+
+
+_CPROFILE_MONITORING = (
+    "cProfile reads sys.monitoring from CPython 3.12, which memlord's hooks do not report "
+    "their original's calls to (they report them to sys.setprofile's profile function)"
+)
+
+
+@row(xfail={m: _CPROFILE_MONITORING for m in MODES} if sys.version_info >= (3, 12) else None)
+def cprofile_sees_hooked_calls():
+    """The C functions cProfile's table names, and how often each was called."""
+    import cProfile
+    import pstats
+
+    x = torch.ones(2)
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        for _ in range(3):
+            x.half()
+            torch.zeros(2)
+    finally:
+        prof.disable()
+    stats = pstats.Stats(prof).stats
+    return sorted(
+        [fn[2], calls[1]]
+        for fn, calls in stats.items()
+        if fn[0] == "~" and ("half" in fn[2] or "zeros" in fn[2])
+    )
+
+
+@row
+def torch_profiler_with_stack_sees_hooked_calls():
+    """torch.profiler with with_stack=True: the Python events naming a hooked call."""
+    x = torch.ones(2)
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU], with_stack=True
+    ) as p:
+        x.half()
+        torch.zeros(2)
+    names = [e.name for e in p.profiler.function_events]
+    return sorted(
+        n.split(" of ")[0]
+        for n in names
+        if n.startswith("<built-in") and ("half" in n or "zeros" in n)
+    )
 
 
 @row
