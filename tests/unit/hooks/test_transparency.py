@@ -531,6 +531,8 @@ def profilers_see_hooked_calls():
         except TypeError:
             pass
         torch.Tensor.double(x)
+        bound = x.half
+        bound()
 
     return _profile_events(work)
 
