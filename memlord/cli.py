@@ -249,6 +249,7 @@ def run(args: argparse.Namespace) -> int:
     if args.modules:
         modules = _module_spans(tracker)
     pid = os.getpid()
+    started_in = os.getcwd()  # the shell's folder, whatever the script's os.chdir
 
     def finish() -> None:
         # at exit, as atexit sees the program: after the script's non-daemon threads
@@ -267,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
         for path in written:
             _say(f"wrote {shown.get(str(path), path)}")
         for path in tracker.oom_post_mortems:
-            _say(f"out of memory: post-mortem {os.path.relpath(path)}")
+            _say(f"out of memory: post-mortem {os.path.relpath(path, started_in)}")
         for name, given in shown.items():
             if Path(name) not in written:
                 _say(f"{given} was not written (the error is above)")
