@@ -631,6 +631,11 @@ def publish(lord: Any, name: str | None = None, *, cooperate: bool = False) -> P
     return p
 
 
+def cooperate_from_env() -> bool:
+    """``MEMLORD_COOPERATE=1``: a publishing lord answers other processes' requests."""
+    return os.environ.get("MEMLORD_COOPERATE", "").strip().lower() not in _OFF
+
+
 def publish_from_env(lord: Any) -> None:
     """``MEMLORD_PUBLISH=1``: a lord that turns hooks on publishes (cooperating with
     ``MEMLORD_COOPERATE=1``).  Never raises: publishing is an aid."""
@@ -639,9 +644,8 @@ def publish_from_env(lord: Any) -> None:
         return
     if publisher_of(lord) is not None:
         return
-    coop = os.environ.get("MEMLORD_COOPERATE", "").strip().lower() not in _OFF
     try:
-        publish(lord, cooperate=coop)
+        publish(lord, cooperate=cooperate_from_env())
     except Exception as e:  # noqa: BLE001
         logger.warning("MEMLORD_PUBLISH: could not publish: %s", e)
 

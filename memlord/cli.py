@@ -242,8 +242,13 @@ def run(args: argparse.Namespace) -> int:
         _say(f"--events {tracker.events}: {exc}")
         return 2
     if not args.no_publish and tracker.source is not None:
+        from ._publish import cooperate_from_env
+
         try:
-            tracker.source.lord.publish(" ".join([args.script, *args.args])[:127])
+            # publish() again sets cooperate: keep what MEMLORD_COOPERATE says
+            tracker.source.lord.publish(
+                " ".join([args.script, *args.args])[:127], cooperate=cooperate_from_env()
+            )
         except Exception as exc:  # noqa: BLE001 - publishing is an aid, never the run's end
             _say(f"not publishing to `memlord top`: {exc}")
     if args.modules:

@@ -410,3 +410,36 @@ def test_request_with_a_huge_finite_timeout_waits_and_clears(rtdir):
         signal.signal(signal.SIGALRM, old)
     assert _publish.publisher_of(lord) is None
     assert not [p for p in os.listdir(rtdir) if p.endswith(".rec")]
+
+
+@pytest.mark.parametrize(
+    ("extra", "cooperate"),
+    [
+        ({}, False),
+        ({"MEMLORD_COOPERATE": "1"}, True),
+        ({"MEMLORD_PUBLISH": "1", "MEMLORD_COOPERATE": "1"}, True),
+        ({"MEMLORD_PUBLISH": "1", "MEMLORD_COOPERATE": "0"}, False),
+    ],
+)
+def test_run_publishes_cooperating_as_memlord_cooperate_says(rtdir, tmp_path, extra, cooperate):
+    """``python -m memlord run`` publishes by default; ``MEMLORD_COOPERATE=1`` makes its
+    record answer other processes' ``request_memory``.  run's own ``publish(name)``
+    reset to ``cooperate=False`` the record ``MEMLORD_PUBLISH=1`` had made cooperating
+    when the tracker turned its hooks on."""
+    script = tmp_path / "coop.py"
+    script.write_text(
+        "import json, os\n"
+        "from memlord import _publish\n"
+        "(r,) = [r for r in _publish.read_all() if r['pid'] == os.getpid()]\n"
+        "print(json.dumps({'cooperate': r['cooperate'], 'name': r['name']}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "memlord", "run", "--interval", "0", "--json", "p.json", "coop.py"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(rtdir, **extra),
+        timeout=TIMEOUT_S,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"cooperate": cooperate, "name": "coop.py"}
