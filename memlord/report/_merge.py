@@ -332,6 +332,7 @@ def merge_rows(rows: Sequence[dict[str, Any]], bad: Sequence[InputError] = ()) -
                 best.append((peak, r, dev))
         if not best:
             continue
+
         # of equal peaks, a file that says when it peaked (a rank's profile beside its
         # post-mortem: the same ledger peak), then the lowest rank
         def known(b: tuple[int, dict[str, Any], str]) -> bool:

@@ -149,9 +149,7 @@ def test_names_from_the_files_stay_text_in_the_page(tmp_path):
     assert "<i>pm" not in page and "&lt;i&gt;pm.json" in page
 
 
-def test_a_rank_whose_profile_and_post_mortem_tie_peaked_when_its_profile_says(
-    capsys, tmp_path
-):
+def test_a_rank_whose_profile_and_post_mortem_tie_peaked_when_its_profile_says(capsys, tmp_path):
     """``merge memory_profile_*.json memlord-oom-*.json`` (docs/ranks.md's command) of a
     rank that ran out of memory after its peak: its profile and its post-mortem have the
     same ledger peak, and the post-mortem (first by name) was taken as the one that
