@@ -740,7 +740,15 @@ def request_memory(lord: Any, device: Any, nbytes: int, *, timeout: float = 10.0
         raise ValueError(
             f"request_memory(): argument 'timeout' must be finite and >= 0, got {timeout!r}"
         )
-    name = str(dev) if dev.index is not None or dev.type == "cpu" else f"{dev.type}:0"
+    if dev.type == "cpu":
+        name = "cpu"  # torch's one CPU device, as the ledger names it ("cpu:0" too)
+    elif dev.index is not None:
+        name = str(dev)
+    elif dev.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_initialized():
+        # the device free_bytes() reads: torch.cuda.mem_get_info's current device
+        name = f"cuda:{torch.cuda.current_device()}"
+    else:
+        name = f"{dev.type}:0"
     deadline = time.monotonic() + float(timeout)
     free = free_bytes(dev)
     if free is not None and free >= nbytes:

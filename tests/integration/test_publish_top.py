@@ -443,3 +443,16 @@ def test_run_publishes_cooperating_as_memlord_cooperate_says(rtdir, tmp_path, ex
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == {"cooperate": cooperate, "name": "coop.py"}
+
+
+def test_a_request_names_the_cpu_as_the_ledger_does(rtdir):
+    """torch has one CPU device: ``request_memory("cpu:0", ...)`` asks for the cpu, and a
+    cooperating process's ``on_pressure`` callbacks get ``"cpu"``, the name its ledger,
+    ``top`` and every other request use (they got ``"cpu:0"``)."""
+    p, _ = _publisher(rtdir, "coop", 1 << 20, coop=True)
+    try:
+        impossible = _publish.free_bytes(torch.device("cpu")) * 8
+        assert MemLord().request_memory("cpu:0", impossible, timeout=1.0) is False
+    finally:
+        out, err = _finish(p)
+    assert json.loads(out.strip().splitlines()[-1])["released"] == [["cpu", impossible]], err
