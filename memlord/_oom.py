@@ -87,8 +87,19 @@ def describe(error: BaseException) -> dict[str, Any]:
     m = _CPU_BYTES.search(text)
     if m:
         nbytes = int(m.group(1))
-    cuda = isinstance(error, torch.OutOfMemoryError) or "CUDA out of memory" in text
-    if cuda:
+    # the backend's own words first: torch.OutOfMemoryError is any caching allocator's
+    # (XPU's too); a CUDA call that failed for memory (cudaMalloc inside a library, a
+    # context or a workspace) is torch.AcceleratorError "CUDA error: out of memory"
+    if "MPS backend out of memory" in text:
+        device = "mps"
+    elif "XPU out of memory" in text:
+        g = _CUDA_GPU.search(text)  # XPU's message names its device as CUDA's does
+        device = f"xpu:{g.group(1)}" if g else "xpu"
+    elif (
+        isinstance(error, torch.OutOfMemoryError)
+        or "CUDA out of memory" in text
+        or "CUDA error: out of memory" in text
+    ):
         g = _CUDA_GPU.search(text)
         if g:
             device = f"cuda:{g.group(1)}"
@@ -97,13 +108,10 @@ def describe(error: BaseException) -> dict[str, Any]:
                 device = f"cuda:{torch.cuda.current_device()}"
             except Exception:  # noqa: BLE001 - no CUDA here: say only "cuda"
                 device = "cuda"
+    if device != "cpu":
         c = _CUDA_BYTES.search(text)
         if c and nbytes is None:
             nbytes = int(float(c.group(1)) * _UNITS[c.group(2)])
-    elif "MPS backend out of memory" in text:
-        device = "mps"
-    elif "XPU out of memory" in text:
-        device = "xpu"
     first = text.strip().splitlines()[0] if text.strip() else ""
     return {"device": device, "bytes": nbytes, "type": type(error).__name__, "message": first}
 

@@ -631,6 +631,11 @@ def publish(lord: Any, name: str | None = None, *, cooperate: bool = False) -> P
     return p
 
 
+def cooperate_from_env() -> bool:
+    """``MEMLORD_COOPERATE=1``: a publishing lord answers other processes' requests."""
+    return os.environ.get("MEMLORD_COOPERATE", "").strip().lower() not in _OFF
+
+
 def publish_from_env(lord: Any) -> None:
     """``MEMLORD_PUBLISH=1``: a lord that turns hooks on publishes (cooperating with
     ``MEMLORD_COOPERATE=1``).  Never raises: publishing is an aid."""
@@ -639,9 +644,8 @@ def publish_from_env(lord: Any) -> None:
         return
     if publisher_of(lord) is not None:
         return
-    coop = os.environ.get("MEMLORD_COOPERATE", "").strip().lower() not in _OFF
     try:
-        publish(lord, cooperate=coop)
+        publish(lord, cooperate=cooperate_from_env())
     except Exception as e:  # noqa: BLE001
         logger.warning("MEMLORD_PUBLISH: could not publish: %s", e)
 
@@ -736,7 +740,15 @@ def request_memory(lord: Any, device: Any, nbytes: int, *, timeout: float = 10.0
         raise ValueError(
             f"request_memory(): argument 'timeout' must be finite and >= 0, got {timeout!r}"
         )
-    name = str(dev) if dev.index is not None or dev.type == "cpu" else f"{dev.type}:0"
+    if dev.type == "cpu":
+        name = "cpu"  # torch's one CPU device, as the ledger names it ("cpu:0" too)
+    elif dev.index is not None:
+        name = str(dev)
+    elif dev.type == "cuda" and torch.cuda.is_available() and torch.cuda.is_initialized():
+        # the device free_bytes() reads: torch.cuda.mem_get_info's current device
+        name = f"cuda:{torch.cuda.current_device()}"
+    else:
+        name = f"{dev.type}:0"
     deadline = time.monotonic() + float(timeout)
     free = free_bytes(dev)
     if free is not None and free >= nbytes:

@@ -120,6 +120,10 @@ def _check_device(fname: str, device: Any) -> str | None:
         raise ValueError(f"{fname}(): argument 'device' is not a device: {device!r}") from None
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device() if _cuda_ready() else 0)
+    elif dev.type == "cpu":
+        # torch has one CPU device: "cpu:0" is where torch.empty(device="cpu:0") lives
+        # and what memlord's ledger counts as "cpu"
+        dev = torch.device("cpu")
     return str(dev)
 
 

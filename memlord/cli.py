@@ -242,13 +242,19 @@ def run(args: argparse.Namespace) -> int:
         _say(f"--events {tracker.events}: {exc}")
         return 2
     if not args.no_publish and tracker.source is not None:
+        from ._publish import cooperate_from_env
+
         try:
-            tracker.source.lord.publish(" ".join([args.script, *args.args])[:127])
+            # publish() again sets cooperate: keep what MEMLORD_COOPERATE says
+            tracker.source.lord.publish(
+                " ".join([args.script, *args.args])[:127], cooperate=cooperate_from_env()
+            )
         except Exception as exc:  # noqa: BLE001 - publishing is an aid, never the run's end
             _say(f"not publishing to `memlord top`: {exc}")
     if args.modules:
         modules = _module_spans(tracker)
     pid = os.getpid()
+    started_in = os.getcwd()  # the shell's folder, whatever the script's os.chdir
 
     def finish() -> None:
         # at exit, as atexit sees the program: after the script's non-daemon threads
@@ -267,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
         for path in written:
             _say(f"wrote {shown.get(str(path), path)}")
         for path in tracker.oom_post_mortems:
-            _say(f"out of memory: post-mortem {os.path.relpath(path)}")
+            _say(f"out of memory: post-mortem {os.path.relpath(path, started_in)}")
         for name, given in shown.items():
             if Path(name) not in written:
                 _say(f"{given} was not written (the error is above)")

@@ -332,8 +332,14 @@ def merge_rows(rows: Sequence[dict[str, Any]], bad: Sequence[InputError] = ()) -
                 best.append((peak, r, dev))
         if not best:
             continue
-        hi = max(best, key=lambda b: (b[0], -(b[1]["rank"] or 0)))
-        lo = min(best, key=lambda b: (b[0], b[1]["rank"] or 0))
+
+        # of equal peaks, a file that says when it peaked (a rank's profile beside its
+        # post-mortem: the same ledger peak), then the lowest rank
+        def known(b: tuple[int, dict[str, Any], str]) -> bool:
+            return b[1]["devices"][b[2]]["peak_s"] is not None
+
+        hi = max(best, key=lambda b: (b[0], known(b), -(b[1]["rank"] or 0)))
+        lo = min(best, key=lambda b: (b[0], not known(b), b[1]["rank"] or 0))
 
         def who(b: tuple[int, dict[str, Any], str]) -> dict[str, Any]:
             peak, r, dev = b

@@ -21,8 +21,8 @@ except RuntimeError:
 """
 
 
-def _run(tmp_path, *options):
-    (tmp_path / "s.py").write_text(SCRIPT)
+def _run(tmp_path, *options, script=SCRIPT):
+    (tmp_path / "s.py").write_text(script)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     env["MEMLORD_RUNTIME_DIR"] = str(tmp_path / "rt")
@@ -55,3 +55,16 @@ def test_no_oom_writes_none(tmp_path):
     assert out.returncode == 0, out.stderr
     assert not [f for f in os.listdir(tmp_path) if f.startswith("memlord-oom-")]
     assert "post-mortem" not in out.stderr
+
+
+def test_the_post_mortem_is_named_from_where_run_started_after_the_script_chdirs(tmp_path):
+    """The line that names the post-mortem is read in the shell that started ``run``: its
+    path is relative to that folder (where the file is), not to the folder the script
+    moved to (which named it ``../memlord-oom-...``)."""
+    (tmp_path / "sub").mkdir()
+    out = _run(tmp_path, script='import os\nos.chdir("sub")\n' + SCRIPT)
+    assert out.returncode == 0, out.stderr
+    (name,) = [
+        f for f in os.listdir(tmp_path) if f.startswith("memlord-oom-") and f.endswith(".json")
+    ]
+    assert f"out of memory: post-mortem {name}\n" in out.stderr, out.stderr

@@ -147,3 +147,29 @@ def test_names_from_the_files_stay_text_in_the_page(tmp_path):
     assert "<b>node</b>" not in page and "&lt;b&gt;node&lt;/b&gt;" in page
     assert "<script>alert(1)" not in page and "&lt;script&gt;alert(1)" in page
     assert "<i>pm" not in page and "&lt;i&gt;pm.json" in page
+
+
+def test_a_rank_whose_profile_and_post_mortem_tie_peaked_when_its_profile_says(capsys, tmp_path):
+    """``merge memory_profile_*.json memlord-oom-*.json`` (docs/ranks.md's command) of a
+    rank that ran out of memory after its peak: its profile and its post-mortem have the
+    same ledger peak, and the post-mortem (first by name) was taken as the one that
+    peaked, whose time is unknown: the report said who peaked, but not when, though the
+    profile says. Of equal peaks, the one that knows when is named."""
+    lord = MemLord(auto_gc_bytes=None)
+    lord.record_events(1024)
+    with lord.hook_into_python(), lord.watch_oom(tmp_path, html=False) as watch:
+        kept = torch.empty(3 * MiB, dtype=torch.uint8)
+        with pytest.raises(RuntimeError):
+            torch.empty(1 << 60, dtype=torch.uint8)
+        profile = tmp_path / "memory_profile_20250101_000000_1_1.json"
+        lord.export(profile)
+    (pm,) = [w["json"] for w in watch.written]
+    out = tmp_path / "m.json"
+    assert main(["merge", str(profile), pm, "-o", str(out)]) == 0, capsys.readouterr().err
+    doc = json.loads(out.read_text())
+    peaks = {r["kind"]: r["devices"]["cpu"]["peak"] for r in doc["ranks"]}
+    assert peaks == {"profile": kept.untyped_storage().nbytes(), "post-mortem": 3 * MiB}
+    peaked = doc["peaked"]
+    assert (peaked["file"], peaked["peak"]) == (str(profile), 3 * MiB)
+    assert peaked["peak_s"] is not None
+    assert doc["imbalance"]["cpu"]["max"]["peak_s"] is not None

@@ -410,3 +410,49 @@ def test_request_with_a_huge_finite_timeout_waits_and_clears(rtdir):
         signal.signal(signal.SIGALRM, old)
     assert _publish.publisher_of(lord) is None
     assert not [p for p in os.listdir(rtdir) if p.endswith(".rec")]
+
+
+@pytest.mark.parametrize(
+    ("extra", "cooperate"),
+    [
+        ({}, False),
+        ({"MEMLORD_COOPERATE": "1"}, True),
+        ({"MEMLORD_PUBLISH": "1", "MEMLORD_COOPERATE": "1"}, True),
+        ({"MEMLORD_PUBLISH": "1", "MEMLORD_COOPERATE": "0"}, False),
+    ],
+)
+def test_run_publishes_cooperating_as_memlord_cooperate_says(rtdir, tmp_path, extra, cooperate):
+    """``python -m memlord run`` publishes by default; ``MEMLORD_COOPERATE=1`` makes its
+    record answer other processes' ``request_memory``.  run's own ``publish(name)``
+    reset to ``cooperate=False`` the record ``MEMLORD_PUBLISH=1`` had made cooperating
+    when the tracker turned its hooks on."""
+    script = tmp_path / "coop.py"
+    script.write_text(
+        "import json, os\n"
+        "from memlord import _publish\n"
+        "(r,) = [r for r in _publish.read_all() if r['pid'] == os.getpid()]\n"
+        "print(json.dumps({'cooperate': r['cooperate'], 'name': r['name']}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "memlord", "run", "--interval", "0", "--json", "p.json", "coop.py"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=_env(rtdir, **extra),
+        timeout=TIMEOUT_S,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"cooperate": cooperate, "name": "coop.py"}
+
+
+def test_a_request_names_the_cpu_as_the_ledger_does(rtdir):
+    """torch has one CPU device: ``request_memory("cpu:0", ...)`` asks for the cpu, and a
+    cooperating process's ``on_pressure`` callbacks get ``"cpu"``, the name its ledger,
+    ``top`` and every other request use (they got ``"cpu:0"``)."""
+    p, _ = _publisher(rtdir, "coop", 1 << 20, coop=True)
+    try:
+        impossible = _publish.free_bytes(torch.device("cpu")) * 8
+        assert MemLord().request_memory("cpu:0", impossible, timeout=1.0) is False
+    finally:
+        out, err = _finish(p)
+    assert json.loads(out.strip().splitlines()[-1])["released"] == [["cpu", impossible]], err

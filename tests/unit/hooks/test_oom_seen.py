@@ -282,3 +282,58 @@ def test_a_recursion_error_at_the_limit_is_not_an_oom_and_nothing_is_unraisable(
     assert errors > 0  # the limit was reached, inside the hooked calls too
     assert seen == []
     assert _ooms(lord) == 0
+
+
+def test_a_cuda_call_out_of_memory_is_counted_on_cuda_not_the_cpu():
+    """A CUDA call that fails for memory outside the caching allocator (cudaMalloc in a
+    library, a context, a workspace) is torch's ``AcceleratorError`` with the text
+    c10's CUDA check writes, ``CUDA error: out of memory``: an OOM on CUDA. It was
+    counted, logged and explained as an OOM on the cpu. The error is raised by a
+    custom operator, through the real dispatch mode, as the OOM observer test does."""
+
+    @torch.library.custom_op("memlord_test::cuda_error_oom", mutates_args=())
+    def cuda_error_oom(x: torch.Tensor) -> torch.Tensor:
+        raise torch.AcceleratorError(
+            "CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported "
+            "at some other API call, so the stacktrace below might be incorrect."
+        )
+
+    lord = MemLord()
+    with lord.hook_into_python(ops=True):
+        with pytest.raises(torch.AcceleratorError):
+            cuda_error_oom(torch.zeros(2))
+    assert _ooms(lord, "cpu") == 0
+    # cuda:<current device> on a GPU machine; "cuda" where torch has no CUDA to ask
+    (counted,) = [d for d, st in lord.stats().items() if st["ooms"]]
+    assert counted.partition(":")[0] == "cuda"
+    info = memlord._oom.describe(torch.AcceleratorError("CUDA error: out of memory"))
+    assert info["device"].startswith("cuda") and info["bytes"] is None
+
+
+@pytest.mark.parametrize(
+    ("error", "device", "nbytes"),
+    [
+        (
+            torch.OutOfMemoryError(
+                "XPU out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity "
+                "of 15.11 GiB of which 1.00 GiB is free."
+            ),
+            "xpu:1",
+            2 << 30,
+        ),
+        (
+            RuntimeError(
+                "MPS backend out of memory (MPS allocated: 1.49 GiB, other allocations: "
+                "6.01 GiB, max allowed: 8.13 GiB). Tried to allocate 9.00 MiB on private pool."
+            ),
+            "mps",
+            9 << 20,
+        ),
+    ],
+    ids=["xpu", "mps"],
+)
+def test_the_backend_named_in_the_message_is_the_device(error, device, nbytes):
+    """torch.OutOfMemoryError is any caching allocator's, not CUDA's only: the message's
+    backend names the device (an XPU OOM was said to be on cuda), and its request."""
+    info = memlord._oom.describe(error)
+    assert (info["device"], info["bytes"]) == (device, nbytes)

@@ -364,6 +364,20 @@ def test_fit_methods_check_their_arguments():
         fit.max_batch_size(-1)
 
 
+@pytest.mark.parametrize("device", ["cpu:0", torch.device("cpu", 0)])
+def test_cpu_with_an_index_is_the_cpu(device):
+    """torch has one CPU device: ``"cpu:0"`` is where ``torch.empty(device="cpu:0")``
+    lives and what memlord's ledger counts as ``"cpu"``. A fit asked for it measures the
+    CPU, not an empty device of its own whose prediction is 0 bytes."""
+    fit = fit_memory(lambda n: torch.ones(n, 256), (1, 2), warmup=0, device=device)
+    assert fit.device == "cpu" and fit.devices == ("cpu",)
+    assert fit.predict(4) >= 4 * 256 * 4
+    assert fit.predict(4, device=device) == fit.predict(4, device="cpu")
+    assert fit.max_batch_size(64 << 10, headroom=0, device=device) == fit.max_batch_size(
+        64 << 10, headroom=0
+    )
+
+
 @pytest.mark.parametrize(
     ("kwargs", "exc", "words"),
     [
