@@ -100,14 +100,13 @@ def _str_or_none(v: Any, limit: int = 1000) -> str | None:
 
 
 def _rank() -> tuple[int | None, int | None]:
-    """(rank, world size) when torch.distributed is initialised, else (None, None)."""
-    try:
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            return int(dist.get_rank()), int(dist.get_world_size())
-    except Exception:  # noqa: BLE001 - a broken process group names no rank
-        pass
-    return None, None
+    """(rank, world size) as a profile names them (memlord._ranks.rank_info: from
+    torch.distributed when it is initialised, else from the launcher's RANK and
+    WORLD_SIZE), else (None, None)."""
+    from .._ranks import rank_info
+
+    info = rank_info()
+    return info.get("rank"), info.get("world_size")
 
 
 def _host() -> str:
@@ -119,8 +118,8 @@ def _host() -> str:
 
 def default_stem(n: int) -> str:
     """The default name of the ``n``-th post-mortem of this process, without extension:
-    ``memlord-oom-<host>-<pid>[-rank<r>]-<n>`` (the rank when torch.distributed is
-    initialised); the host name keeps letters, digits, ``.``, ``_`` and ``-``."""
+    ``memlord-oom-<host>-<pid>[-rank<r>]-<n>`` (the rank when torch.distributed or the
+    launcher's RANK and WORLD_SIZE name one); the host name keeps letters, digits, ``.``, ``_`` and ``-``."""
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"default_stem(): argument 'n' must be an int, not {type(n).__name__}")
     if n < 0:

@@ -346,6 +346,25 @@ def test_default_stem_names_the_rank_when_torch_distributed_is_initialised(tmp_p
     assert ranks == "0 1"
 
 
+def test_a_post_mortem_names_the_rank_the_launcher_set_when_no_group_is_up(monkeypatch):
+    """An OOM before init_process_group() or after destroy_process_group() under torchrun:
+    the rank and world size come from the launcher's RANK and WORLD_SIZE, as a profile's
+    do (memlord._ranks.rank_info), so `memlord merge` can place the rank that died."""
+    from memlord._ranks import rank_info
+
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert not torch.distributed.is_initialized()
+    assert rank_info() == {"rank": 3, "world_size": 4}  # what a profile says
+    assert default_stem(2).endswith("-rank3-2")
+    doc = build_post_mortem([], {})
+    assert (doc["rank"], doc["world_size"]) == (3, 4)
+    monkeypatch.setenv("RANK", "4")  # not a rank of that world: no rank, as for profiles
+    assert rank_info() == {}
+    assert re.fullmatch(rf"memlord-oom-[A-Za-z0-9._-]+-{os.getpid()}-2", default_stem(2))
+    assert build_post_mortem([], {})["rank"] is None
+
+
 # ---- the CUDA attribution: a pure function of torch's snapshot format ------------------------
 # These segments are hand-built in the format torch.cuda.memory._snapshot() documents (no GPU
 # here); tools/gpu_check.sh checks the same function on a real OOM on a GPU.
