@@ -262,11 +262,20 @@ def read_all(directory: Path | None = None, *, clean: bool = True) -> list[dict[
     directory = directory if directory is not None else runtime_dir(create=False)
     out = []
     try:
-        names = sorted(p for p in os.listdir(directory) if p.endswith(".rec"))
+        listed = os.listdir(directory)
     except OSError:
         return []
+    names = sorted(p for p in listed if p.endswith(".rec"))
     starts: dict[int, int | None] = {}
     base = os.fspath(directory)
+    if clean:
+        # a record a killed publisher left half made (before its rename)
+        for name in listed:
+            if name.startswith(".") and name.endswith(".tmp") and _stale_file(Path(base, name)):
+                try:
+                    os.unlink(os.path.join(base, name))
+                except OSError:
+                    pass
     for name in names:
         path = os.path.join(base, name)
         rec = read_record(path)
@@ -286,9 +295,10 @@ def read_all(directory: Path | None = None, *, clean: bool = True) -> list[dict[
 
 
 def _stale_file(path: Path) -> bool:
-    """An unreadable record whose pid (from its name) no longer runs."""
+    """An unreadable or half-made record (``<pid>-<n>.rec``, ``.<pid>-<n>.tmp``) whose pid
+    (from its name) no longer runs."""
     try:
-        pid = int(path.name.split("-", 1)[0])
+        pid = int(path.name.lstrip(".").split("-", 1)[0])
     except ValueError:
         return False
     return proc_start(pid) is None
@@ -350,7 +360,13 @@ class Publisher:
         n = next(_serial)
         self.path = directory / f"{os.getpid()}-{n}.rec"
         tmp = directory / f".{os.getpid()}-{n}.tmp"
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            # this pid's and serial's name: left half made by a dead process that had this
+            # pid (pids are reused), which no reader has removed yet
+            tmp.unlink(missing_ok=True)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, SIZE)
             self._mm = mmap.mmap(fd, SIZE)

@@ -119,7 +119,8 @@ def _host() -> str:
 def default_stem(n: int) -> str:
     """The default name of the ``n``-th post-mortem of this process, without extension:
     ``memlord-oom-<host>-<pid>[-rank<r>]-<n>`` (the rank when torch.distributed or the
-    launcher's RANK and WORLD_SIZE name one); the host name keeps letters, digits, ``.``, ``_`` and ``-``."""
+    launcher's RANK and WORLD_SIZE name one); the host name keeps letters, digits, ``.``,
+    ``_`` and ``-``."""
     if isinstance(n, bool) or not isinstance(n, int):
         raise TypeError(f"default_stem(): argument 'n' must be an int, not {type(n).__name__}")
     if n < 0:

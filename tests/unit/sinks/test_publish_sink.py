@@ -170,3 +170,44 @@ def test_a_read_never_takes_the_counter_from_the_copy(monkeypatch):
         assert copied  # the torn copy was offered
         d = _cpu(rec)
         assert sum(d["categories"].values()) == d["live"] == 2048
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and was reaped)."""
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True)
+    pid = int(p.stdout)
+    assert _publish.proc_start(pid) is None
+    return pid
+
+
+def test_a_half_made_record_left_by_a_dead_process_never_blocks_publishing(rtdir, monkeypatch):
+    """A publisher killed between creating its temporary record and renaming it leaves
+    `.<pid>-<n>.tmp`. A later process given the same pid (pids are reused) must still
+    publish: its own temporary name may be that very file."""
+    import itertools
+
+    n = next(_publish._serial)
+    monkeypatch.setattr(_publish, "_serial", itertools.count(n))
+    rtdir.mkdir(mode=0o700)
+    stale = rtdir / f".{os.getpid()}-{n}.tmp"
+    stale.write_bytes(b"half made")
+    lord = MemLord()
+    with lord.publish("after a crash") as pub:
+        assert _publish.read_record(pub.path)["name"] == "after a crash"
+
+
+def test_readers_remove_half_made_records_of_dead_processes(rtdir):
+    """What a killed publisher left half made is removed by the next reader, as its whole
+    record would be; a live process's is left alone."""
+    rtdir.mkdir(mode=0o700)
+    dead = rtdir / f".{_dead_pid()}-1.tmp"
+    dead.write_bytes(b"half made")
+    live = rtdir / f".{os.getpid()}-999999.tmp"
+    live.write_bytes(b"being made")
+    assert _publish.read_all(rtdir) == []
+    assert not dead.exists()
+    assert live.exists()
+    assert _publish.read_all(rtdir, clean=False) == [] and live.exists()
