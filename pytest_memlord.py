@@ -324,14 +324,30 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
             item.runtest()
     cuda_before = heavy.cuda_allocated() if marks.get("no_cuda_leaks") else None
     m = heavy.Measurement(item.nodeid, leaks=bool(leaks), sites_at_peak="limit_memory" in marks)
-    m.start()
-    try:
-        result = yield
-    except BaseException:
+    ran: dict[str, bool] = {}
+    method = _unittest_method(item)
+    if method is None:
+        m.start()
+        try:
+            result = yield
+        except BaseException:
+            m.stop()
+            _record(item, m, None, marks, failed=True)
+            raise
         m.stop()
-        _record(item, m, None, marks, failed=True)
-        raise
-    m.stop()
+    else:
+        # pytest runs a unittest.TestCase's setUp, test method and tearDown in the call
+        # phase: only the method is measured, as only a test function's call is
+        _measure_method(item, method, m, ran)
+        try:
+            result = yield
+        finally:
+            _unmeasure_method(item, method)
+        if not ran:  # setUp raised or skipped: nothing was measured
+            return result
+        if ran.get("raised"):  # unittest reports the method's error; the limits say nothing
+            _record(item, m, None, marks, failed=True)
+            return result
     failures: list[str] = []
     cuda_after = None
     if cuda_before is not None:
@@ -341,6 +357,64 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     if failures:
         pytest.fail("\n\n".join(failures), pytrace=False)
     return result
+
+
+def _unittest_method(item: pytest.Item) -> Any:
+    """The bound test method of a unittest.TestCase item (what pytest calls between setUp
+    and tearDown), else None."""
+    import unittest
+
+    instance = getattr(item, "instance", None)
+    name = getattr(item, "name", None)
+    if not isinstance(instance, unittest.TestCase) or not isinstance(name, str):
+        return None
+    return getattr(item, "obj", None)
+
+
+def _measure_method(item: pytest.Item, method: Any, m: Any, ran: dict[str, bool]) -> None:
+    """item's test method, measured by m: pytest calls item.obj (a synchronous method),
+    unittest the instance's attribute (an async one, which pytest leaves to unittest)."""
+    import functools
+    import inspect
+
+    if inspect.iscoroutinefunction(method):
+
+        @functools.wraps(method)
+        async def measured(*args: Any, **kwargs: Any) -> Any:
+            ran["ran"] = True
+            m.start()
+            try:
+                return await method(*args, **kwargs)
+            except BaseException:
+                ran["raised"] = True
+                raise
+            finally:
+                m.stop()
+
+    else:
+
+        @functools.wraps(method)
+        def measured(*args: Any, **kwargs: Any) -> Any:
+            ran["ran"] = True
+            m.start()
+            try:
+                return method(*args, **kwargs)
+            except BaseException:
+                ran["raised"] = True
+                raise
+            finally:
+                m.stop()
+
+    item.obj = measured  # type: ignore[attr-defined]
+    setattr(item.instance, item.name, measured)  # type: ignore[attr-defined]
+
+
+def _unmeasure_method(item: pytest.Item, method: Any) -> None:
+    item.obj = method  # type: ignore[attr-defined]
+    try:
+        delattr(item.instance, item.name)  # type: ignore[attr-defined]
+    except AttributeError:
+        pass  # pytest removed it already
 
 
 def _device_matches(selector: str | None, dev: str) -> bool:

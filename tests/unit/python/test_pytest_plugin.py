@@ -84,6 +84,56 @@ def test_limit_memory_counts_only_the_call_not_class_or_module_fixtures(
     assert peaks == {"test_small[10]": {"cpu": 40}, "test_small[20000]": {"cpu": 80_000}}
 
 
+def test_a_unittest_case_counts_its_test_method_not_its_setup_or_teardown(
+    pytester: pytest.Pytester,
+) -> None:
+    """pytest runs a unittest.TestCase's setUp, test method and tearDown inside the call
+    phase; docs/pytest.md promises that setup and teardown are never measured, so only the
+    test method is (sync and async), and a storage setUp made that tearDown frees is no
+    leak of the test's."""
+    pytester.makepyfile(
+        test_unit="""
+        import unittest
+        import pytest, torch
+
+        class TestCase(unittest.TestCase):
+            def setUp(self):
+                self.weights = torch.zeros(1_000_000)     # 4 MB, made in setUp
+
+            def tearDown(self):
+                big = torch.zeros(2_000_000)              # 8 MB, in tearDown
+                del big
+
+            @pytest.mark.limit_memory("100 kB")
+            def test_small(self):
+                x = torch.zeros(1000)
+                self.assertEqual(x.numel(), 1000)
+
+            @pytest.mark.limit_leaks("1 kB")
+            def test_keeps_what_setup_made(self):
+                self.weights.add_(1)
+
+        class TestAsync(unittest.IsolatedAsyncioTestCase):
+            async def asyncSetUp(self):
+                self.weights = torch.zeros(1_000_000)
+
+            @pytest.mark.limit_memory("100 kB")
+            async def test_small(self):
+                x = torch.zeros(2000)
+                self.assertEqual(x.numel(), 2000)
+        """
+    )
+    r = pytester.runpytest("-p", "no:cacheprovider", "--memlord", "--memlord-json", "o.json")
+    r.assert_outcomes(passed=3)
+    doc = json.loads((pytester.path / "o.json").read_text())
+    peaks = {t["nodeid"].split("test_unit.py::")[-1]: t["peak"] for t in doc["tests"]}
+    assert peaks == {
+        "TestCase::test_small": {"cpu": 4000},
+        "TestCase::test_keeps_what_setup_made": {},
+        "TestAsync::test_small": {"cpu": 8000},
+    }
+
+
 LEAK = """
 import pytest, torch
 
