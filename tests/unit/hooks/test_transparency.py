@@ -33,6 +33,7 @@ import multiprocessing as mp
 import os
 import pickle
 import sys
+import traceback
 import types
 import warnings
 import weakref
@@ -1645,6 +1646,36 @@ def storage_resize_arguments():
         _error_of(lambda: storage().resize_()),
         _error_of(lambda: storage().resize_(8, 9)),
         _error_of(lambda: torch.UntypedStorage.resize_()),
+    ]
+
+
+def _frames_of(call):
+    """The frames of call()'s traceback a program sees (function and file names), from
+    this module's lambda down: memlord's frames must not appear where torch's do not."""
+    try:
+        call()
+    except Exception as e:  # the observation of an error is its traceback
+        tb = traceback.extract_tb(e.__traceback__)[1:]
+        return [type(e).__name__] + [[f.name, os.path.basename(f.filename)] for f in tb]
+    raise AssertionError("expected an error")
+
+
+@row
+def tracebacks_of_errors_in_hooked_calls():
+    """An error raised inside a hooked call (a conversion, a factory, torch.load, a module's
+    to(), UntypedStorage.resize_, an optimizer's step) has the traceback it has bare."""
+    lin = nn.Linear(2, 2)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    return [
+        _frames_of(lambda: T.to("nope")),
+        _frames_of(lambda: T.half(3)),
+        _frames_of(lambda: torch.zeros("a")),
+        _frames_of(lambda: torch.ones(2).untyped_storage().resize_(-1)),
+        _frames_of(lambda: torch.UntypedStorage.resize_(torch.UntypedStorage(2), -1)),
+        _frames_of(lambda: torch.load(io.BytesIO(b"not a checkpoint"))),
+        _frames_of(lambda: lin.to("nope")),
+        _frames_of(lambda: opt.step(closure=lambda: 1 / 0)),
+        _frames_of(lambda: lin(torch.ones(2, 5))),
     ]
 
 
