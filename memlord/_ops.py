@@ -396,52 +396,44 @@ def _uninstall_sources() -> None:
     _core._optimizer_step(False)
 
 
-_BOUND_KEYWORD_CALLS = sys.version_info < (3, 11)
+def _storage_resized(storage: Any) -> None:
+    """After ``UntypedStorage.resize_`` (it returns the storage): a tracked storage counts
+    its new size."""
+    try:
+        _core._storage_resized(storage, storage.nbytes())
+    except Exception:  # noqa: BLE001 - accounting never raises into the caller
+        _report("UntypedStorage.resize_")
 
 
-def _wrap_storage_resize(original: Any) -> Any:
-    """``torch.UntypedStorage.resize_`` is no aten operator (the mode never sees it; FSDP2
-    frees and re-allocates parameters with it): a tracked storage counts its new size."""
-
-    @functools.wraps(original)
-    def resize_(*args: Any, **kwargs: Any) -> Any:
-        # the arguments exactly as given: torch's own call takes and refuses them
-        if kwargs and args and _BOUND_KEYWORD_CALLS:
-            # CPython 3.10 compiles s.resize_(k=v) to a call of the bound method, whose
-            # error names type(s) (UntypedStorage.resize_), not the descriptor's class
-            result = original.__get__(args[0], type(args[0]))(*args[1:], **kwargs)
-        else:
-            result = original(*args, **kwargs)
-        try:
-            _core._storage_resized(args[0], args[0].nbytes())
-        except Exception:  # noqa: BLE001 - accounting never raises into the caller
-            _report("UntypedStorage.resize_")
-        return result
-
-    resize_.__memlord_original__ = original  # type: ignore[attr-defined]
-    return resize_
-
-
-_RESIZE_NOT_OWN = object()  # UntypedStorage had no resize_ of its own (inherited)
+#: what ``UntypedStorage`` held as its own ``resize_`` before memlord's hook (none: torch's
+#: is inherited from StorageBase), and the hook; None while not patched
+_resize_patch: tuple[Any, Any] | None = None
+_RESIZE_NOT_OWN = object()
 
 
 def _patch_storage_resize(on: bool) -> None:
-    """Wrap ``UntypedStorage.resize_`` (on) or put back what was there (off): the class's
-    own attribute, or none (torch's is inherited from StorageBase).  A wrapper someone
-    put over memlord's meanwhile (MemTracker) is left in place."""
+    """``torch.UntypedStorage.resize_`` is no aten operator (the mode never sees it; FSDP2
+    frees and re-allocates parameters with it): with ops on, a C hook (as torch.load's)
+    calls it with the arguments exactly as given and then counts a tracked storage's new
+    size, so that no frame of memlord's stands in the traceback of an error it raises.
+    Off: put back what the class held as its own (or nothing: torch's is inherited),
+    unless someone put a wrapper over memlord's meanwhile (MemTracker): that stays."""
+    global _resize_patch
     owner = torch.UntypedStorage
-    own = owner.__dict__.get("resize_", _RESIZE_NOT_OWN)
     if on:
-        if getattr(own, "__memlord_original__", None) is None:
-            wrapper = _wrap_storage_resize(owner.resize_)
-            wrapper.__memlord_own__ = own  # type: ignore[attr-defined]
-            owner.resize_ = wrapper  # type: ignore[method-assign]
-    elif getattr(own, "__memlord_original__", None) is not None:
-        before = own.__memlord_own__  # type: ignore[union-attr]
-        if before is _RESIZE_NOT_OWN:
-            del owner.resize_
-        else:
-            owner.resize_ = before  # type: ignore[method-assign]
+        if _resize_patch is None:
+            own = owner.__dict__.get("resize_", _RESIZE_NOT_OWN)
+            hook = _core._after_hook(owner, "resize_", owner.resize_, _storage_resized)
+            owner.resize_ = hook  # type: ignore[method-assign]
+            _resize_patch = (own, hook)
+    elif _resize_patch is not None:
+        own, hook = _resize_patch
+        _resize_patch = None
+        if owner.__dict__.get("resize_") is hook:
+            if own is _RESIZE_NOT_OWN:
+                del owner.resize_
+            else:
+                owner.resize_ = own  # type: ignore[method-assign]
 
 
 def _install(group: str, on: bool) -> None:

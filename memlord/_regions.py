@@ -16,7 +16,9 @@ import inspect
 import itertools
 import logging
 import struct
+import sys
 import threading
+import types
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -511,9 +513,31 @@ def _watch_backward(
             del claims[key]
 
 
+def _call_impl_inner() -> Any:
+    """The code of the function inside ``nn.Module._call_impl`` that runs the forward
+    hooks (torch 2.x: ``inner``), or None."""
+    code = getattr(getattr(torch.nn.Module, "_call_impl", None), "__code__", None)
+    for const in getattr(code, "co_consts", ()):
+        if isinstance(const, types.CodeType) and const.co_name == "inner":
+            return const
+    return None
+
+
+_CALL_INNER = _call_impl_inner()
+
+
+def _call_kwargs(frame: Any) -> dict | None:
+    """The keyword inputs of the module call whose global forward pre-hook runs now, read
+    from torch's frame that calls the hook (``frame``); None where it is not that frame."""
+    if _CALL_INNER is None or frame.f_code is not _CALL_INNER:
+        return None
+    kwargs = frame.f_locals.get("kwargs")
+    return kwargs if isinstance(kwargs, dict) else None
+
+
 class _Stack(list):
-    """One thread's open spans of a ModuleSpans: (key, token, input nodes), innermost
-    last."""
+    """One thread's open spans of a ModuleSpans: (key, token, input nodes, whether the
+    keyword inputs are still to be added after the call), innermost last."""
 
     __slots__ = ("__weakref__",)
     __hash__ = object.__hash__  # by identity, in a WeakSet
@@ -526,13 +550,15 @@ class ModuleSpans:
 
     A span opens when a module's forward starts (``open(name) -> token``) and closes when
     it ends, also by an exception (``close(token)``); with ``backward`` a span named
-    ``"<name> (backward)"`` covers the call's backward (:func:`_watch_backward`).  With
-    ``model`` the hooks are on that model's modules, each named by its qualified name
-    (the root by its class name); without, global hooks see every module call, named by
-    the qualified name under the first module called that contains it (the root itself
-    by its class name).  The inputs whose gradients end a backward span are the call's
-    positional and keyword inputs (global hooks see the keyword ones only after the
-    call).  Accounting never raises into the model."""
+    ``"<name> (backward)"`` covers the call's backward (:func:`_watch_backward`).  The
+    hooks are torch's global module hooks, never hooks on the modules (the model pickles,
+    deep-copies and scripts as without memlord).  With ``model`` the spans are those of
+    that model's modules, each named by its qualified name (the root by its class name);
+    without, of every module call, named by the qualified name under the first module
+    called that contains it (the root itself by its class name).  The inputs whose
+    gradients end a backward span are the call's positional and keyword inputs (the
+    keyword ones read from torch's frame calling the hook; where that frame is not found,
+    taken after the call).  Accounting never raises into the model."""
 
     def __init__(
         self,
@@ -549,35 +575,45 @@ class ModuleSpans:
         self._stacks: weakref.WeakSet[_Stack] = weakref.WeakSet()
         self._stacks_lock = threading.Lock()
         self._handles: list[Any] = []
+        # Global hooks in both cases, never hooks on the model's modules: a hook a module
+        # holds goes with it into pickle.dumps(model) and torch.save(model) (memlord's
+        # closures do not pickle) and torch.jit.script(model) compiles it (it cannot):
+        # the model must stay as it is. With a model, each of its modules is looked up by
+        # id (a weak reference says it is the same one): other modules pass untouched.
+        self._tracked: dict[int, tuple[Any, str]] | None = None
+        self._model_gone: Any = None
+        if model is None:
+            self._names: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        else:
+            root = type(model).__name__
+            self._tracked = {
+                id(mod): (weakref.ref(mod), qname or root) for qname, mod in model.named_modules()
+            }
+            # the hooks go when the model does (hooks on its modules would have gone with
+            # it): a tracker never disabled does not outlive its model
+            self._model_gone = weakref.finalize(model, self._remove_hooks)
         try:
-            if model is None:
-                from torch.nn.modules import module as torch_module
+            from torch.nn.modules import module as torch_module
 
-                self._names: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-                self._handles.append(torch_module.register_module_forward_pre_hook(self._pre))
-                self._handles.append(
-                    torch_module.register_module_forward_hook(
-                        self._post, with_kwargs=True, always_call=True
-                    )
+            self._handles.append(torch_module.register_module_forward_pre_hook(self._pre))
+            self._handles.append(
+                torch_module.register_module_forward_hook(
+                    self._post, with_kwargs=True, always_call=True
                 )
-            else:
-                root = type(model).__name__
-                for qname, mod in model.named_modules():
-                    name = qname or root
-                    self._handles.append(
-                        mod.register_forward_pre_hook(self._opener(name), with_kwargs=True)
-                    )
-                    self._handles.append(
-                        mod.register_forward_hook(self._closer(name), always_call=True)
-                    )
+            )
         except BaseException:
             self.disable()
             raise
 
     # ---- the hooks ----------------------------------------------------------------------
 
-    def _name(self, module: Any) -> str:
-        """A module's name under global hooks (see the class)."""
+    def _name(self, module: Any) -> str | None:
+        """A module's span name: its qualified name in the tracked model (None: not one
+        of its modules), or under global hooks (see the class)."""
+        tracked = self._tracked
+        if tracked is not None:
+            entry = tracked.get(id(module))
+            return entry[1] if entry is not None and entry[0]() is module else None
         name = self._names.get(module)
         if name is None:
             name = type(module).__name__
@@ -596,7 +632,12 @@ class ModuleSpans:
         if _ops._dynamo_compiling():
             return
         try:
-            self._enter(module, self._name(module), args)
+            name = self._name(module)
+            if name is None:
+                return
+            # torch passes a global pre-hook the positional inputs only
+            kwargs = _call_kwargs(sys._getframe(1))
+            self._enter(module, name, args if kwargs is None else (args, kwargs), kwargs is None)
         except Exception:  # noqa: BLE001 - accounting never raises into the caller
             log.exception("memlord module spans: opening a span failed")
 
@@ -606,31 +647,11 @@ class ModuleSpans:
             return
         kwargs, output = rest if len(rest) == 2 else (None, rest[-1])
         try:
-            self._exit(module, self._name(module), output, kwargs)
+            name = self._name(module)
+            if name is not None:
+                self._exit(module, name, output, kwargs)
         except Exception:  # noqa: BLE001 - accounting never raises into the caller
             log.exception("memlord module spans: closing a span failed")
-
-    def _opener(self, name: str) -> Callable:
-        def hook(module: Any, args: Any, kwargs: Any) -> None:
-            if _ops._dynamo_compiling():
-                return
-            try:
-                self._enter(module, name, (args, kwargs))
-            except Exception:  # noqa: BLE001 - accounting never raises into the caller
-                log.exception("memlord module spans: opening a span failed")
-
-        return hook
-
-    def _closer(self, name: str) -> Callable:
-        def hook(module: Any, _args: Any, output: Any) -> None:
-            if _ops._dynamo_compiling():
-                return
-            try:
-                self._exit(module, name, output, None)
-            except Exception:  # noqa: BLE001 - accounting never raises into the caller
-                log.exception("memlord module spans: closing a span failed")
-
-        return hook
 
     # ---- the spans ----------------------------------------------------------------------
 
@@ -642,7 +663,7 @@ class ModuleSpans:
                 self._stacks.add(stack)
         return stack
 
-    def _enter(self, module: Any, name: str, inputs: Any) -> None:
+    def _enter(self, module: Any, name: str, inputs: Any, more_after: bool) -> None:
         # the autograd nodes of the inputs, before the forward can change them in place
         nodes = _grad_nodes(inputs) if self._backward else None
         stack = self._stack()
@@ -650,7 +671,8 @@ class ModuleSpans:
             # the outermost forward on this thread: what it receives is the model's input
             _ops.categorize_inputs(inputs, module)
         token = self._open_span(name)
-        stack.append((id(module), token, nodes))
+        # more_after: the keyword inputs were not seen, the hook after the call adds them
+        stack.append((id(module), token, nodes, more_after))
 
     def _exit(self, module: Any, name: str, output: Any, more_inputs: Any) -> None:
         stack = self._stack()
@@ -659,12 +681,12 @@ class ModuleSpans:
             return
         # close what a failed or re-entered call left open above this one
         while stack:
-            k, token, nodes = stack.pop()
+            k, token, nodes, more_after = stack.pop()
             self._close_span(token)
             if k == key:
                 break
         if nodes is not None:
-            if more_inputs:
+            if more_inputs and more_after:
                 nodes = _grad_nodes(more_inputs, out=list(nodes))
             bname = name + " (backward)"
             _watch_backward(
@@ -675,7 +697,7 @@ class ModuleSpans:
         """Open a backward span on the thread autograd runs the module's backward on."""
         token = self._open_span(bname)
         stack = self._stack()
-        entry = (None, token, None)
+        entry = (None, token, None, False)
         stack.append(entry)
         return stack, entry
 
@@ -700,9 +722,18 @@ class ModuleSpans:
 
     def _remove_hooks(self) -> None:
         """Remove every hook; spans still open stay open."""
+        if self._model_gone is not None:
+            self._model_gone.detach()
         handles, self._handles = self._handles, []
+        from torch.nn.modules import module as torch_module
+
+        with_kwargs = getattr(torch_module, "_global_forward_hooks_with_kwargs", {})
         for h in handles:
             h.remove()
+            # torch's handle of a global forward hook registered with_kwargs leaves its id
+            # in _global_forward_hooks_with_kwargs (torch 2.13): torch.compile(model) would
+            # warn of global module hooks for the rest of the process (ids are unique)
+            with_kwargs.pop(h.id, None)
 
     def disable(self) -> None:
         """Remove every hook and close the spans still open, on every thread (a backward

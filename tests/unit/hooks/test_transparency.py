@@ -33,6 +33,7 @@ import multiprocessing as mp
 import os
 import pickle
 import sys
+import traceback
 import types
 import warnings
 import weakref
@@ -137,6 +138,7 @@ def observe(fn):
 @contextmanager
 def hooks(mode: str):
     """memlord's hooks of one kind on ('off': none) for the duration."""
+    global HOOKED_LORD
     lord = MemLord(auto_gc_bytes=None)
     with ExitStack() as stack:
         if mode in ("torch", "both", "ops"):
@@ -145,7 +147,30 @@ def hooks(mode: str):
             stack.enter_context(lord.hook_into_python())
         if mode == "ops":
             stack.enter_context(lord.hook_into_python(ops=True))
+        HOOKED_LORD = lord if mode != "off" else None
+        stack.callback(globals().__setitem__, "HOOKED_LORD", None)
+        stack.callback(_disable_trackers)
         yield lord
+
+
+#: the lord of the hooks on now (None: off), for the rows that use memlord's other features
+HOOKED_LORD: MemLord | None = None
+
+
+_TRACKERS: list = []
+
+
+def tracked(model: nn.Module) -> nn.Module:
+    """model, tracked by ``track_modules`` while hooked (as without memlord when off); the
+    tracker stays on until the hooks go off."""
+    if HOOKED_LORD is not None:
+        _TRACKERS.append(HOOKED_LORD.track_modules(model))
+    return model
+
+
+def _disable_trackers() -> None:
+    while _TRACKERS:
+        _TRACKERS.pop().disable()
 
 
 # --------------------------------------------------------------------------- factories
@@ -657,6 +682,122 @@ def conversion_preserves_names():
 def small_net():
     torch.manual_seed(1)
     return nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 2))
+
+
+def _module_hooks(m: nn.Module) -> list:
+    """How many hooks each of m's modules holds (forward, pre-forward, backward)."""
+    return [
+        [len(s._forward_hooks), len(s._forward_pre_hooks), len(s._backward_hooks)]
+        for s in m.modules()
+    ]
+
+
+@row
+def track_modules_pickle_and_save():
+    """A tracked model pickles, saves whole and deep-copies as without memlord: the tracker
+    puts nothing on it (its hooks, closures, would not pickle and would go with the copy)."""
+    m = tracked(small_net()).eval()
+    x = torch.ones(2, 3)
+    buf = io.BytesIO()
+    torch.save(m, buf)
+    buf.seek(0)
+    copies = [
+        pickle.loads(pickle.dumps(m)),
+        torch.load(buf, weights_only=False),
+        copy.deepcopy(m),
+    ]
+    return [m(x), _module_hooks(m)] + [[c(x), _module_hooks(c)] for c in copies]
+
+
+@row
+def track_modules_jit_script():
+    """torch.jit.script of a tracked model (TorchScript compiles a module's own forward
+    hooks: memlord's cannot be compiled)."""
+    m = tracked(small_net()).eval()
+    with torch.no_grad():
+        s = torch.jit.script(m)
+        return [s(torch.ones(2, 3)), s.code, m(torch.ones(2, 3))]
+
+
+_GLOBAL_HOOK_WARNING = (
+    "track_modules takes torch's global module hooks (hooks on the modules would go into "
+    "pickle and torch.jit.script): torch.compile(model)'s OptimizedModule warns at each call "
+    "while any global module hook is installed (docs/guide.md, Transparency)"
+)
+
+
+@row(xfail={m: _GLOBAL_HOOK_WARNING for m in MODES})
+def track_modules_compiled_module_warns():
+    m = tracked(small_net()).eval()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = compiled(m, torch.ones(2, 3))
+    return [out, [[w.category.__name__, str(w.message)] for w in caught]]
+
+
+def _module_compiled(fullgraph: bool) -> list:
+    """A tracked nn.Sequential compiled in place (model.compile(): no OptimizedModule) and
+    called thrice: the outputs, dynamo's frame and op counts, graph breaks and warnings."""
+    from torch._dynamo.testing import CompileCounter
+    from torch._dynamo.utils import counters
+
+    m = tracked(small_net()).eval()
+    torch._dynamo.reset()
+    counters.clear()
+    cnt = CompileCounter()
+    with warnings.catch_warnings(record=True) as caught, compiler_env():
+        warnings.simplefilter("always")
+        m.compile(backend=cnt, fullgraph=fullgraph)
+        out = [m(torch.ones(2, 3)), m(torch.ones(2, 3)), m(torch.ones(5, 3))]
+    torch._dynamo.reset()
+    breaks = sum(counters["graph_break"].values())
+    warned = [[w.category.__name__, str(w.message)] for w in caught]
+    return [out, cnt.frame_count, cnt.op_count, breaks, warned]
+
+
+@row
+def track_modules_module_compile():
+    # with hooks on the modules (memlord before), dynamo compiled the Sequential's frames
+    # (2 frames, 6 ops) where bare it compiles none
+    return _module_compiled(fullgraph=False)
+
+
+_HOOK_FRAME_COMPILED = (
+    "a module hook's frame (memlord's global forward pre-hook) is a frame dynamo compiles "
+    "when torch skips the module's own (nn.Sequential's forward, in torch's skipfiles): bare, "
+    "model.compile(fullgraph=True) raises 'found no compiled frames', hooked it compiles the "
+    "hook's empty frame; only torch._dynamo's code-exec strategy could skip it, and memlord "
+    "does not import torch._dynamo"
+)
+
+
+@row(xfail={m: _HOOK_FRAME_COMPILED for m in MODES})
+def track_modules_module_compile_fullgraph_no_frames():
+    return _module_compiled(fullgraph=True)
+
+
+@row
+def track_modules_compile_and_backward():
+    """A tracked model compiled (fullgraph, eager backend), forward and backward, with
+    keyword inputs: the same results, graphs and graph breaks; eager calls after it too."""
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(3, 4), nn.Linear(4, 2)
+
+        def forward(self, x, *, scale):
+            return self.b(self.a(x) * scale)
+
+    torch.manual_seed(0)
+    m = tracked(Net())
+    x = torch.ones(2, 3, requires_grad=True)
+    scale = torch.full((4,), 2.0, requires_grad=True)
+    out = compiled(functools.partial(m, scale=scale), x)
+    out[0].sum().backward()
+    eager = m(x, scale=scale)
+    eager.sum().backward()
+    return [out, eager, x.grad, scale.grad, [p.grad for p in m.parameters()]]
 
 
 @row
@@ -1645,6 +1786,36 @@ def storage_resize_arguments():
         _error_of(lambda: storage().resize_()),
         _error_of(lambda: storage().resize_(8, 9)),
         _error_of(lambda: torch.UntypedStorage.resize_()),
+    ]
+
+
+def _frames_of(call):
+    """The frames of call()'s traceback a program sees (function and file names), from
+    this module's lambda down: memlord's frames must not appear where torch's do not."""
+    try:
+        call()
+    except Exception as e:  # the observation of an error is its traceback
+        tb = traceback.extract_tb(e.__traceback__)[1:]
+        return [type(e).__name__] + [[f.name, os.path.basename(f.filename)] for f in tb]
+    raise AssertionError("expected an error")
+
+
+@row
+def tracebacks_of_errors_in_hooked_calls():
+    """An error raised inside a hooked call (a conversion, a factory, torch.load, a module's
+    to(), UntypedStorage.resize_, an optimizer's step) has the traceback it has bare."""
+    lin = nn.Linear(2, 2)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+    return [
+        _frames_of(lambda: T.to("nope")),
+        _frames_of(lambda: T.half(3)),
+        _frames_of(lambda: torch.zeros("a")),
+        _frames_of(lambda: torch.ones(2).untyped_storage().resize_(-1)),
+        _frames_of(lambda: torch.UntypedStorage.resize_(torch.UntypedStorage(2), -1)),
+        _frames_of(lambda: torch.load(io.BytesIO(b"not a checkpoint"))),
+        _frames_of(lambda: lin.to("nope")),
+        _frames_of(lambda: opt.step(closure=lambda: 1 / 0)),
+        _frames_of(lambda: lin(torch.ones(2, 5))),
     ]
 
 

@@ -5,6 +5,7 @@ gradient, and a forward that raises."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -145,3 +146,70 @@ def test_a_compiled_model_compiles_as_without_module_spans(tmp_path, how: str) -
         else:
             spans._remove_hooks()
             tracker.stop()
+
+
+def test_track_modules_leaves_the_model_as_it_is() -> None:
+    """The tracker's hooks are torch's global ones, filtered to the model's modules: none
+    on the modules (they would go into pickle.dumps(model) and torch.jit.script(model)),
+    other modules untouched, and the hooks go when the model goes if the tracker was never
+    disabled (the tracker does not keep the model alive)."""
+    import gc
+    import weakref
+
+    from torch.nn.modules import module as torch_module
+
+    def hooks_on(m: nn.Module) -> int:
+        return sum(len(s._forward_hooks) + len(s._forward_pre_hooks) for s in m.modules())
+
+    before = len(torch_module._global_forward_pre_hooks), len(torch_module._global_forward_hooks)
+    lord = MemLord()
+    model, other = Model(), nn.Linear(8, 8)
+    tracker = lord.track_modules(model)
+    assert hooks_on(model) == 0
+    _step(model)
+    other(torch.ones(1, 8))
+    names = {"Model", "a", "inner", "inner.lin", "b"}
+    assert set(lord.regions()) == names | {n + " (backward)" for n in names}
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None
+    assert not tracker.enabled
+    after = len(torch_module._global_forward_pre_hooks), len(torch_module._global_forward_hooks)
+    assert after == before
+
+
+def test_disabled_tracker_leaves_no_global_hook() -> None:
+    """torch's handle of a global forward hook with kwargs leaves its id behind in
+    ``_global_forward_hooks_with_kwargs`` (torch 2.13): memlord removes it, or
+    torch.compile(model) would warn of global module hooks for the rest of the process."""
+    from torch.nn.modules import module as torch_module
+
+    assert not torch_module._has_any_global_hook()
+    lord = MemLord()
+    model = Model()
+    with lord.track_modules(model):
+        assert torch_module._has_any_global_hook()
+    assert not torch_module._has_any_global_hook()
+
+
+def test_keyword_inputs_are_read_before_the_forward() -> None:
+    """torch hands a global forward pre-hook the positional inputs only: the keyword ones
+    are read from torch's frame calling the hook (found on every supported torch)."""
+    from torch.nn.modules import module as torch_module
+
+    from memlord import _regions
+
+    seen = []
+
+    def pre(module, args):
+        seen.append(_regions._call_kwargs(sys._getframe(1)))
+
+    handle = torch_module.register_module_forward_pre_hook(pre)
+    try:
+        h = torch.ones(1, 8)
+        Inner()(hidden=h)
+    finally:
+        handle.remove()
+    assert seen[0] is not None and seen[0]["hidden"] is h
+    assert seen[1] == {}  # Inner.lin, called with a positional input
