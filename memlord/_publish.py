@@ -35,7 +35,7 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -654,7 +654,10 @@ def publisher_of(lord: Any) -> Publisher | None:
     return None
 
 
-def on_pressure(lord: Any, fn: Callable[[str, int], Any]) -> Callable[[str, int], Any]:
+_PressureFn = TypeVar("_PressureFn", bound=Callable[[str, int], object])
+
+
+def on_pressure(lord: Any, fn: _PressureFn) -> _PressureFn:
     """``lord.on_pressure(fn)``: ``fn(device, nbytes)`` runs when another process asks
     for memory and this lord publishes with ``cooperate=True``.  Returns ``fn`` (usable
     as a decorator)."""

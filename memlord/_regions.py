@@ -20,12 +20,17 @@ import threading
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from . import _ops
 from ._core import CATEGORIES, Region
+
+if TYPE_CHECKING:
+    from ._core import Lord as _LordBase
+else:
+    _LordBase = object  # the mixin's methods run on memlord.MemLord, a _core.Lord
 
 log = logging.getLogger("memlord")
 
@@ -770,7 +775,7 @@ class ModuleTracker(ModuleSpans):
         return f"<memlord ModuleTracker {'enabled' if self.enabled else 'disabled'}>"
 
 
-class RegionsMixin:
+class RegionsMixin(_LordBase):
     """The region methods of MemLord."""
 
     _region_aggregate: _Aggregate
