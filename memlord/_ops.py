@@ -157,7 +157,7 @@ def _push_mode() -> None:
         _state.mode = orphan
         _state.mode_thread = threading.get_ident()
         return
-    mode = OpsMode()
+    mode = OpsMode()  # type: ignore[no-untyped-call]  # TorchDispatchMode.__init__ is unannotated
     infra = sum(torch._C._get_dispatch_mode(k) is not None for k in _INFRA_KEYS)
     above = []
     try:
@@ -434,10 +434,10 @@ def _patch_storage_resize(on: bool) -> None:
     if on:
         if getattr(own, "__memlord_original__", None) is None:
             wrapper = _wrap_storage_resize(owner.resize_)
-            wrapper.__memlord_own__ = own  # type: ignore[attr-defined]
+            wrapper.__memlord_own__ = own
             owner.resize_ = wrapper  # type: ignore[method-assign]
     elif getattr(own, "__memlord_original__", None) is not None:
-        before = own.__memlord_own__  # type: ignore[union-attr]
+        before = own.__memlord_own__
         if before is _RESIZE_NOT_OWN:
             del owner.resize_
         else:
