@@ -273,7 +273,7 @@ def read_all(directory: Path | None = None, *, clean: bool = True) -> list[dict[
         if rec is not None and rec["pid"] not in starts:
             starts[rec["pid"]] = proc_start(rec["pid"])
         alive = rec is not None and starts[rec["pid"]] == rec["start"]
-        if not alive:
+        if rec is None or not alive:
             if clean and (rec is not None or _stale_file(Path(path))):
                 try:
                     os.unlink(path)
@@ -323,7 +323,8 @@ class Publisher:
         self._lord = weakref.ref(lord)
         self.name = name if name is not None else _default_name()
         self.cooperate = cooperate
-        self._state = {
+        # the fields of the Python part of the record (_PY_FIELDS), by name
+        self._state: dict[str, Any] = {
             "pid": os.getpid(),
             "start": proc_start(os.getpid()) or 0,
             "rank": -1,
@@ -668,10 +669,12 @@ def on_pressure(lord: Any, fn: _PressureFn) -> _PressureFn:
     return fn
 
 
-_lord_callbacks: weakref.WeakKeyDictionary[Any, list] = weakref.WeakKeyDictionary()
+_lord_callbacks: weakref.WeakKeyDictionary[Any, list[Callable[[str, int], object]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def _callbacks_of(lord: Any) -> list:
+def _callbacks_of(lord: Any) -> list[Callable[[str, int], object]]:
     cbs = _lord_callbacks.get(lord)
     if cbs is None:
         cbs = _lord_callbacks[lord] = []

@@ -20,7 +20,7 @@ import math
 import operator
 import os
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -44,7 +44,7 @@ MAX_COLLECTIONS = 100
 # ---- argument checks -------------------------------------------------------------------
 
 
-def _check_step(fname: str, step: Any) -> Callable[[int], Any]:
+def _check_step(fname: str, step: object) -> Callable[[int], Any]:
     if not callable(step):
         raise TypeError(
             f"{fname}(): argument 'step' must be a callable taking the batch size, "
@@ -200,7 +200,9 @@ def _adopt_untracked(lord: Any) -> None:
     del found, params, grads, state
 
 
-def _measure(step: Callable[[int], Any], sizes: Iterable[int], warmup: int) -> list[dict]:
+def _measure(
+    step: Callable[[int], Any], sizes: Iterable[int], warmup: int
+) -> list[dict[str, _Sample]]:
     """Run ``warmup`` steps of the first size, then one step of each size, under a fresh
     lord with lifetime tracking and operator outputs; return one ``{device: _Sample}``
     per size.  Everything installed is taken off again, whatever the step does."""
@@ -293,7 +295,7 @@ def _lstsq(terms: tuple[str, ...], sizes: tuple[int, ...], y: np.ndarray) -> np.
     scale = np.abs(a).max(axis=0)
     scale[scale == 0] = 1.0
     coef, *_ = np.linalg.lstsq(a / scale, y, rcond=None)
-    return coef / scale.reshape((-1,) + (1,) * (coef.ndim - 1))
+    return cast(np.ndarray, coef / scale.reshape((-1,) + (1,) * (coef.ndim - 1)))
 
 
 class MemoryFit:
