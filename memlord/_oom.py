@@ -540,7 +540,8 @@ def _add_note(error: BaseException, note: str) -> None:
         if not isinstance(notes, list):
             notes = []
             try:
-                error.__notes__ = notes  # type: ignore[attr-defined]
+                # BaseException has __notes__ in typeshed from 3.11 on (mypy may check as 3.10)
+                error.__notes__ = notes  # type: ignore[attr-defined,unused-ignore]
             except Exception:  # noqa: BLE001
                 return
         notes.append(note)
