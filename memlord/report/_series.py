@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import cast
 
 import numpy as np
 
@@ -31,7 +30,7 @@ class Series:
     def peak(self) -> np.ndarray:
         """The running maximum of allocated."""
         if not len(self):
-            return cast(np.ndarray, self.allocated.copy())
+            return self.allocated.copy()
         return np.maximum.accumulate(self.allocated)
 
     def take(self, idx: np.ndarray) -> Series:
