@@ -11,7 +11,7 @@ from types import ModuleType, TracebackType
 from typing import Any, Literal, TypeVar, final
 
 import torch
-from typing_extensions import Self
+from typing_extensions import Self, disjoint_base
 
 from ._config import Band
 from ._types import CapacitySource, DeviceStats
@@ -97,6 +97,7 @@ _LiveEntry = tuple[
     int, int, int, int, int, int, torch.dtype | None, bool, tuple[int, ...] | None, str
 ]
 
+@disjoint_base  # an instance layout of its own (src/api/lord.c)
 class Lord:
     """The C core of memlord.MemLord: the ledger, its queries and the hooks."""
 

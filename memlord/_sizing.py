@@ -44,13 +44,13 @@ MAX_COLLECTIONS = 100
 # ---- argument checks -------------------------------------------------------------------
 
 
-def _check_step(fname: str, step: object) -> Callable[[int], Any]:
+def _check_step(fname: str, step: Any) -> Callable[[int], Any]:
     if not callable(step):
         raise TypeError(
             f"{fname}(): argument 'step' must be a callable taking the batch size, "
             f"not {type_name(step)}"
         )
-    return step
+    return cast("Callable[[int], Any]", step)
 
 
 def _check_size(fname: str, name: str, value: Any, low: int = 1) -> int:
