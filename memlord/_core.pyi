@@ -1,9 +1,10 @@
 # Type stub of memlord's C extension, memlord._core (src/module.c and the types it adds):
 # how memlord's own Python sees it.  Private: users read memlord/__init__.pyi.
 #
-# Every name is one of dir(memlord._core), and `python -m mypy.stubtest memlord` (tox -e
-# lint) checks this file against the built module: a name or a signature that drifts
-# fails there.  Functions without a __text_signature__ are typed from their C source.
+# It names exactly what dir(memlord._core) has (tests/unit/api/test_type_stubs.py), and
+# `python -m mypy.stubtest memlord` (tox -e lint) checks it against the built module: a
+# name or a signature that drifts fails there.  Functions without a __text_signature__
+# are typed from their C source.
 
 import logging
 from collections.abc import Callable
