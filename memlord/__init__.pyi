@@ -221,17 +221,17 @@ class MemLord:
     # live snapshots, leak checks, growth (lifetime tracking on: RuntimeError otherwise)
     def snapshot(
         self, top: int = 10, *, include_untracked: bool = False
-    ) -> dict[str, DeviceSnapshot]: ...
+    ) -> dict[str, _DeviceSnapshot]: ...
     def leak_check(self, *, collect: bool = True) -> LeakCheck: ...
     def assert_no_leak(self, *, collect: bool = True) -> LeakCheck: ...
     def step(self) -> int: ...
     @property
     def steps(self) -> int: ...
-    def growth(self, min_steps: int = 3) -> list[SiteGrowth]: ...
+    def growth(self, min_steps: int = 3) -> list[_SiteGrowth]: ...
 
     # regions
     def region(self, name: str, /) -> Region: ...
-    def regions(self, clear: bool = False) -> dict[str, RegionSummary]: ...
+    def regions(self, clear: bool = False) -> dict[str, _RegionSummary]: ...
     def track_modules(self, model: torch.nn.Module, *, backward: bool = True) -> ModuleTracker: ...
 
     # out of memory: post-mortems while the watch is enabled (docs/oom.md)
@@ -246,7 +246,7 @@ class MemLord:
 
     # several processes on one host (docs/ranks.md)
     def publish(self, name: str | None = None, *, cooperate: bool = False) -> Publisher: ...
-    def on_pressure(self, fn: _PressureFn, /) -> _PressureFn: ...
+    def on_pressure(self, fn: _PressureFn) -> _PressureFn: ...
     def request_memory(self, device: _Device, nbytes: int, *, timeout: float = 10.0) -> bool: ...
 
     # several ranks: a collective over a torch.distributed group (docs/ranks.md)
@@ -267,18 +267,22 @@ class MemLord:
 # One live storage: {"nbytes": int, "shape": tuple[int, ...] | None, "dtype": str | None,
 #   "device": str, "requires_grad": bool, "site": str | None, "region": str | None,
 #   "age_s": float | None, "tracked": bool, "category": str}  (docs/api.md#live-snapshots)
-SnapshotEntry = dict[str, Any]
-# snapshot()[device]: {"total_bytes": int, "count": int, "top": list[SnapshotEntry]}, and
+_SnapshotEntry = dict[str, Any]
+# snapshot()[device]: {"total_bytes": int, "count": int, "top": list[_SnapshotEntry]}, and
 # "untracked_bytes", "untracked_count" with include_untracked=True
-DeviceSnapshot = dict[str, Any]
+_DeviceSnapshot = dict[str, Any]
 # growth(): {"site": str | None, "bytes": list[int], "growth": int}
-SiteGrowth = dict[str, Any]
+_SiteGrowth = dict[str, Any]
 
 class LeakCheck:
     """What MemLord.leak_check() and MemLord.assert_no_leak() return."""
 
-    leaked: list[SnapshotEntry]  # filled on exit (and by check())
-    def check(self) -> list[SnapshotEntry]: ...
+    # made by MemLord (as are the handles below); their constructors are not API
+    def __init__(
+        self, lord: MemLord, *, collect: bool = True, raise_on_leak: bool = False
+    ) -> None: ...
+    leaked: list[_SnapshotEntry]  # filled on exit (and by check())
+    def check(self) -> list[_SnapshotEntry]: ...
     def by_site(self) -> dict[str | None, dict[str, int]]: ...
     def table(self, limit: int = 20) -> str: ...
     def __enter__(self) -> Self: ...
@@ -294,11 +298,11 @@ class LeakCheck:
 
 # r.stats[device]: {"delta", "peak", "peak_delta", "allocs", "frees": int, "categories":
 #   {category: {"delta", "peak_delta", "at_peak": int}}}
-RegionStats = dict[str, Any]
+_RegionStats = dict[str, Any]
 # lord.regions()[name]: {"count": int, "total_s": float, "devices": {device: {
 #   "total_delta": int, "avg_delta": float, "max_delta": int, "max_peak_delta": int,
 #   "categories": {category: {"total_delta", "max_delta", "max_peak_delta": int}}}}}
-RegionSummary = dict[str, Any]
+_RegionSummary = dict[str, Any]
 
 @final
 class Region:
@@ -308,7 +312,7 @@ class Region:
     @property
     def name(self) -> str: ...
     @property
-    def stats(self) -> dict[str, RegionStats]: ...  # filled at exit
+    def stats(self) -> dict[str, _RegionStats]: ...  # filled at exit
     @property
     def duration_s(self) -> float: ...  # filled at exit
     @property
@@ -320,18 +324,20 @@ class Region:
 class ModuleTracker:
     """What MemLord.track_modules(model) returns."""
 
+    def __init__(self, lord: MemLord, model: torch.nn.Module, backward: bool = True) -> None: ...
     @property
     def enabled(self) -> bool: ...
     def disable(self) -> None: ...
-    def regions(self, clear: bool = False) -> dict[str, RegionSummary]: ...
+    def regions(self, clear: bool = False) -> dict[str, _RegionSummary]: ...
     def __enter__(self) -> Self: ...
     def __exit__(self, *exc: object) -> None: ...
 
 class MemoryProfile:
     """What MemLord.profile_memory() yields."""
 
+    def __init__(self, lord: MemLord) -> None: ...
     @property
-    def stats(self) -> dict[str, RegionStats]: ...
+    def stats(self) -> dict[str, _RegionStats]: ...
     @property
     def duration_s(self) -> float: ...
     def peak_memory(self, device: _Device | None = None) -> int: ...
@@ -346,6 +352,7 @@ _PressureFn = TypeVar("_PressureFn", bound=Callable[[str, int], object])
 class Publisher:
     """What MemLord.publish() returns."""
 
+    def __init__(self, lord: MemLord, name: str | None, cooperate: bool) -> None: ...
     name: str
     cooperate: bool
     path: Path
@@ -362,6 +369,9 @@ class Publisher:
 class OOMWatch:
     """What MemLord.watch_oom() returns."""
 
+    def __init__(
+        self, lord: MemLord, path: Path | None, html: bool, top: int, limit: int
+    ) -> None: ...
     path: Path | None
     html: bool
     top: int
@@ -394,6 +404,8 @@ def retry_on_oom(
 def oom_retry(fn: _F, /) -> _F: ...
 @overload
 def oom_retry(
+    fn: None = None,
+    /,
     *,
     attempts: int = 3,
     backoff: float = 0.5,
@@ -460,6 +472,15 @@ def find_batch_size(
 class MemoryFit:
     """What fit_memory() measured and fitted."""
 
+    # made by fit_memory() (samples: its measurements per batch size); not API
+    def __init__(
+        self,
+        step: Callable[[int], object],
+        sizes: tuple[int, ...],
+        terms: tuple[_Term, ...],
+        samples: list[dict[str, Any]],
+        device: str | None,
+    ) -> None: ...
     batch_sizes: tuple[int, ...]
     terms: tuple[_Term, ...]
     devices: tuple[str, ...]
@@ -485,6 +506,14 @@ class MemoryFit:
 class ReusePlan:
     """Storages grouped into shared buffers whose lifetimes do not overlap."""
 
+    # made by LifetimeAnalyzer.compute_reuse_plan(); not API
+    def __init__(
+        self,
+        device: str,
+        storages: dict[str, numpy.ndarray[Any, Any]],
+        buffer_of: numpy.ndarray[Any, Any],
+        buffer_bytes: numpy.ndarray[Any, Any],
+    ) -> None: ...
     device: str
     storages: dict[str, numpy.ndarray[Any, Any]]
     buffer_of: numpy.ndarray[Any, Any]

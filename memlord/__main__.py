@@ -12,6 +12,7 @@ import argparse
 import os
 import platform
 import sys
+from typing import cast
 
 import torch
 
@@ -39,9 +40,10 @@ def info() -> int:
     lord = MemLord()
     for dev in ["cpu"] + [f"cuda:{i}" for i in range(cuda["device_count"])]:
         total, used, pct = lord.device_memory(dev)
-        if total is not None:
+        if total is not None:  # then used is an int too (three Nones otherwise)
             print(
-                f"{dev:<8} {format_bytes(used):>10} used of {format_bytes(total):>10} ({pct:.1f}%)"
+                f"{dev:<8} {format_bytes(cast(int, used)):>10} used of "
+                f"{format_bytes(total):>10} ({pct:.1f}%)"
             )
     return 0
 

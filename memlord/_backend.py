@@ -40,7 +40,7 @@ def release_cache(device_type: str, index: int) -> bool:
     return True
 
 
-def module_grads(module: torch.nn.Module) -> list:
+def module_grads(module: torch.nn.Module) -> list[torch.Tensor]:
     """The gradients a Module conversion converts with its parameters (the core counts the
     new ones after Module._apply, as it counts the parameters)."""
     try:

@@ -5,13 +5,15 @@ and hands the C core plain values; nothing changes on the lord when it raises.""
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Iterable
 
-METRICS = ("allocated", "freed", "max")
+from ._types import AutoGCMetric, AutoGCStrategy, AutoGCThreshold
+
+METRICS: tuple[AutoGCMetric, ...] = ("allocated", "freed", "max")
 MAX_BANDS = 1024
 AUTO = -1  # what the core takes for auto_gc_bytes="auto"
 
-DEFAULT_STRATEGY: dict[tuple[int, int], dict[str, Any]] = {
+DEFAULT_STRATEGY: AutoGCStrategy = {
     (0, 50): {"metric": "max", "threshold": {"percent": 60.0}},
     (50, 75): {"metric": "max", "threshold": {"percent": 50.0}},
     (75, 101): {"metric": "max", "threshold": {"percent": 40.0}},
@@ -177,7 +179,7 @@ def _parse_threshold(key: object, v: object) -> tuple[int, float]:
     return nbytes, percent
 
 
-def parse_strategy(value: object) -> tuple[tuple[Band, ...], dict]:
+def parse_strategy(value: object) -> tuple[tuple[Band, ...], AutoGCStrategy]:
     """The bands (sorted, checked) and the normalized dict that the getter returns."""
     if value is None:
         value = DEFAULT_STRATEGY
@@ -200,11 +202,11 @@ def parse_strategy(value: object) -> tuple[tuple[Band, ...], dict]:
     return tuple(bands), strategy_dict(bands)
 
 
-def strategy_dict(bands) -> dict:
+def strategy_dict(bands: Iterable[Band]) -> AutoGCStrategy:
     """A fresh dict in the form parse_strategy accepts."""
-    out: dict = {}
+    out: AutoGCStrategy = {}
     for lo, hi, lo_int, hi_int, metric, nbytes, percent in bands:
-        thr: dict[str, Any] = {}
+        thr: AutoGCThreshold = {}
         if nbytes >= 0:
             thr["bytes"] = nbytes
         if percent >= 0:

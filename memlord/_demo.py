@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import platform
+from typing import cast
 
 import torch
 from torch import nn
@@ -29,7 +30,7 @@ class Attention(nn.Module):
         b, t, d = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.heads, d // self.heads).unbind(2)
         att = torch.softmax((q @ k.transpose(-1, -2)) / (d // self.heads) ** 0.5, dim=-1)
-        return self.out((att @ v).reshape(b, t, d))
+        return cast(torch.Tensor, self.out((att @ v).reshape(b, t, d)))
 
 
 class Block(nn.Module):
@@ -42,7 +43,7 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+        return cast(torch.Tensor, x + self.mlp(self.ln2(x)))
 
 
 class TinyLM(nn.Module):
@@ -60,7 +61,7 @@ class TinyLM(nn.Module):
         x = self.embed(idx)
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln_f(x))
+        return cast(torch.Tensor, self.head(self.ln_f(x)))
 
 
 def param_bytes(model: nn.Module) -> int:

@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import operator
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import _core
 from ._errors import type_name
 from ._sites import site_text
+
+if TYPE_CHECKING:
+    from ._core import Lord as _LordBase
+else:
+    _LordBase = object  # the mixin's methods run on memlord.MemLord, a _core.Lord
 
 #: The layout of one record (``ml_rec`` in src/sinks/ring.h).
 EVENT_DTYPE = np.dtype(
@@ -96,7 +101,7 @@ def _physical_memory() -> int | None:
         return None
 
 
-class EventsMixin:
+class EventsMixin(_LordBase):
     """The event ring methods of MemLord."""
 
     def record_events(self, capacity: int) -> None:
@@ -118,24 +123,24 @@ class EventsMixin:
                 f"{EVENT_DTYPE.itemsize} bytes, more than this machine's memory "
                 f"({ram} bytes); the current ring is kept"
             )
-        self._record_events(capacity)  # type: ignore[attr-defined]
+        self._record_events(capacity)
 
     def events(self, clear: bool = False) -> np.ndarray:
         """The recorded events, oldest first, as a NumPy structured array of
         ``memlord.EVENT_DTYPE`` (a copy; ``clear=True`` empties the ring)."""
         if not isinstance(clear, bool):
             raise TypeError("events(): argument 'clear' must be a bool, not " + type_name(clear))
-        return np.frombuffer(self._events_bytes(clear), dtype=EVENT_DTYPE)  # type: ignore[attr-defined]
+        return np.frombuffer(self._events_bytes(clear), dtype=EVENT_DTYPE)
 
     @property
     def events_dropped(self) -> int:
         """Records overwritten because the ring was full, since record_events()."""
-        return self._events_info()[2]  # type: ignore[attr-defined]
+        return self._events_info()[2]
 
     @property
     def events_capacity(self) -> int:
         """The ring's capacity in records (0 when not recording)."""
-        return self._events_info()[0]  # type: ignore[attr-defined]
+        return self._events_info()[0]
 
     # ---- decoders ---------------------------------------------------------------------
 
@@ -156,7 +161,7 @@ class EventsMixin:
         """The device string (``"cpu"``, ``"cuda:0"``) of a record's ``device``."""
         code = _code("event_device", code, _U32)
         try:
-            return self._device_name(code)  # type: ignore[attr-defined]
+            return self._device_name(code)
         except ValueError:
             raise ValueError(
                 f"event_device(): argument 'code' is not a device code: {code}"
@@ -170,7 +175,7 @@ class EventsMixin:
     def event_region(self, code: int) -> str:
         """The name of the innermost region open on the event's thread, ``""`` for none
         (or a region entered before recording started)."""
-        names = self._region_names()  # type: ignore[attr-defined]
+        names = self._region_names()
         return names[_code("event_region", code, len(names))]
 
     def decode_events(self, events: np.ndarray) -> list[dict[str, Any]]:
@@ -183,7 +188,7 @@ class EventsMixin:
                 + (f"an array of {events.dtype}" if isinstance(events, np.ndarray) else "")
                 + ("" if isinstance(events, np.ndarray) else type_name(events))
             )
-        names = self._region_names()  # type: ignore[attr-defined]
+        names = self._region_names()
         devices: dict[int, str] = {}
         out = []
         for i, rec in enumerate(events.reshape(-1).tolist()):
@@ -198,7 +203,7 @@ class EventsMixin:
                 )
             if dev not in devices:
                 try:
-                    devices[dev] = self._device_name(dev)  # type: ignore[attr-defined]
+                    devices[dev] = self._device_name(dev)
                 except ValueError:
                     raise ValueError(
                         f"decode_events(): argument 'events': record {i} has device {dev}, "

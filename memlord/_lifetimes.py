@@ -17,8 +17,8 @@ from __future__ import annotations
 import bisect
 import operator
 import sys
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -26,6 +26,10 @@ import torch
 from ._bytes import human_bytes
 from ._core import CATEGORIES
 from ._errors import type_name
+
+if TYPE_CHECKING:
+    from ._core import _LiveEntry
+    from .lord import MemLord
 
 __all__ = ["LifetimeAnalyzer", "ReusePlan"]
 
@@ -271,7 +275,8 @@ class LifetimeAnalyzer:
         self._module_names = _module_names(modules)
         self._usage: dict[tuple[str, int], list[Any]] = {}
         self._recorded: set[int] = set()
-        self._peaks: dict[tuple, tuple] = {}
+        # (step, device name) -> what _find_peak found
+        self._peaks: dict[tuple[int | None, Any], tuple[int, int, int, np.ndarray]] = {}
         self._unit = "ns" if lord is not None else "step"
         self._window_arg = self._check_steps(steps)
         self._cols: _Columns | None = None
@@ -362,7 +367,7 @@ class LifetimeAnalyzer:
 
     # ---- reading the ring ------------------------------------------------------------------
 
-    def _from_lord(self, lord: Any) -> _Columns:
+    def _from_lord(self, lord: MemLord) -> _Columns:
         from ._events import EVENT_KINDS
         from ._sites import site_text
 
@@ -410,7 +415,7 @@ class LifetimeAnalyzer:
         o_birth = np.where(life > 0, t[orphan] - life, start)
 
         # storages alive now that the ring never saw born (before recording started)
-        extra: list[tuple] = []
+        extra: list[_LiveEntry] = []
         try:  # the registry outlives the hooks: its storages are still tracked
             live_now = lord._live(sys.maxsize, -(2**63))[2]
         except Exception:  # noqa: BLE001 - no registry: the ring alone
@@ -420,9 +425,9 @@ class LifetimeAnalyzer:
             alive = np.flatnonzero(death == ALIVE)
             keys = zip(dev[born[alive]].tolist(), addr[born[alive]].tolist(), strict=True)
             for j, key in zip(alive.tolist(), keys, strict=True):
-                c = now.pop(key, None)
-                if c is not None:
-                    born_cat[j] = c
+                cat_ix = now.pop(key, None)
+                if cat_ix is not None:
+                    born_cat[j] = cat_ix
             extra = [e for e in live_now if e[2] and (e[0], e[2]) in now]
         names = lord._region_names()
 
@@ -596,7 +601,7 @@ class LifetimeAnalyzer:
         c = self._columns()
         t0, t1, _steps = self._window(step)
         best = (-1, 0, -1, np.zeros(len(c), bool))
-        devs = range(len(c.devices))
+        devs: Sequence[int] = range(len(c.devices))
         if device is not None:
             name = _device_name(device)
             if name not in c.devices:
@@ -841,16 +846,16 @@ class LifetimeAnalyzer:
                 if sums[i] <= 0:
                     continue
                 b = int(sums[i])
-                site = c.sites[i - 1] if i else None
+                target = c.sites[i - 1] if i else None
                 out.append(
                     {
                         "kind": "free_earlier",
-                        "target": site,
+                        "target": target,
                         "bytes": b,
                         "evidence": {"storages": int(cnt[i]), "share_of_peak": share(b)},
                         "text": (
                             f"free earlier: {int(cnt[i])} storage(s) made at "
-                            f"{site or 'an unknown site'} in an earlier step are still "
+                            f"{target or 'an unknown site'} in an earlier step are still "
                             f"alive at the peak ({human_bytes(b)})"
                         ),
                     }

@@ -21,9 +21,20 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING, TextIO
 
 from ._bytes import human_bytes
 from ._events import EVENT_KINDS, SOURCE_LABELS
+
+if TYPE_CHECKING:
+    from ._core import Lord
+
+    _StreamHandler = logging.StreamHandler[TextIO]
+    # one ledger event as the C core hands it to _event (src/sinks/log.c): (kind, source,
+    # device or None for a reset, bytes, count, site id, the device's total after it)
+    _Record = tuple[str, str, str | None, int, int, int, int]
+else:
+    _StreamHandler = logging.StreamHandler  # subscriptable at run time from 3.11 only
 
 logger = logging.getLogger("memlord")
 
@@ -39,7 +50,7 @@ def _env_on(value: object) -> bool:
     return str(value).strip().lower() not in _OFF
 
 
-def _want_color(stream) -> bool:
+def _want_color(stream: object) -> bool:
     if os.environ.get("NO_COLOR"):
         return False
     if os.environ.get("FORCE_COLOR"):
@@ -54,7 +65,7 @@ def _want_color(stream) -> bool:
 class ColorFormatter(logging.Formatter):
     """``memlord: <message>``, colored by the record's ``color`` attribute on a terminal."""
 
-    def __init__(self, stream=None):
+    def __init__(self, stream: TextIO | None = None) -> None:
         super().__init__("memlord: %(message)s")
         self._stream = stream
 
@@ -67,19 +78,19 @@ class ColorFormatter(logging.Formatter):
         return text
 
 
-class _DebugHandler(logging.StreamHandler):
+class _DebugHandler(_StreamHandler):
     """The handler DEBUG=1 adds: stderr as it is at each record (so capture works)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.setFormatter(ColorFormatter())
 
     @property
-    def stream(self):  # type: ignore[override]
+    def stream(self) -> TextIO:
         return sys.stderr
 
     @stream.setter
-    def stream(self, value):  # StreamHandler.__init__ assigns it
+    def stream(self, value: TextIO) -> None:  # StreamHandler.__init__ assigns it
         pass
 
 
@@ -143,7 +154,7 @@ def describe_tensor(t: object) -> str:
     return ""
 
 
-def _event(lord, records, subject, what) -> None:
+def _event(lord: Lord, records: list[_Record], subject: object, what: str | None) -> None:
     """DEBUG records of one ledger call: (kind, source, device, bytes, count, site, total)."""
     desc = describe_tensor(subject)
     for kind, source, dev, nbytes, count, site, total in records:
@@ -185,7 +196,7 @@ def _event(lord, records, subject, what) -> None:
         _summary(records, what)
 
 
-def _summary(records, what) -> None:
+def _summary(records: list[_Record], what: str) -> None:
     """One line for an explicit call that touched several devices: its total, then each
     device's new total."""
     nbytes = sum(r[3] for r in records)
@@ -205,7 +216,17 @@ def _summary(records, what) -> None:
     )
 
 
-def _auto_gc(dev, band, used_pct, metric, value, threshold, runs, released, nlords) -> None:
+def _auto_gc(
+    dev: str,
+    band: str,
+    used_pct: float,
+    metric: str,
+    value: int,
+    threshold: int,
+    runs: int,
+    released: int,
+    nlords: int,
+) -> None:
     """The INFO record of one auto-GC release."""
     used = f"{used_pct:.1f}%" if used_pct >= 0 else "unknown"
     outcome = (

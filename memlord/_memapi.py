@@ -8,13 +8,19 @@ without a cache (cpu) reports ``cached == 0`` and ``reserved == allocated``.
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from . import _backend
 from ._bytes import format_bytes, human_bytes
 from ._core import CATEGORIES
+
+if TYPE_CHECKING:
+    from ._core import Lord as _LordBase
+    from ._types import DeviceStats
+else:
+    _LordBase = object  # the mixin's methods run on memlord.MemLord, a _core.Lord
 
 
 def _cuda_ready() -> bool:
@@ -37,7 +43,7 @@ class MemoryProfile:
     """What ``lord.profile_memory()`` yields: a region over the block (so the global peak
     is left alone) with ``peak_memory(device=None)`` and ``memory_summary()``."""
 
-    def __init__(self, lord: Any) -> None:
+    def __init__(self, lord: MemoryAPIMixin) -> None:
         self._lord = lord
         self._region = lord.region("profile_memory")
 
@@ -49,7 +55,7 @@ class MemoryProfile:
         self._region.__exit__(None, None, None)
 
     @property
-    def stats(self) -> dict[str, dict[str, int]]:
+    def stats(self) -> dict[str, dict[str, Any]]:
         """The region's per-device stats (see lord.region)."""
         return self._region.stats
 
@@ -98,7 +104,7 @@ def _signed(n: int) -> str:
     return ("" if n < 0 else "+") + human_bytes(n)
 
 
-class MemoryStats(dict):
+class MemoryStats(dict[str, Any]):
     """The dict ``memory_stats()`` returns: a plain dict, except that reading the
     deprecated key ``pending_free_bytes`` (``d[key]`` or ``d.get(key)``) warns once per
     call site.  It was renamed ``freed_since_gc_bytes``: the bytes are frees since the
@@ -130,7 +136,7 @@ def _warn_deprecated(key: str) -> None:
     )
 
 
-def _categories(led: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+def _categories(led: list[DeviceStats]) -> dict[str, dict[str, int]]:
     """{category: {"current", "peak", "at_peak"}} summed over devices' stats() entries."""
     return {
         cat: {
@@ -142,7 +148,7 @@ def _categories(led: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
     }
 
 
-class MemoryAPIMixin:
+class MemoryAPIMixin(_LordBase):
     """memory_allocated & co. on MemLord."""
 
     # ---- which devices a query covers ----------------------------------------------
@@ -151,7 +157,7 @@ class MemoryAPIMixin:
         """The device strings a device argument covers: the ledger's devices, plus the
         initialised CUDA devices the selector names; validates like the queries do."""
         try:
-            ledger = list(self.stats(device))  # type: ignore[attr-defined]
+            ledger = list(self.stats(device))
         except (TypeError, ValueError) as e:
             raise type(e)(str(e).replace("stats()", f"{fname}()")) from None
         out = set(ledger)
@@ -168,8 +174,8 @@ class MemoryAPIMixin:
             return torch.cuda.memory_reserved(_dev_index(dev))
         return None
 
-    def _ledger(self, dev: str) -> dict[str, Any]:
-        s = self.stats(dev)  # type: ignore[attr-defined]
+    def _ledger(self, dev: str) -> DeviceStats:
+        s = self.stats(dev)
         got = s.get(dev)
         if got:
             return got
@@ -189,7 +195,7 @@ class MemoryAPIMixin:
         )
         for key in ("categories", "peak_categories", "category_peaks"):
             out[key] = dict.fromkeys(CATEGORIES, 0)
-        return out
+        return cast("DeviceStats", out)
 
     def categories(self, device: Any = None) -> dict[str, dict[str, int]]:
         """Bytes by category (``memlord.CATEGORIES``), summed over the selected devices:
@@ -203,7 +209,7 @@ class MemoryAPIMixin:
 
     def memory_allocated(self, device: Any = None) -> int:
         """Live bytes memlord counts on the selected devices (the ledger)."""
-        return self.allocated(device)[0]  # type: ignore[attr-defined]
+        return self.allocated(device)[0]
 
     def max_memory_allocated(self, device: Any = None) -> int:
         """The peak of live bytes since the last reset, summed over the selected devices
@@ -363,7 +369,7 @@ class MemoryAPIMixin:
         """Each selected device's peak becomes its live bytes now (the ledger's, and the
         CUDA allocator's).  Open regions keep their own peaks."""
         devs = self._select(device, "reset_peak_memory_stats")
-        self._reset_peak(device)  # type: ignore[attr-defined]
+        self._reset_peak(device)
         for dev in devs:
             if _torch_cuda(dev):
                 torch.cuda.reset_peak_memory_stats(_dev_index(dev))
@@ -373,7 +379,7 @@ class MemoryAPIMixin:
         allocs, frees, gc_runs) of the selected devices, and the CUDA allocator's; live
         bytes and the auto-GC counters are kept."""
         devs = self._select(device, "reset_memory_stats")
-        self._reset_accumulated(device)  # type: ignore[attr-defined]
+        self._reset_accumulated(device)
         for dev in devs:
             if _torch_cuda(dev):
                 torch.cuda.reset_peak_memory_stats(_dev_index(dev))

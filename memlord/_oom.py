@@ -33,6 +33,7 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
@@ -136,7 +137,7 @@ def _user_stack(limit: int = 16) -> list[dict[str, Any]]:
     here = os.path.dirname(os.path.abspath(__file__)) + os.sep
     tdir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
     frames: list[dict[str, Any]] = []
-    f = sys._getframe(1)
+    f: FrameType | None = sys._getframe(1)
     while f is not None and len(frames) < limit:
         name = f.f_code.co_filename
         if not (name.startswith(here) or name.startswith(tdir)):
@@ -318,7 +319,8 @@ def _attach_now() -> None:
     if _observer_attached:
         return
     try:
-        torch._C._cuda_attach_out_of_memory_observer(_observer)
+        # a CUDA build's function, left out of torch._C's stubs
+        torch._C._cuda_attach_out_of_memory_observer(_observer)  # type: ignore[attr-defined]
         _observer_attached = True
     except Exception as e:  # noqa: BLE001 - e.g. the cudaMallocAsync backend has none
         logger.warning("could not attach to torch's CUDA OOM observer: %s", e)
@@ -486,7 +488,7 @@ def retry_on_oom(
     backoff: float = 0.5,
     max_backoff: float = 8.0,
     on_retry: Callable[[int, dict[str, Any]], Any] | None = None,
-    shrink: Callable[[tuple, dict], tuple[tuple, dict]] | None = None,
+    shrink: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, dict[str, Any]]] | None = None,
     **kwargs: Any,
 ) -> Any:
     """Run ``fn(*args, **kwargs)``; on an out-of-memory error, release and try again, up
@@ -546,7 +548,8 @@ def _add_note(error: BaseException, note: str) -> None:
         if not isinstance(notes, list):
             notes = []
             try:
-                error.__notes__ = notes  # type: ignore[attr-defined]
+                # BaseException has __notes__ in typeshed from 3.11 on (mypy may check as 3.10)
+                error.__notes__ = notes  # type: ignore[attr-defined,unused-ignore]
             except Exception:  # noqa: BLE001
                 return
         notes.append(note)
@@ -560,7 +563,7 @@ def oom_retry(
     backoff: float = 0.5,
     max_backoff: float = 8.0,
     on_retry: Callable[[int, dict[str, Any]], Any] | None = None,
-    shrink: Callable[[tuple, dict], tuple[tuple, dict]] | None = None,
+    shrink: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, dict[str, Any]]] | None = None,
 ) -> Any:
     """The decorator form of :func:`retry_on_oom`: ``@oom_retry`` or
     ``@oom_retry(attempts=5, ...)``."""

@@ -157,7 +157,7 @@ def _push_mode() -> None:
         _state.mode = orphan
         _state.mode_thread = threading.get_ident()
         return
-    mode = OpsMode()
+    mode = OpsMode()  # type: ignore[no-untyped-call]  # TorchDispatchMode.__init__ is unannotated
     infra = sum(torch._C._get_dispatch_mode(k) is not None for k in _INFRA_KEYS)
     above = []
     try:

@@ -35,7 +35,7 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -282,7 +282,7 @@ def read_all(directory: Path | None = None, *, clean: bool = True) -> list[dict[
         if rec is not None and rec["pid"] not in starts:
             starts[rec["pid"]] = proc_start(rec["pid"])
         alive = rec is not None and starts[rec["pid"]] == rec["start"]
-        if not alive:
+        if rec is None or not alive:
             if clean and (rec is not None or _stale_file(Path(path))):
                 try:
                     os.unlink(path)
@@ -333,7 +333,8 @@ class Publisher:
         self._lord = weakref.ref(lord)
         self.name = name if name is not None else _default_name()
         self.cooperate = cooperate
-        self._state = {
+        # the fields of the Python part of the record (_PY_FIELDS), by name
+        self._state: dict[str, Any] = {
             "pid": os.getpid(),
             "start": proc_start(os.getpid()) or 0,
             "rank": -1,
@@ -674,7 +675,10 @@ def publisher_of(lord: Any) -> Publisher | None:
     return None
 
 
-def on_pressure(lord: Any, fn: Callable[[str, int], Any]) -> Callable[[str, int], Any]:
+_PressureFn = TypeVar("_PressureFn", bound=Callable[[str, int], object])
+
+
+def on_pressure(lord: Any, fn: _PressureFn) -> _PressureFn:
     """``lord.on_pressure(fn)``: ``fn(device, nbytes)`` runs when another process asks
     for memory and this lord publishes with ``cooperate=True``.  Returns ``fn`` (usable
     as a decorator)."""
@@ -685,10 +689,12 @@ def on_pressure(lord: Any, fn: Callable[[str, int], Any]) -> Callable[[str, int]
     return fn
 
 
-_lord_callbacks: weakref.WeakKeyDictionary[Any, list] = weakref.WeakKeyDictionary()
+_lord_callbacks: weakref.WeakKeyDictionary[Any, list[Callable[[str, int], object]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def _callbacks_of(lord: Any) -> list:
+def _callbacks_of(lord: Any) -> list[Callable[[str, int], object]]:
     cbs = _lord_callbacks.get(lord)
     if cbs is None:
         cbs = _lord_callbacks[lord] = []

@@ -22,12 +22,23 @@ import types
 import weakref
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.autograd.graph import Node
+from torch.utils.hooks import RemovableHandle
 
 from . import _ops
 from ._core import CATEGORIES, Region
+
+if TYPE_CHECKING:
+    from ._core import Lord, _RegionRaw
+    from ._core import Lord as _LordBase
+
+    # what a closing region appends to its lord's (or a tracker's) list
+    _Closed = tuple[str, _RegionRaw]
+else:
+    _LordBase = object  # the mixin's methods run on memlord.MemLord, a _core.Lord
 
 log = logging.getLogger("memlord")
 
@@ -53,7 +64,7 @@ def row_categories(raw: bytes) -> list[tuple[str, int, int, int]]:
     return [(CATEGORIES[ix], net, peak, at) for ix, net, peak, at in _CATS.iter_unpack(raw)]
 
 
-def _drain(done: list) -> list:
+def _drain(done: list[_Closed]) -> list[_Closed]:
     """Take the items at the head of a list that closing regions append to: safe
     against appends from other threads meanwhile."""
     n = len(done)
@@ -76,11 +87,12 @@ class _Aggregate:
         # once (the items wait for the next one), so a drain is never interleaved.
         self._lock = threading.RLock()
         self._folding = False
-        self._by_name: dict[str, list] = {}
-        self._history: deque | None = deque(maxlen=history) if history > 0 else None
+        # name -> [count, total ns, {device: [total, max, max peak, {category: [...]}]}]
+        self._by_name: dict[str, list[Any]] = {}
+        self._history: deque[_Closed] | None = deque(maxlen=history) if history > 0 else None
         self._seen = 0  # items folded since creation (history keeps the newest)
 
-    def fold(self, done: list) -> None:
+    def fold(self, done: list[_Closed]) -> None:
         with self._lock:
             if self._folding:
                 return
@@ -90,7 +102,7 @@ class _Aggregate:
             finally:
                 self._folding = False
 
-    def _fold_locked(self, done: list) -> None:
+    def _fold_locked(self, done: list[_Closed]) -> None:
         by_name = self._by_name
         items = _drain(done)
         if self._history is not None:
@@ -127,7 +139,7 @@ class _Aggregate:
                         if cpeak > c[2]:
                             c[2] = cpeak
 
-    def history(self, done: list) -> tuple[list[tuple[str, tuple]], int]:
+    def history(self, done: list[_Closed]) -> tuple[list[_Closed], int]:
         """The kept closed regions, oldest first, as ``(name, raw)``, and how many
         closed regions were folded in all (more than kept when the history overflowed)."""
         with self._lock:
@@ -144,7 +156,7 @@ class _Aggregate:
             finally:
                 self._folding = False
 
-    def result(self, done: list, clear: bool) -> dict[str, dict[str, Any]]:
+    def result(self, done: list[_Closed], clear: bool) -> dict[str, dict[str, Any]]:
         with self._lock:
             if self._folding:  # asked from a finalizer in the middle of a fold
                 raise RuntimeError("memlord: regions() called while regions are being folded")
@@ -184,7 +196,7 @@ class _Aggregate:
                 self._folding = False
 
 
-def _decorate(region: Region, fn: Callable) -> Callable:
+def _decorate(region: Region, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``@lord.region(name)``: a fresh region of that name around every call.
 
     On a generator function the region is open from the first ``next()`` to the end of
@@ -247,7 +259,7 @@ def _decorate(region: Region, fn: Callable) -> Callable:
     return wrapper
 
 
-def _async_gen_wrapper(fn: Callable, make: Callable[[], Region]) -> Callable:
+def _async_gen_wrapper(fn: Callable[..., Any], make: Callable[[], Region]) -> Callable[..., Any]:
     """An async generator function delegating to ``fn``'s (``yield from`` has no async
     form): values sent, exceptions thrown and ``aclose()`` reach the inner generator."""
 
@@ -278,7 +290,9 @@ def _async_gen_wrapper(fn: Callable, make: Callable[[], Region]) -> Callable:
     return agen_wrapper
 
 
-def _grad_nodes(obj: Any, leaves: bool = True, depth: int = 0, out: list | None = None) -> list:
+def _grad_nodes(
+    obj: Any, leaves: bool = True, depth: int = 0, out: list[Node] | None = None
+) -> list[Node]:
     """The autograd nodes gradients of obj's tensors that require grad go to (their
     ``grad_fn``, or with ``leaves`` a leaf's gradient accumulator), deduplicated: obj a
     tensor, or tensors nested in tuples, lists and mappings (a ``ModelOutput`` is a
@@ -309,7 +323,8 @@ def _will_run(node: Any) -> bool:
     try:
         return torch._C._will_engine_execute_node(node)
     except RuntimeError:
-        if isinstance(node, torch._C._functions.AccumulateGrad):
+        # torch's stubs of torch._C._functions leave AccumulateGrad out
+        if isinstance(node, torch._C._functions.AccumulateGrad):  # type: ignore[attr-defined]
             return False
         raise
 
@@ -322,7 +337,9 @@ class _BackwardCall:
 
     __slots__ = ("begin", "end", "in_nodes", "left", "token")
 
-    def __init__(self, begin: Callable[[], Any], end: Callable[[Any], None], in_nodes: list):
+    def __init__(
+        self, begin: Callable[[], Any], end: Callable[[Any], None], in_nodes: list[Node]
+    ) -> None:
         self.begin, self.end = begin, end
         self.in_nodes = in_nodes  # upstream of the outputs, whose hooks hold this call
         self.token: Any = None
@@ -350,7 +367,7 @@ class _BackwardCall:
             self.end(token)
 
 
-class _Hooked(list):
+class _Hooked(list[_BackwardCall]):
     """Calls hooked on one node, in the order their hooks run (weakly referable)."""
 
     __slots__ = ("__weakref__",)
@@ -374,7 +391,7 @@ def _run_ends(calls: _Hooked, *_: Any) -> None:
         call.input_done()
 
 
-class _TaskCalls(list):
+class _TaskCalls(list[_BackwardCall]):
     """The backward calls one graph task opened, in the order they opened, and the
     hooks it put on the nodes of their inputs."""
 
@@ -383,7 +400,7 @@ class _TaskCalls(list):
     def __init__(self) -> None:
         super().__init__()
         self.ends: dict[int, _Hooked] = {}  # node key -> calls; the nodes live meanwhile
-        self.handles: list = []
+        self.handles: list[RemovableHandle] = []
 
 
 #: graph task id -> its calls; the strong reference is the callback queued on the task
@@ -404,14 +421,14 @@ def _finish_calls(calls: _TaskCalls) -> None:
             log.exception("memlord track_modules: closing a backward region failed")
 
 
-def _at_backward_end(call: _BackwardCall, needed: list) -> None:
+def _at_backward_end(call: _BackwardCall, needed: list[Node]) -> None:
     """Finish call once the gradients of the needed input nodes are computed, or when
     the current backward ends."""
     task = torch._C._current_graph_task_id()
     with _TASKS_LOCK:
         calls = _TASKS.get(task)
         new = calls is None
-        if new:
+        if calls is None:
             calls = _TASKS[task] = _TaskCalls()
         calls.append(call)
     if new:
@@ -454,7 +471,7 @@ def _node_key(node: Any) -> int:
     lives in the node's own ``metadata`` dict (kept by the C++ node)."""
     try:
         meta = node.metadata
-        key = meta.get(_NODE_KEY)
+        key: int | None = meta.get(_NODE_KEY)
         if key is None:
             key = meta[_NODE_KEY] = -next(_NODE_KEYS)  # negative: never an id()
         return key
@@ -462,7 +479,9 @@ def _node_key(node: Any) -> int:
         return id(node)
 
 
-def _grad_outputs(obj: Any, depth: int = 0, out: dict | None = None) -> dict:
+def _grad_outputs(
+    obj: Any, depth: int = 0, out: dict[int, tuple[Node, torch.Tensor]] | None = None
+) -> dict[int, tuple[Node, torch.Tensor]]:
     """node key -> (node, tensor) for the non-leaf tensors needing a gradient in obj."""
     if out is None:
         out = {}
@@ -481,7 +500,7 @@ def _grad_outputs(obj: Any, depth: int = 0, out: dict | None = None) -> dict:
 
 
 def _watch_backward(
-    in_nodes: list, output: Any, begin: Callable[[], Any], end: Callable[[Any], None]
+    in_nodes: list[Node], output: Any, begin: Callable[[], Any], end: Callable[[Any], None]
 ) -> None:
     """Call begin() when a backward reaches the outputs of a module call (``output``,
     tensors nested as in :func:`_grad_nodes`) and end(begin's token) when it has computed
@@ -506,7 +525,8 @@ def _watch_backward(
         hooked = _Hooked([call])
         node.register_prehook(functools.partial(_run_starts, hooked, key))
         with contextlib.suppress(Exception):  # without metadata, _run_ends is hooked too
-            node.metadata[_STARTS_KEY] = True
+            # torch.autograd.graph.Node declares metadata a method; nodes have a dict
+            node.metadata[_STARTS_KEY] = True  # type: ignore[index]
         claims[key] = (weakref.ref(tensor), weakref.ref(hooked))
     if len(claims) > 64:
         for key in [k for k, (t, h) in claims.items() if t() is None or h() is None]:
@@ -526,7 +546,7 @@ def _call_impl_inner() -> Any:
 _CALL_INNER = _call_impl_inner()
 
 
-def _call_kwargs(frame: Any) -> dict | None:
+def _call_kwargs(frame: Any) -> dict[str, Any] | None:
     """The keyword inputs of the module call whose global forward pre-hook runs now, read
     from torch's frame that calls the hook (``frame``); None where it is not that frame."""
     if _CALL_INNER is None or frame.f_code is not _CALL_INNER:
@@ -535,13 +555,19 @@ def _call_kwargs(frame: Any) -> dict | None:
     return kwargs if isinstance(kwargs, dict) else None
 
 
-class _Stack(list):
-    """One thread's open spans of a ModuleSpans: (key, token, input nodes, whether the
-    keyword inputs are still to be added after the call), innermost last."""
+#: an open span: (id of the module, or None for a backward span; the token; the nodes of
+#: the inputs whose gradients end the call's backward span, or None; whether the keyword
+#: inputs are still to be added after the call)
+_Span = tuple[int | None, Any, list[Node] | None, bool]
+
+
+class _Stack(list[_Span]):
+    """One thread's open spans of a ModuleSpans, innermost last."""
 
     __slots__ = ("__weakref__",)
-    __hash__ = object.__hash__  # by identity, in a WeakSet
-    __eq__ = object.__eq__  # type: ignore[assignment]
+    # by identity, in a WeakSet (list's __hash__ is None: mypy sees no method to override)
+    __hash__ = object.__hash__  # type: ignore[assignment]
+    __eq__ = object.__eq__
 
 
 class ModuleSpans:
@@ -693,15 +719,15 @@ class ModuleSpans:
                 nodes, output, functools.partial(self._open_backward, bname), self._close_backward
             )
 
-    def _open_backward(self, bname: str) -> tuple:
+    def _open_backward(self, bname: str) -> tuple[_Stack, _Span]:
         """Open a backward span on the thread autograd runs the module's backward on."""
         token = self._open_span(bname)
         stack = self._stack()
-        entry = (None, token, None, False)
+        entry: _Span = (None, token, None, False)
         stack.append(entry)
         return stack, entry
 
-    def _close_backward(self, handle: tuple) -> None:
+    def _close_backward(self, handle: tuple[_Stack, _Span]) -> None:
         """Close a backward span from any thread (the end of a backward may be seen on
         another one)."""
         stack, entry = handle
@@ -757,7 +783,7 @@ class ModuleTracker(ModuleSpans):
     ``regions(clear=False)`` aggregates the regions it opened, as ``lord.regions()``.
     """
 
-    def __init__(self, lord: Any, model: torch.nn.Module, backward: bool = True) -> None:
+    def __init__(self, lord: Lord, model: torch.nn.Module, backward: bool = True) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(
                 "track_modules(): argument 'model' must be a torch.nn.Module, not "
@@ -770,7 +796,7 @@ class ModuleTracker(ModuleSpans):
             )
         self._lord = lord
         self._aggregate = _Aggregate()
-        self._done: list = []
+        self._done: list[_Closed] = []
         super().__init__(self._open_region, self._close_region, model, backward)
 
     def _open_region(self, name: str) -> Region:
@@ -801,7 +827,7 @@ class ModuleTracker(ModuleSpans):
         return f"<memlord ModuleTracker {'enabled' if self.enabled else 'disabled'}>"
 
 
-class RegionsMixin:
+class RegionsMixin(_LordBase):
     """The region methods of MemLord."""
 
     _region_aggregate: _Aggregate
@@ -817,7 +843,7 @@ class RegionsMixin:
             )
         return self._region_aggregate.result(self._region_done(), clear)
 
-    def _region_history(self) -> tuple[list[tuple[str, tuple]], int]:
+    def _region_history(self) -> tuple[list[_Closed], int]:
         """The newest ``REGION_HISTORY`` closed regions as ``(name, (duration_ns, rows,
         start_ns, thread, depth))``, oldest first, and the number closed in all."""
         return self._region_aggregate.history(self._region_done())

@@ -20,7 +20,7 @@ import math
 import operator
 import os
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -50,7 +50,7 @@ def _check_step(fname: str, step: Any) -> Callable[[int], Any]:
             f"{fname}(): argument 'step' must be a callable taking the batch size, "
             f"not {type_name(step)}"
         )
-    return step
+    return cast("Callable[[int], Any]", step)
 
 
 def _check_size(fname: str, name: str, value: Any, low: int = 1) -> int:
@@ -204,7 +204,9 @@ def _adopt_untracked(lord: Any) -> None:
     del found, params, grads, state
 
 
-def _measure(step: Callable[[int], Any], sizes: Iterable[int], warmup: int) -> list[dict]:
+def _measure(
+    step: Callable[[int], Any], sizes: Iterable[int], warmup: int
+) -> list[dict[str, _Sample]]:
     """Run ``warmup`` steps of the first size, then one step of each size, under a fresh
     lord with lifetime tracking and operator outputs; return one ``{device: _Sample}``
     per size.  Everything installed is taken off again, whatever the step does."""
@@ -297,7 +299,7 @@ def _lstsq(terms: tuple[str, ...], sizes: tuple[int, ...], y: np.ndarray) -> np.
     scale = np.abs(a).max(axis=0)
     scale[scale == 0] = 1.0
     coef, *_ = np.linalg.lstsq(a / scale, y, rcond=None)
-    return coef / scale.reshape((-1,) + (1,) * (coef.ndim - 1))
+    return cast(np.ndarray, coef / scale.reshape((-1,) + (1,) * (coef.ndim - 1)))
 
 
 class MemoryFit:

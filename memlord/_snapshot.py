@@ -30,7 +30,7 @@ import gc
 import sys
 import time
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 
@@ -38,6 +38,12 @@ from ._bytes import format_bytes
 from ._core import _gc_objects_of
 from ._errors import type_name
 from ._sites import site_text
+
+if TYPE_CHECKING:
+    from ._core import Lord, _LiveEntry
+    from ._core import Lord as _LordBase
+else:
+    _LordBase = object  # the mixin's methods run on memlord.MemLord, a _core.Lord
 
 #: Step samples kept for growth(): growth(min_steps) needs min_steps + 1 of them.
 MAX_STEPS = 64
@@ -72,7 +78,7 @@ def _check_bool(fname: str, name: str, value: Any) -> bool:
 class _Decoder:
     """Turns the C core's entry tuples into entry dicts (caching device names)."""
 
-    def __init__(self, lord: Any, now_ns: int) -> None:
+    def __init__(self, lord: Lord, now_ns: int) -> None:
         self._lord = lord
         self._now = now_ns
         self._names = lord._region_names()
@@ -84,7 +90,7 @@ class _Decoder:
             name = self._devices[key] = self._lord._device_name(key)
         return name
 
-    def entry(self, raw: tuple) -> dict[str, Any]:
+    def entry(self, raw: _LiveEntry) -> dict[str, Any]:
         dev, nbytes, _ptr, born_ns, site, region, dtype, requires_grad, shape, category = raw
         names = self._names
         return {
@@ -164,7 +170,7 @@ def _owner_rank(t: Any) -> int:
     return (0 if view else 2) + (1 if isinstance(t, torch.nn.Parameter) else 0)
 
 
-def _untracked_storages(lord: Any) -> list[dict[str, Any]]:
+def _untracked_storages(lord: Lord) -> list[dict[str, Any]]:
     """Entries for the storages of live tensors that lord does not track, found with a
     scan of the objects the cyclic GC knows; one per storage, its shape, dtype and
     requires_grad those of the tensor that owns it (see :func:`_owner_rank`; among
@@ -221,7 +227,7 @@ def _describe(t: Any) -> dict[str, Any]:
     }
 
 
-def _sort_key(entry: dict[str, Any]) -> tuple:
+def _sort_key(entry: dict[str, Any]) -> tuple[int, bool]:
     return (-entry["nbytes"], not entry["tracked"])
 
 
@@ -239,7 +245,7 @@ class LeakCheck:
     reported.
     """
 
-    def __init__(self, lord: Any, *, collect: bool = True, raise_on_leak: bool = False) -> None:
+    def __init__(self, lord: Lord, *, collect: bool = True, raise_on_leak: bool = False) -> None:
         self._lord = lord
         self._collect = collect
         self._raise = raise_on_leak
@@ -253,7 +259,7 @@ class LeakCheck:
         self._since = self._lord._now_ns()
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> Literal[False]:
         self.check()
         if self._raise and self.leaked and exc_type is None:
             raise AssertionError(self.table())
@@ -313,10 +319,12 @@ class LeakCheck:
         return f"<LeakCheck leaked={len(self.leaked)} bytes={total}>"
 
 
-class SnapshotMixin:
+class SnapshotMixin(_LordBase):
     """Snapshots, leak checks and growth for MemLord."""
 
-    def snapshot(self, top: int = 10, *, include_untracked: bool = False) -> dict[str, dict]:
+    def snapshot(
+        self, top: int = 10, *, include_untracked: bool = False
+    ) -> dict[str, dict[str, Any]]:
         """The live tracked storages, per device: ``{"cpu": {"total_bytes", "count",
         "top": [entry, ...]}}`` with each device's ``top`` largest storages, largest
         first.  ``include_untracked=True`` also scans the objects the cyclic GC knows for
@@ -326,7 +334,7 @@ class SnapshotMixin:
         tracking (RuntimeError otherwise).  See docs/api.md#live-snapshots."""
         top = _check_int("snapshot", "top", top, 0)
         include_untracked = _check_bool("snapshot", "include_untracked", include_untracked)
-        lord: Any = self
+        lord = self
         if not lord._life_active():
             raise _life_off("snapshot()")
         # a top beyond any possible count of storages means all of them
@@ -369,7 +377,7 @@ class SnapshotMixin:
         site.  ``collect`` runs the cyclic GC before looking.  Requires lifetime
         tracking (RuntimeError otherwise)."""
         collect = _check_bool("leak_check", "collect", collect)
-        if not self._life_active():  # type: ignore[attr-defined]
+        if not self._life_active():
             raise _life_off("leak_check()")
         return LeakCheck(self, collect=collect)
 
@@ -377,14 +385,14 @@ class SnapshotMixin:
         """As ``leak_check()``, and leaving the block raises AssertionError with a table
         of what is left when anything is (not when the block itself raised)."""
         collect = _check_bool("assert_no_leak", "collect", collect)
-        if not self._life_active():  # type: ignore[attr-defined]
+        if not self._life_active():
             raise _life_off("assert_no_leak()")
         return LeakCheck(self, collect=collect, raise_on_leak=True)
 
     # ---- growth -----------------------------------------------------------------------
 
-    def _step_samples(self) -> deque:
-        samples = self.__dict__.get("_steps_seen")
+    def _step_samples(self) -> deque[dict[int, int]]:
+        samples: deque[dict[int, int]] | None = self.__dict__.get("_steps_seen")
         if samples is None:
             samples = self.__dict__.setdefault("_steps_seen", deque(maxlen=MAX_STEPS))
         return samples
@@ -392,7 +400,7 @@ class SnapshotMixin:
     def step(self) -> int:
         """Mark the end of a training step: note the live tracked bytes per call site.
         Returns the number of steps marked.  Requires lifetime tracking."""
-        lord: Any = self
+        lord = self
         if not lord._life_active():
             raise _life_off("step()")
         sample = lord._live_by_site()
@@ -402,12 +410,12 @@ class SnapshotMixin:
         if marks is None:
             marks = self.__dict__.setdefault("_step_marks", deque(maxlen=MAX_STEP_MARKS))
         marks.append((self.__dict__["_step_count"], time.monotonic_ns()))
-        return self.__dict__["_step_count"]
+        return cast(int, self.__dict__["_step_count"])
 
     @property
     def steps(self) -> int:
         """The number of ``step()`` calls so far."""
-        return self.__dict__.get("_step_count", 0)
+        return cast(int, self.__dict__.get("_step_count", 0))
 
     def growth(self, min_steps: int = 3) -> list[dict[str, Any]]:
         """The call sites whose live tracked bytes grew at every one of the last
@@ -421,12 +429,12 @@ class SnapshotMixin:
         by_text: list[dict[str | None, int]] = []
         for sample in samples:
             folded: dict[str | None, int] = {}
-            for site, nbytes in sample.items():
-                key = site_text(site) if site else None
+            for site_id, nbytes in sample.items():
+                key = site_text(site_id) if site_id else None
                 folded[key] = folded.get(key, 0) + nbytes
             by_text.append(folded)
         sites = set().union(*by_text)
-        out = []
+        out: list[dict[str, Any]] = []
         for site in sites:
             series = [s.get(site, 0) for s in by_text]
             if all(b > a for a, b in zip(series[:-1], series[1:], strict=True)):

@@ -14,7 +14,7 @@ import json
 import socket
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import _publish
 from ._bytes import human_bytes
@@ -45,6 +45,10 @@ class _NVML:
             ("free", ctypes.c_ulonglong),
             ("used", ctypes.c_ulonglong),
         ]
+        if TYPE_CHECKING:  # what ctypes makes of _fields_
+            total: int
+            free: int
+            used: int
 
     def __init__(self) -> None:
         self.lib: Any = None

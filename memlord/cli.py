@@ -272,8 +272,8 @@ def run(args: argparse.Namespace) -> int:
         written = tracker.stop()
         for path in written:
             _say(f"wrote {shown.get(str(path), path)}")
-        for path in tracker.oom_post_mortems:
-            _say(f"out of memory: post-mortem {os.path.relpath(path, started_in)}")
+        for post_mortem in tracker.oom_post_mortems:
+            _say(f"out of memory: post-mortem {os.path.relpath(post_mortem, started_in)}")
         for name, given in shown.items():
             if Path(name) not in written:
                 _say(f"{given} was not written (the error is above)")

@@ -8,7 +8,8 @@ methods, inherited unchanged.
 from __future__ import annotations
 
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
@@ -19,6 +20,9 @@ from ._memapi import MemoryAPIMixin
 from ._regions import REGION_HISTORY, RegionsMixin, _Aggregate
 from ._sites import site_location, site_text
 from ._snapshot import SnapshotMixin
+from ._types import AutoGCStrategy
+
+_PressureFn = TypeVar("_PressureFn", bound=Callable[[str, int], object])
 
 _NOT_GIVEN: Any = ...
 
@@ -55,9 +59,9 @@ class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, SnapshotMixin, _core.Lo
 
     def __init__(
         self,
-        auto_gc_bytes: int | str | None | dict = _AUTO,
+        auto_gc_bytes: int | str | None | AutoGCStrategy = _AUTO,
         *,
-        auto_gc_strategy: dict | None = _NOT_GIVEN,
+        auto_gc_strategy: AutoGCStrategy | None = _NOT_GIVEN,
         track_callsite: bool = True,
         region_history: int = _NOT_GIVEN,
     ) -> None:
@@ -93,7 +97,7 @@ class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, SnapshotMixin, _core.Lo
                 )
             bands, normalized = _config.parse_strategy(auto_gc_strategy)
             self._set_bands(bands)
-            self._strategy = normalized
+            self._strategy: AutoGCStrategy | None = normalized
         else:
             self._set_bytes(_config.parse_bytes(auto_gc_bytes))
             self._strategy = None
@@ -108,7 +112,7 @@ class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, SnapshotMixin, _core.Lo
         self._set_bytes(parsed)
         self._strategy = None
 
-    def set_auto_gc_strategy(self, strategy: dict | None) -> None:
+    def set_auto_gc_strategy(self, strategy: AutoGCStrategy | None) -> None:
         """Switch to banded auto-GC: ``{(lo_pct, hi_pct): {'metric': 'allocated'|'freed'|
         'max', 'threshold': {'bytes': int, 'percent': float}}}``.  None installs the
         default bands; ``{}`` disables auto-GC.  A malformed strategy raises
@@ -118,7 +122,7 @@ class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, SnapshotMixin, _core.Lo
         self._strategy = normalized
 
     @property
-    def auto_gc_strategy(self) -> dict | None:
+    def auto_gc_strategy(self) -> AutoGCStrategy | None:
         """The banded strategy in force (a fresh dict), or None in bytes mode."""
         if self._gc_mode != "strategy" or self._strategy is None:
             return None
@@ -126,7 +130,9 @@ class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, SnapshotMixin, _core.Lo
 
     # ---- hotspots ----------------------------------------------------------------------
 
-    def _top_site(self, free: bool, device) -> tuple[torch.device, str, int] | None:
+    def _top_site(
+        self, free: bool, device: str | torch.device | None
+    ) -> tuple[torch.device, str, int] | None:
         totals: dict[tuple[int, str, str], int] = {}
         for dev, site, nbytes, key in self._hotspots(free, device):
             if site_location(site) is not None:
@@ -137,13 +143,17 @@ class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, SnapshotMixin, _core.Lo
         (_, dev, where), nbytes = min(totals.items(), key=lambda kv: (-kv[1], kv[0][0]))
         return torch.device(dev), where, nbytes
 
-    def top_alloc_site(self, device=None) -> tuple[torch.device, str, int] | None:
+    def top_alloc_site(
+        self, device: str | torch.device | None = None
+    ) -> tuple[torch.device, str, int] | None:
         """``(torch.device, "file:line", bytes)`` of the biggest cumulative allocation
         site (on ``device``: None for all, a type, or one device), or None.  The path is
         relative to the working directory when under it."""
         return self._top_site(False, device)
 
-    def top_free_site(self, device=None) -> tuple[torch.device, str, int] | None:
+    def top_free_site(
+        self, device: str | torch.device | None = None
+    ) -> tuple[torch.device, str, int] | None:
         """``(torch.device, "file:line", bytes)`` of the biggest cumulative free site, or
         None."""
         return self._top_site(True, device)
@@ -160,7 +170,7 @@ class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, SnapshotMixin, _core.Lo
         it.  See docs/ranks.md."""
         return _publish.publish(self, name, cooperate=cooperate)
 
-    def on_pressure(self, fn):  # type: ignore[no-untyped-def]
+    def on_pressure(self, fn: _PressureFn) -> _PressureFn:
         """Register ``fn(device, nbytes)``, run on the main thread when another process
         asks for memory while this lord publishes with ``cooperate=True``.  Returns
         ``fn``."""
@@ -203,7 +213,9 @@ class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, SnapshotMixin, _core.Lo
 
     # ---- several ranks -------------------------------------------------------------------
 
-    def gather(self, group=None, *, top: int = 5) -> list[dict[str, Any]]:
+    def gather(
+        self, group: torch.distributed.ProcessGroup | None = None, *, top: int = 5
+    ) -> list[dict[str, Any]]:
         """A collective (every rank of ``group`` calls it): every rank's compact summary
         of its lord (host, pid, rank, devices' live and peak bytes by category, OOMs, the
         ``top`` allocation sites and regions), in the group's rank order.  RuntimeError

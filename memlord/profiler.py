@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -53,6 +53,9 @@ from .report._lord import (
 )
 from .report._source import FROM_GC_SCAN, LedgerSource, build_snapshot
 from .report._util import MiB
+
+if TYPE_CHECKING:
+    from ._core import _RegionRaw
 
 __all__ = [
     "MemoryTracker",
@@ -187,7 +190,8 @@ class MemoryTracker:
         self._frozen_dropped = 0
         self._frozen_names: list[str] = []  # the region names the frozen records name
         self._ring_capacity = 0
-        self._op_items: dict[int, tuple] = {}  # id -> closed region item of an operation
+        # id -> closed region item of an operation
+        self._op_items: dict[int, tuple[str, _RegionRaw]] = {}
         self._top_from = FROM_GC_SCAN
         self._lock = threading.RLock()
         self._local = threading.local()
@@ -397,7 +401,7 @@ class MemoryTracker:
             stack = self._local.stack = []
         return stack
 
-    def _sink(self) -> list:
+    def _sink(self) -> list[tuple[str, _RegionRaw]]:
         # per thread, so the item a region appends at exit is the last one of this list
         sink = getattr(self._local, "sink", None)
         if sink is None:
@@ -428,7 +432,7 @@ class MemoryTracker:
         )
         region = None
         try:
-            region = self._source.lord._region_with_sink(name, self._sink())  # type: ignore[attr-defined]
+            region = self._source.lord._region_with_sink(name, self._sink())
             region.__enter__()
         except Exception:  # noqa: BLE001 - the operation runs, measured by the totals only
             log.exception("memlord profiler: opening the region of %r failed", name)
@@ -475,7 +479,7 @@ class MemoryTracker:
         totals: dict[str, dict[str, Any]],
         end_ns: int,
         record: bool = True,
-        item: tuple | None = None,
+        item: tuple[str, _RegionRaw] | None = None,
     ) -> None:
         """Close ``span``: totals from the ledger; with the operation's closed region
         (``item``), its exact start, end, per-device delta, peak and storages."""
@@ -516,7 +520,8 @@ class MemoryTracker:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         # a profiler the program runs: torch 2.13 lets a second one start, which takes
         # the session and leaves the program's with no event at all
-        if torch.autograd._profiler_enabled():
+        # torch.autograd has it from torch._C._autograd without re-exporting it
+        if torch.autograd._profiler_enabled():  # type: ignore[attr-defined]
             log.warning(
                 "memlord profiler: torch.profiler is busy (another profiler is "
                 "active); ops not recorded"
@@ -587,6 +592,8 @@ class MemoryTracker:
             pytorch_ops = sorted(self._pytorch_ops.values(), key=lambda r: -r["cpu_time_us"])
             threads = dict(self._threads)
             op_items = set(self._op_items)
+        baseline: dict[str, int]
+        regions: list[Span]
         events, baseline, regions = None, {}, []
         ring_meta: dict[str, Any] = {}
         if src is not None:

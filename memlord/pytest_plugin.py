@@ -11,6 +11,7 @@ installed imports neither torch nor memlord.  See docs/pytest.md.
 from __future__ import annotations
 
 import gc
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -123,7 +124,7 @@ class Measurement:
             if self._leak_check is not None:
                 self._leak_check.__exit__(None, None, None)
                 self.leaked = list(self._leak_check.leaked)
-            stats = lord.stats()
+            stats: Mapping[str, Mapping[str, Any]] = lord.stats()
             for dev in self.peak:
                 top = lord.top_alloc_site(dev)
                 self.top_site[dev] = top[1] if top else None

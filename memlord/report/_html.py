@@ -131,11 +131,11 @@ def timeline_traces(series: dict[str, Series], t0: int, buckets: int) -> list[di
 
         # allocated stacked by category (each storage under its category): the stack's
         # top is the allocated line drawn next
-        for cat, values in d.categories.items():
+        for cat, cat_values in d.categories.items():
             traces.append(
                 line(
                     f"{cat} {dev_e}",
-                    values,
+                    cat_values,
                     color=CATEGORY_COLORS.get(cat, OTHER_COLOR),
                     width=0.5,
                 )

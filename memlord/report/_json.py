@@ -6,7 +6,7 @@ import datetime as _dt
 import json
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -46,7 +46,7 @@ def _array(arr: np.ndarray) -> str:
 
 def to_dict(doc: Profile) -> dict[str, Any]:
     """The document as JSON-ready Python objects (events and samples as lists)."""
-    return json.loads(dumps(doc))
+    return cast("dict[str, Any]", json.loads(dumps(doc)))
 
 
 def _head(doc: Profile) -> dict[str, Any]:

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Container
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -36,6 +36,9 @@ from memlord._regions import row_categories
 
 from ._model import KNOWN_KINDS, Events, Profile, SampleBuilder, Span
 from ._source import _snapshot_section, build_snapshot, lord_counters, lord_hotspots, lord_totals
+
+if TYPE_CHECKING:
+    from memlord._core import _RegionRaw
 
 #: The document's kind for each ring kind code (memlord._events.EVENT_KINDS order:
 #: alloc, free, gc, reset, reset_peak, reset_accumulated): the document's known kinds,
@@ -211,7 +214,7 @@ def ring_events(
     return events, baseline, skipped
 
 
-def region_span(name: str, raw: tuple, kind: str = "region") -> Span:
+def region_span(name: str, raw: _RegionRaw, kind: str = "region") -> Span:
     """One closed region (``(name, (duration_ns, rows, start_ns, thread, depth))``) as a
     span: ``delta`` per device is the net bytes its own thread allocated inside,
     ``peak`` the device's allocated bytes at the region's highest point, ``pre_total``

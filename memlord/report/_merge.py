@@ -25,7 +25,7 @@ import os
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -81,7 +81,8 @@ def _rank_from_name(path: str) -> int | None:
 
 
 def _kind(data: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string"}.get(type(data), type(data).__name__)
+    names: dict[type, str] = {dict: "an object", list: "a list", str: "a string"}
+    return names.get(type(data), type(data).__name__)
 
 
 # ---- one reader per input kind -----------------------------------------------------------------
@@ -165,7 +166,7 @@ def row_from_profile(data: dict[str, Any], path: str) -> dict[str, Any]:
     row["ooms"] = sum(d["ooms"] for d in row["devices"].values())
     if ends:
         row["time_unix"] = unix(max(ends))
-    sites = [
+    sites: list[dict[str, Any]] = [
         {"device": str(h.get("device")), "site": str(h.get("site")), "bytes": int(h["bytes"])}
         for h in doc.hotspots
         if isinstance(h, dict) and h.get("kind") == "alloc" and _int(h.get("bytes")) is not None
@@ -202,12 +203,14 @@ def row_from_post_mortem(data: dict[str, Any], path: str) -> dict[str, Any]:
         row["rank"] = _rank_from_name(path)
     row["world_size"] = _int(data.get("world_size"))
     row["time_unix"] = _num(data.get("time"))
-    sites = []
+    sites: list[dict[str, Any]] = []
     for dev in sorted(devices, key=lambda d: (d != "cpu", d)):
         d = devices[dev]
         if not isinstance(d, dict):
             continue
-        ledger = d.get("ledger") if isinstance(d.get("ledger"), dict) else {}
+        ledger = cast(
+            "dict[str, Any]", d.get("ledger") if isinstance(d.get("ledger"), dict) else {}
+        )
         live = _int(ledger.get("allocated"))
         peak = _int(ledger.get("peak_allocated"))
         row["devices"][str(dev)] = {
@@ -228,7 +231,9 @@ def row_from_post_mortem(data: dict[str, Any], path: str) -> dict[str, Any]:
                         "bytes": int(entry["bytes"]),
                     }
                 )
-    request = data.get("request") if isinstance(data.get("request"), dict) else {}
+    request = cast(
+        "dict[str, Any]", data.get("request") if isinstance(data.get("request"), dict) else {}
+    )
     failed = _str(request.get("device"))
     if failed in row["devices"]:
         row["devices"][failed]["ooms"] = 1
@@ -627,8 +632,8 @@ def command(
         say(str(exc))
         return 2
     rows, bad = merge_files(files)
-    for exc in bad:
-        say(str(exc))
+    for error in bad:
+        say(str(error))
     if bad and not keep_going:
         say(f"nothing written: {len(bad)} bad file(s) (--keep-going merges the others)")
         return 2

@@ -29,7 +29,7 @@ SEGMENT_STRIDE = 1 << 40
 
 
 def segment(
-    index: int, device: str, address: int, total: int, allocated: int, blocks: list
+    index: int, device: str, address: int, total: int, allocated: int, blocks: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """One synthetic segment of torch's snapshot layout: ``total`` bytes at ``address``
     on device ``index`` (memlord's name in ``memlord_device``), ``allocated`` of them in

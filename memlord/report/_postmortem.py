@@ -46,7 +46,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -74,6 +74,13 @@ MAX_STACK = 64
 
 _SINCE_ALL = -(2**63)
 _UNNAMED = object()  # a storage no model or optimizer names
+
+if TYPE_CHECKING:
+    # a live storage as _live_storages reads it: (device name, nbytes, data pointer,
+    # born_ns, site id, region name or None, dtype, requires_grad, shape, category)
+    _Storage = tuple[
+        str, int, int, int, int, str | None, torch.dtype | None, bool, tuple[int, ...] | None, str
+    ]
 _BACKWARD = " (backward)"
 
 
@@ -131,7 +138,7 @@ def default_stem(n: int) -> str:
     return f"memlord-oom-{host}-{os.getpid()}{rank_part}-{n}"
 
 
-class _Notes(list):
+class _Notes(list[str]):
     """doc["notes"]: what could not be read, and why."""
 
     def guard(self, what: str) -> contextlib.AbstractContextManager[None]:
@@ -337,7 +344,7 @@ def collect_names(lords: Sequence[Any], notes: list[str]) -> _Names:
     return names
 
 
-def _phase_name(category: str, region: str | None, modules: set[str]) -> tuple[str, str | None]:
+def _phase_name(category: str, region: str, modules: set[str]) -> tuple[str, str | None]:
     """(name, module) of a storage made inside a region: ``activation of
     decoder.block.2 (forward)`` inside a module's region, ``... in region <r>``
     otherwise."""
@@ -388,11 +395,11 @@ def _table(groups: dict[Any, _Group], top: int, label: Any = None) -> dict[str, 
     }
 
 
-def _live_storages(lords: Sequence[Any], notes: list[str]) -> tuple[int, list[tuple]]:
+def _live_storages(lords: Sequence[Any], notes: list[str]) -> tuple[int, list[_Storage]]:
     """Every live storage the lords track, deduplicated by (device, data pointer) across
     lords: ``(device name, nbytes, ptr, born_ns, site, region name, dtype, requires_grad,
     shape, category)``; and the time of the walk."""
-    out: list[tuple] = []
+    out: list[_Storage] = []
     seen: set[tuple[str, int]] = set()
     now = 0
     for i, lord in enumerate(lords):
@@ -671,7 +678,7 @@ def _cuda_sections(
     with notes.guard("CUDA devices"):
         for i in range(torch.cuda.device_count()):
             devices.setdefault(f"cuda:{i}", _empty_device())
-    snap = None
+    snap: dict[str, Any] | None = None
     with notes.guard("torch.cuda.memory._snapshot()"):
         snap = torch.cuda.memory._snapshot()
     observer = request.get("cuda") if isinstance(request.get("cuda"), dict) else None
@@ -715,7 +722,7 @@ def _cuda_sections(
 
 def synthetic_snapshot(
     doc: dict[str, Any],
-    live: list[tuple],
+    live: list[_Storage],
     names: dict[tuple[bool, int], tuple[str, str | None]],
     lords: Sequence[Any],
 ) -> dict[str, Any]:
@@ -744,7 +751,7 @@ def synthetic_snapshot(
             break
         except Exception:  # noqa: BLE001 - the traces are a bonus
             continue
-    by_dev: dict[str, list[tuple]] = {d: [] for d in devices}
+    by_dev: dict[str, list[_Storage]] = {d: [] for d in devices}
     for e in live:
         by_dev.setdefault(e[0], []).append(e)
     frames_of: dict[int, list[dict[str, Any]]] = {}
@@ -990,7 +997,7 @@ def _build(lords: Sequence[Any], request: dict[str, Any], top: int) -> dict[str,
     }
     # what the registry and the models say
     with torch._C.DisableTorchFunction():
-        now_live: tuple[int, list[tuple]] = (0, [])
+        now_live: tuple[int, list[_Storage]] = (0, [])
         with notes.guard("the live storages"):
             now_live = _live_storages(lords, notes)
         if not now_live[1] and not any(d.get("lifetime_tracking") for d in doc["lords"]):
@@ -1057,7 +1064,7 @@ def _memlord_version() -> str | None:
 
 def _attribute_live(
     devices: dict[str, dict[str, Any]],
-    live: list[tuple],
+    live: list[_Storage],
     names: _Names,
     now_ns: int,
     top: int,
@@ -1070,13 +1077,14 @@ def _attribute_live(
     tables are made from those groups, which are few: a loop's storages share one."""
     by_key = names.by_key
     modules = names.module_names
-    per_dev: dict[str, list[tuple]] = {}
+    per_dev: dict[str, list[_Storage]] = {}
     for e in live:
         lst = per_dev.get(e[0])
         if lst is None:
             lst = per_dev[e[0]] = []
         lst.append(e)
-    groups: dict[tuple, list[int]] = {}
+    # (device, category, region, site, module name or _UNNAMED) -> [bytes, count]
+    groups: dict[tuple[str, str, str | None, int, object], list[int]] = {}
     for dev, entries in per_dev.items():
         cu = dev.startswith("cuda")
         for e in entries:
@@ -1129,7 +1137,7 @@ def _attribute_live(
         ):
             _add(table, k, nbytes, count)
 
-    def name_of(e: tuple) -> str | None:
+    def name_of(e: _Storage) -> str | None:
         hit = by_key.get((e[0][:4] == "cuda", e[2])) if e[2] else None
         if hit is not None:
             return hit[0]
@@ -1180,7 +1188,7 @@ def _attribute_live(
     return cuda_storages
 
 
-def _largest(entries: list[tuple], n: int) -> list[tuple]:
+def _largest(entries: list[_Storage], n: int) -> list[_Storage]:
     """The n largest storages, largest first (ties: older first)."""
     got = heapq.nlargest(n, entries, key=_NBYTES) if n < len(entries) else list(entries)
     got.sort(key=lambda e: (-e[1], e[3]))
@@ -1190,7 +1198,7 @@ def _largest(entries: list[tuple], n: int) -> list[tuple]:
 _NBYTES = operator.itemgetter(1)
 
 
-def _entry(e: tuple, name: str | None, now_ns: int) -> dict[str, Any]:
+def _entry(e: _Storage, name: str | None, now_ns: int) -> dict[str, Any]:
     dev, nbytes, ptr, born, site, region, dtype, rg, shape, cat = e
     return {
         "name": name,
@@ -1296,7 +1304,7 @@ def write_post_mortem(
     return out
 
 
-_REQUIRED = {
+_REQUIRED: dict[str, type | tuple[type, ...]] = {
     "schema": str,
     "time": (int, float),
     "host": str,

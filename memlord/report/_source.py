@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from memlord import MemLord
 from memlord._snapshot import _live_tensors, _owner_rank, _skipped
+from memlord.lord import MemLord  # memlord.MemLord, as the Python sources define it
 
 log = logging.getLogger("memlord")
 
@@ -167,7 +167,7 @@ def pending_bytes(lord: MemLord, device: str) -> int:
     """Bytes of the lord's deferred frees on ``device`` still waiting for their CUDA
     event (0 without the torch hooks)."""
     try:
-        return int(lord._pending_bytes(device))  # type: ignore[attr-defined]
+        return int(lord._pending_bytes(device))
     except (TypeError, ValueError, RuntimeError):
         return 0
 
@@ -205,10 +205,10 @@ def lord_hotspots(lord: MemLord, limit: int = 10) -> list[dict[str, Any]]:
     ``site``, ``bytes``."""
     from memlord._sites import site_location, site_text
 
-    out = []
+    out: list[dict[str, Any]] = []
     for kind, free in (("alloc", False), ("free", True)):
         totals: dict[tuple[str, str], int] = {}
-        for dev, site, nbytes, _key in lord._hotspots(free, None):  # type: ignore[attr-defined]
+        for dev, site, nbytes, _key in lord._hotspots(free, None):
             if site_location(site) is None:
                 continue
             k = (str(dev), site_text(site))

@@ -102,33 +102,33 @@ def _chunks(doc: Profile, progress: Progress) -> Iterator[str]:
     series = memory_series(doc)
     done = 0
     tracks = []
-    for dev, s in series.items():
-        cols = [("allocated", s.allocated), ("pending", s.pending)]
-        if s.reserved is not None:
-            cols.append(("reserved", s.reserved))
-        tracks.append((s, f"memory {dev}", cols))
-        if s.categories:  # allocated by category: one counter of stacked values
-            tracks.append((s, f"memory {dev} by category", list(s.categories.items())))
+    for dev, ser in series.items():
+        cols = [("allocated", ser.allocated), ("pending", ser.pending)]
+        if ser.reserved is not None:
+            cols.append(("reserved", ser.reserved))
+        tracks.append((ser, f"memory {dev}", cols))
+        if ser.categories:  # allocated by category: one counter of stacked values
+            tracks.append((ser, f"memory {dev} by category", list(ser.categories.items())))
     total = sum(len(t[0]) for t in tracks) or 1
-    for s, track, cols in tracks:
+    for ser, track, cols in tracks:
         name = dumps(track)
-        ts = s.t_ns - base
-        n = len(s)
+        times = ser.t_ns - base
+        n = len(ser)
         step = 65536
         for lo in range(0, n, step):
             hi = min(n, lo + step)
-            t_list = ts[lo:hi].tolist()
+            t_list = times[lo:hi].tolist()
             values = [c[lo:hi].tolist() for _, c in cols]
             parts = []
             for j, t in enumerate(t_list):
-                args = ",".join(
+                counters = ",".join(
                     f"{dumps(cname)}:{vals[j]}"
                     for (cname, _), vals in zip(cols, values, strict=True)
                     if vals[j] >= 0
                 )
                 parts.append(
                     f',\n{{"ph":"C","name":{name},"pid":{PID},"tid":{COUNTER_TID},'
-                    f'"ts":{_us(t)},"args":{{{args}}}}}'
+                    f'"ts":{_us(t)},"args":{{{counters}}}}}'
                 )
             yield "".join(parts)
             done += hi - lo
@@ -143,9 +143,9 @@ def _chunks(doc: Profile, progress: Progress) -> Iterator[str]:
         for i in idx.tolist():
             dev = ev.devices[int(ev["device"][i])] if ev.devices else "?"
             head = dumps({"ph": "i", "s": "p", "cat": kind, "name": f"{label} {dev}", "pid": PID})
-            args = dumps({"device": dev, "bytes": int(ev["bytes"][i])})
+            instant = dumps({"device": dev, "bytes": int(ev["bytes"][i])})
             ts = _us(int(ev["t_ns"][i]) - base)
-            yield f',\n{head[:-1]},"tid":{COUNTER_TID},"ts":{ts},"args":{args}}}'
+            yield f',\n{head[:-1]},"tid":{COUNTER_TID},"ts":{ts},"args":{instant}}}'
 
     yield "\n]}\n"
     progress(1.0, "trace")

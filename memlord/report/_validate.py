@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import re
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -234,10 +234,11 @@ class _Checker:
             for where, call in self.objects(f"operation_allocations.{name}", calls):
                 stamp = call.get("timestamp")
                 if self.string(f"{where}.timestamp", stamp):
+                    text = cast(str, stamp)  # string() checked it
                     try:
-                        _dt.datetime.fromisoformat(stamp).timestamp()
+                        _dt.datetime.fromisoformat(text).timestamp()
                     except (ValueError, OverflowError, OSError):
-                        self.bad(f"{where}.timestamp", f"{stamp[:40]!r} is not an ISO time")
+                        self.bad(f"{where}.timestamp", f"{text[:40]!r} is not an ISO time")
                 for key in _SEED_NUMBERS:
                     if key in call:
                         self.number(f"{where}.{key}", call[key], 1e12)
