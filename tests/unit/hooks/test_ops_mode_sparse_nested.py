@@ -368,3 +368,42 @@ def test_sparse_gradient_is_counted_and_categorised_gradient(ops_lord):
     opt.zero_grad(set_to_none=True)
     del g
     assert ledger(ops_lord) == held(emb.weight, idx)
+
+
+# ----------------------------------------------------------------------- DTensor
+
+
+@pytest.fixture
+def fake_mesh():
+    """A 2-rank DeviceMesh on torch's own fake process group (this process is rank 0; no
+    communication happens): DTensor's operators run on the local shard."""
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("torch.distributed unavailable, or a process group is already up")
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+    try:
+        yield DeviceMesh("cpu", [0, 1])
+    finally:
+        dist.destroy_process_group()
+
+
+def test_dtensor_results_count_their_local_shard(fake_mesh):
+    """A DTensor is a traceable wrapper subclass: its operators' results hold a new local
+    tensor each (the operators DTensor runs on it are not seen: torch takes the modes off
+    the stack first), counted and credited; allocate() counts the local shard."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    x = distribute_tensor(torch.randn(64, 32), fake_mesh, [Shard(0)])
+    with ops_on() as lord:
+        y = x * 2
+        z = y.sin()
+        local = [t._local_tensor for t in (y, z)]
+        assert ledger(lord) == held(*local) == 2 * 32 * 32 * 4
+        del y, z, local
+        assert ledger(lord) == 0
+    other = MemLord(auto_gc_bytes=None)
+    other.allocate(x)
+    assert other.allocated("cpu")[0] == held(x._local_tensor) == 32 * 32 * 4
