@@ -13,8 +13,15 @@
  * new (no alias annotation in the schema), and flags. */
 #define OP_RESIZE 1 /* resize_, resize_as_, set_: the storage may change size */
 #define OP_OUT 2    /* an out= overload: torch resizes an out tensor that is too small */
-/* an argument is written (in-place, out=): a sparse one may get new component tensors */
-#define OP_MUTATES 4
+/* Written arguments (in-place, out=: a sparse one may get new component
+ * tensors): bit OP_WRITES_SHIFT + i for positional argument i (as torch's
+ * dispatch passes them: every argument that is not keyword-only), OP_WRITES_KW
+ * for a keyword-only one (out=), OP_WRITES_ALL for one beyond the mask. */
+#define OP_WRITES_KW 4
+#define OP_WRITES_ALL 8
+#define OP_WRITES_SHIFT 8
+#define OP_WRITES_MAX 20
+#define OP_MUTATES (OP_WRITES_KW | OP_WRITES_ALL | (((1 << OP_WRITES_MAX) - 1) << OP_WRITES_SHIFT))
 #define OP_CACHE_MAX 8192
 
 static PyObject *op_cache;   /* dict, strong */
@@ -92,7 +99,10 @@ static long fresh_returns(PyObject *func, int *flags)
         PyObject *is_out = PyObject_GetAttrString(arg, "is_out");
         int out = is_out != NULL ? PyObject_IsTrue(is_out) : -1;
         Py_XDECREF(is_out);
-        PyObject *alias = out >= 0 ? PyObject_GetAttrString(arg, "alias_info") : NULL;
+        PyObject *kw = out >= 0 ? PyObject_GetAttrString(arg, "kwarg_only") : NULL;
+        int kwarg_only = kw != NULL ? PyObject_IsTrue(kw) : -1;
+        Py_XDECREF(kw);
+        PyObject *alias = kwarg_only >= 0 ? PyObject_GetAttrString(arg, "alias_info") : NULL;
         PyObject *write = alias != NULL && alias != Py_None
                               ? PyObject_GetAttrString(alias, "is_write")
                               : Py_XNewRef(alias);
@@ -102,7 +112,7 @@ static long fresh_returns(PyObject *func, int *flags)
         }
         Py_XDECREF(write);
         Py_XDECREF(alias);
-        if (out < 0 || written < 0) {
+        if (out < 0 || kwarg_only < 0 || written < 0) {
             Py_DECREF(aseq);
             mask = -1;
             goto done;
@@ -111,7 +121,9 @@ static long fresh_returns(PyObject *func, int *flags)
             *flags |= OP_OUT;
         }
         if (written) {
-            *flags |= OP_MUTATES;
+            *flags |= kwarg_only          ? OP_WRITES_KW
+                      : i < OP_WRITES_MAX ? 1 << (OP_WRITES_SHIFT + i)
+                                          : OP_WRITES_ALL;
         }
     }
     Py_DECREF(aseq);
@@ -544,24 +556,57 @@ static int walk_args(ml_state *st, ml_walk *w, PyObject *fargs, PyObject *fkwarg
     return 0;
 }
 
-/* The argument storages of an operator that writes one of its arguments (an
- * in-place or out= operator) when an argument is composite, taken before the
- * call: the operator may give a sparse argument new component tensors, which
- * are then new memory.  1 when *in was walked (the caller clears it), 0 when
- * not.  Failures are reported, never raised. */
-static int args_before(ml_state *st, ml_walk *in, PyObject *fargs, PyObject *fkwargs)
+/* Whether a written argument of the operator (flags: OP_WRITES_*) is
+ * composite: exact 0, without Python (ml_tensor_may_be_composite); exact 1,
+ * ml_tensor_composite (may read a getter).  Never raises but for memory. */
+static int written_composite(ml_state *st, PyObject *fargs, PyObject *fkwargs, int flags, int exact)
 {
-    if (!any_may_be_composite(st, fargs, 2) &&
-        (fkwargs == NULL || !any_may_be_composite(st, fkwargs, 2))) {
+    if (flags & OP_WRITES_ALL) {
+        if (!exact) {
+            return any_may_be_composite(st, fargs, 2) ||
+                   (fkwargs != NULL && any_may_be_composite(st, fkwargs, 2));
+        }
+        int rc = each_tensor(st, fargs, 2, visit_is_composite, NULL);
+        if (rc == 0 && fkwargs != NULL) {
+            rc = each_tensor(st, fkwargs, 2, visit_is_composite, NULL);
+        }
+        return rc;
+    }
+    if ((flags & OP_WRITES_KW) && fkwargs != NULL) {
+        int rc = exact ? each_tensor(st, fkwargs, 2, visit_is_composite, NULL)
+                       : any_may_be_composite(st, fkwargs, 2);
+        if (rc != 0) {
+            return rc;
+        }
+    }
+    for (Py_ssize_t i = 0; i < OP_WRITES_MAX && i < PyTuple_GET_SIZE(fargs); i++) {
+        if (!(flags & (1 << (OP_WRITES_SHIFT + i)))) {
+            continue;
+        }
+        PyObject *a = PyTuple_GET_ITEM(fargs, i); /* fargs is held: a tuple */
+        int rc = exact ? each_tensor(st, a, 1, visit_is_composite, NULL)
+                       : any_may_be_composite(st, a, 1);
+        if (rc != 0) {
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* The argument storages of an operator that writes one of its arguments (an
+ * in-place or out= operator) when a written argument is composite, taken
+ * before the call: the operator may give a sparse argument new component
+ * tensors, which are then new memory.  1 when *in was walked (the caller
+ * clears it), 0 when not.  Failures are reported, never raised. */
+static int args_before(ml_state *st, ml_walk *in, PyObject *fargs, PyObject *fkwargs, int flags)
+{
+    if (!written_composite(st, fargs, fkwargs, flags, 0)) {
         return 0;
     }
     /* the components are read through torch's methods: a TorchFunctionMode
      * sees only the program's calls */
     PyObject *guard = ml_tf_mode_active() ? ml_quiet_enter() : NULL;
-    int rc = each_tensor(st, fargs, 2, visit_is_composite, NULL);
-    if (rc == 0 && fkwargs != NULL) {
-        rc = each_tensor(st, fkwargs, 2, visit_is_composite, NULL);
-    }
+    int rc = written_composite(st, fargs, fkwargs, flags, 1);
     if (rc > 0) {
         rc = walk_args(st, in, fargs, fkwargs) < 0 ? -1 : 1;
     }
@@ -740,7 +785,7 @@ PyObject *ml_ops_dispatch(PyObject *module, PyObject *const *args, Py_ssize_t na
     int have_in = 0;
     ml_state *in_st = ml_disp.ops_lord_refs != NULL ? PyModule_GetState(module) : NULL;
     if ((flags & OP_MUTATES) && in_st != NULL) {
-        have_in = args_before(in_st, &in, fargs, fkwargs);
+        have_in = args_before(in_st, &in, fargs, fkwargs, flags);
     }
     ml_hook_call_enter();
     PyObject *result = PyObject_Call(call, fargs, fkwargs);
