@@ -288,6 +288,10 @@ class LifetimeAnalyzer:
                     "lord.record_events(capacity) before the steps"
                 )
             self._cols = self._from_lord(lord)
+            # a window of step numbers the ring does not hold would be an empty analysis
+            # (and peak_composition(step=k) of such a step raises): refused here, before
+            # any query, as peak_composition refuses its step
+            self._check_window("LifetimeAnalyzer")
 
     @staticmethod
     def _check_steps(steps: Any) -> Any:
@@ -539,13 +543,38 @@ class LifetimeAnalyzer:
 
     # ---- windows -------------------------------------------------------------------------
 
-    def steps(self) -> list[int]:
-        """The step numbers the analysis covers (births' steps in the window)."""
+    def _held_steps(self) -> list[int]:
+        """Every step number the data holds: the ring's (births' steps and marks), or the
+        steps given to record_usage."""
         c = self._columns()
         if self._unit == "step":
-            got = sorted(self._recorded)
-        else:
-            got = sorted(set(np.unique(c.step).tolist()) | set(self._marks[0].tolist()))
+            return sorted(self._recorded)
+        return sorted(set(np.unique(c.step).tolist()) | set(self._marks[0].tolist()))
+
+    def _check_window(self, fname: str) -> None:
+        """A window of step numbers (``steps=[...]``) must name steps the data holds: a
+        ValueError naming the argument, the missing steps and the held ones otherwise."""
+        w = self._window_arg
+        if w is None or isinstance(w, int):
+            return
+        held = self._held_steps()
+        have = set(held)
+        missing = [k for k in w if k not in have]
+        if not missing:
+            return
+        if fname == "LifetimeAnalyzer":
+            raise ValueError(
+                f"LifetimeAnalyzer(): argument 'steps' names steps the ring does not hold: "
+                f"{missing}; it holds steps {held}"
+            )
+        raise ValueError(
+            f"{fname}(): the window (argument 'steps' of LifetimeAnalyzer()) names steps "
+            f"not recorded: {missing}; recorded steps: {held}"
+        )
+
+    def steps(self) -> list[int]:
+        """The step numbers the analysis covers (births' steps in the window)."""
+        got = self._held_steps()
         w = self._window_arg
         if w is None:
             return got
@@ -578,34 +607,43 @@ class LifetimeAnalyzer:
             return t0, t1
         return t0, t1
 
-    def _window(self, step: int | None) -> tuple[int, int, list[int]]:
-        steps = self.steps() if step is None else [step]
-        if step is not None and step not in self.steps():
-            raise ValueError(f"argument 'step' is not a step of this analysis: {step}")
+    def _window(self, step: int | None, fname: str) -> tuple[int, int, list[int]]:
+        self._check_window(fname)
+        covered = self.steps()
+        steps = covered if step is None else [step]
+        if step is not None and step not in covered:
+            raise ValueError(
+                f"{fname}(): argument 'step' is not a step of this analysis: {step}; "
+                f"its steps: {covered}"
+            )
         t0, t1 = self._span(steps) if steps else (0, -1)
         return t0, t1, steps
 
     # ---- the peak --------------------------------------------------------------------------
 
-    def _peak(self, step: int | None, device: Any) -> tuple[int, int, int, np.ndarray]:
+    def _peak(self, step: int | None, device: Any, fname: str) -> tuple[int, int, int, np.ndarray]:
         """(device index, peak time, peak bytes, mask of storages live then)."""
         if device is not None:
             device = _device_name(device)
         key = (step, device)
         got = self._peaks.get(key)
         if got is None:
-            got = self._peaks[key] = self._find_peak(step, device)
+            got = self._peaks[key] = self._find_peak(step, device, fname)
         return got
 
-    def _find_peak(self, step: int | None, device: Any) -> tuple[int, int, int, np.ndarray]:
+    def _find_peak(
+        self, step: int | None, device: Any, fname: str
+    ) -> tuple[int, int, int, np.ndarray]:
         c = self._columns()
-        t0, t1, _steps = self._window(step)
+        t0, t1, _steps = self._window(step, fname)
         best = (-1, 0, -1, np.zeros(len(c), bool))
         devs: Sequence[int] = range(len(c.devices))
         if device is not None:
             name = _device_name(device)
             if name not in c.devices:
-                raise ValueError(f"argument 'device' has no storage in this analysis: {name!r}")
+                raise ValueError(
+                    f"{fname}(): argument 'device' has no storage in this analysis: {name!r}"
+                )
             devs = [c.devices.index(name)]
         for d in devs:
             on = c.device == d
@@ -640,7 +678,7 @@ class LifetimeAnalyzer:
         site)."""
         s = _step_arg("peak_composition", step)
         c = self._columns()
-        d, when, value, live = self._peak(s, device)
+        d, when, value, live = self._peak(s, device, "peak_composition")
         if d < 0:
             return {
                 "device": None,
@@ -683,8 +721,8 @@ class LifetimeAnalyzer:
         (or ``device``), assigned to shared buffers whose members' lifetimes do not
         overlap (:func:`assign_buffers`)."""
         s = _step_arg("compute_reuse_plan", step)
-        t0, t1, _ = self._window(s)
-        d = self._peak(s, device)[0]
+        t0, t1, _ = self._window(s, "compute_reuse_plan")
+        d = self._peak(s, device, "compute_reuse_plan")[0]
         return self._plan(t0, t1, d, device)
 
     def _plan(self, t0: int, t1: int, d: int, device: Any = None) -> ReusePlan:
@@ -718,7 +756,7 @@ class LifetimeAnalyzer:
         ``"offload_optimizer"`` (the optimizer state's share of the peak)."""
         s = _step_arg("get_optimization_suggestions", step)
         c = self._columns()
-        d, when, peak, live = self._peak(s, device)
+        d, when, peak, live = self._peak(s, device, "get_optimization_suggestions")
         if d < 0:
             return {
                 "reusable_bytes": 0,
@@ -728,7 +766,7 @@ class LifetimeAnalyzer:
                 "suggestions": [],
             }
         peak_step = int(self._step_of(np.array([when], np.int64))[0])
-        pt0, pt1, _ = self._window(peak_step if s is None else s)
+        pt0, pt1, _ = self._window(peak_step if s is None else s, "get_optimization_suggestions")
         plan = self._plan(pt0, pt1, d)
         out: list[dict[str, Any]] = []
         share = (lambda b: b / peak) if peak else (lambda b: 0.0)
@@ -773,7 +811,7 @@ class LifetimeAnalyzer:
                 )
 
         # preallocate: same-size storages born and freed at one site in every step
-        t0, t1, steps = self._window(s)
+        t0, t1, steps = self._window(s, "get_optimization_suggestions")
         inside = (
             (c.device == d) & (c.site >= 0) & (c.death != ALIVE) & (c.birth >= t0) & (c.death <= t1)
         )

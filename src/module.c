@@ -42,7 +42,9 @@ static int load_interned(ml_state *st)
             intern(&st->s_write, "write") || intern(&st->s_flush, "flush") ||
             intern(&st->s_demo_py, "_demo.py") || intern(&st->s_dtype, "dtype") ||
             intern(&st->s_shape, "shape") || intern(&st->s_requires_grad, "requires_grad") ||
-            intern(&st->s_is_nested, "is_nested"))
+            intern(&st->s_is_nested, "is_nested") ||
+            intern(&st->s_tensor_flatten, "__tensor_flatten__") ||
+            intern(&st->s_tensor_unflatten, "__tensor_unflatten__"))
                ? -1
                : 0;
 }

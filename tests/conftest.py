@@ -43,6 +43,7 @@ from fakecuda_driver import (  # noqa: F401 (fixtures)
     fakecuda_lib,
 )
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 # What importing torch, numpy, pytest, hypothesis and memlord's test support leaves on the
 # heap (some 170,000 objects) is moved out of the cyclic GC's reach (gc.freeze()): a full
@@ -440,6 +441,11 @@ def storage_nbytes(t: torch.Tensor) -> int:
 
 
 def _tensor_storages(t: torch.Tensor):
+    if is_traceable_wrapper_subclass(t):
+        # a jagged NestedTensor, DTensor: the inner tensors torch flattens it to
+        attrs, _ = t.__tensor_flatten__()
+        inner = [getattr(t, a) for a in attrs]
+        return [s for i in inner if isinstance(i, torch.Tensor) for s in _tensor_storages(i)]
     layout = t.layout
     if layout == torch.sparse_coo:
         parts = [t._indices(), t._values()]

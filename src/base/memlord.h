@@ -226,6 +226,8 @@ typedef struct {
     X(PyObject *, s_ccol_indices)                                                                  \
     X(PyObject *, s_row_indices)                                                                   \
     X(PyObject *, s_values_pub)                                                                    \
+    X(PyObject *, s_tensor_flatten)                                                                \
+    X(PyObject *, s_tensor_unflatten)                                                              \
     X(PyObject *, s_write)                                                                         \
     X(PyObject *, s_flush)                                                                         \
     X(PyObject *, s_demo_py)                                                                       \

@@ -83,6 +83,27 @@ static int storages_of(ml_state *st, PyObject *t, ml_walk *w)
     return 0;
 }
 
+/* The storages of t, a call's result, with their keys (storages_of); of a
+ * composite t only those that src (the call's source tensor, or NULL) does
+ * not hold: a jagged NestedTensor's conversion or clone keeps its source's
+ * offsets.  sw (initialised by the caller) receives src's storages and is
+ * cleared by the caller after w.  -1 only when memory runs out. */
+static int new_storages_of(ml_state *st, PyObject *t, PyObject *src, ml_walk *w, ml_walk *sw)
+{
+    if (src != NULL && src != t && ml_tensor_composite(st, t)) {
+        sw->collect_keys = 1; /* held: none can die and lend its address meanwhile */
+        sw->opaque_ok = 1;
+        if (ml_walk_tensor(st, sw, src) < 0) {
+            if (PyErr_ExceptionMatches(PyExc_MemoryError)) {
+                return -1;
+            }
+            PyErr_Clear(); /* what was read of it stands */
+        }
+        w->skip = sw;
+    }
+    return storages_of(st, t, w);
+}
+
 static void track_items(const ml_lords *lords, const ml_life_item *items, Py_ssize_t n,
                         const ml_site *site, enum ml_ev_source source, int deep_only);
 
@@ -90,7 +111,8 @@ static void track_items(const ml_lords *lords, const ml_life_item *items, Py_ssi
  * track its storages for every lord of lords with lifetime tracking on.  A
  * plain tensor's storage is read in C, without a walk.  -1 only when memory
  * runs out. */
-int ml_track_new_tensor(ml_state *st, const ml_lords *lords, PyObject *t, enum ml_ev_source source)
+int ml_track_new_tensor(ml_state *st, const ml_lords *lords, PyObject *t, PyObject *src,
+                        enum ml_ev_source source)
 {
     ml_life_item item;
     uintptr_t ptr;
@@ -118,9 +140,10 @@ int ml_track_new_tensor(ml_state *st, const ml_lords *lords, PyObject *t, enum m
         Py_DECREF(item.key);
         return 0;
     }
-    ml_walk w;
+    ml_walk w, sw;
     ml_walk_init(&w);
-    int rc = storages_of(st, t, &w);
+    ml_walk_init(&sw);
+    int rc = new_storages_of(st, t, src, &w, &sw);
     if (rc == 0 && w.n > 0) {
         ml_site site = {0};
         if (ml_any_tracks_callsite(lords)) {
@@ -129,7 +152,9 @@ int ml_track_new_tensor(ml_state *st, const ml_lords *lords, PyObject *t, enum m
         ml_track_for(lords, &w, &site, source, 0);
         ml_site_clear(&site);
     }
+    w.skip = NULL;
     ml_walk_clear(&w);
+    ml_walk_clear(&sw);
     return rc;
 }
 
@@ -185,10 +210,12 @@ void ml_track_for(const ml_lords *lords, const ml_walk *w, const ml_site *site,
  * source is credited when its storage dies.  The others keep the plain
  * rule: the result is counted, a moved source is credited at the move (or
  * when the copy's CUDA event completes), and stops being tracked. */
-static inline void walk_clear_if(ml_walk *w, int inited)
+static inline void walk_clear_if(ml_walk *w, ml_walk *sw, int inited)
 {
     if (inited) {
+        w->skip = NULL;
         ml_walk_clear(w);
+        ml_walk_clear(sw); /* the source's storages, after the result's */
     }
 }
 
@@ -218,7 +245,8 @@ ML_HOT static int account_on_device(ml_state *st, const ml_hook_tls *tl, const P
     ml_dev sdev, ddev;
     int64_t bytes;
     uintptr_t ptr = 0;
-    if (ml_tensor_storage(st, dst, &ddev, want_address(lords) ? &ptr : NULL, &bytes) < 0) {
+    if (ml_tensor_storage_beside(st, dst, src, &ddev, want_address(lords) ? &ptr : NULL, &bytes) <
+        0) {
         return -1;
     }
     if (kind == HK_MOVE && (ml_tensor_device(st, src, &sdev) < 0 || sdev != ddev)) {
@@ -262,31 +290,33 @@ ML_HOT int ml_account_conversion(ml_state *st, const ml_hook_tls *tl, const PyTh
      * conversions need none: the walk's set-up is a measurable part of a cast). */
     uintptr_t sptr = 0, dptr = 0;
     uintptr_t *want_ptr = NULL;
-    ml_walk dw;
+    ml_walk dw, dsrc;
     if (ndeep > 0) {
         ml_walk_init(&dw);
+        ml_walk_init(&dsrc);
     }
-    if (ndeep > 0 && storages_of(st, dst, &dw) < 0) {
+    if (ndeep > 0 && new_storages_of(st, dst, src, &dw, &dsrc) < 0) {
+        walk_clear_if(&dw, &dsrc, 1);
         return -1;
     }
     if (nplain > 0) {
         want_ptr = (non_blocking && kind == HK_MOVE) || want_address(lords) ? &dptr : NULL;
     }
-    if (nplain > 0 ? ml_tensor_storage(st, dst, &ddev, want_ptr, &dbytes) < 0
+    if (nplain > 0 ? ml_tensor_storage_beside(st, dst, src, &ddev, want_ptr, &dbytes) < 0
                    : ml_tensor_device(st, dst, &ddev) < 0) {
-        walk_clear_if(&dw, ndeep > 0);
+        walk_clear_if(&dw, &dsrc, ndeep > 0);
         return -1;
     }
     int moved = 0;
     if (kind == HK_MOVE) {
         if (ml_tensor_device(st, src, &sdev) < 0) {
-            walk_clear_if(&dw, ndeep > 0);
+            walk_clear_if(&dw, &dsrc, ndeep > 0);
             return -1;
         }
         moved = sdev != ddev;
         if (moved && nplain > 0 &&
             ml_tensor_storage(st, src, &sdev, want_ptr ? &sptr : NULL, &sbytes) < 0) {
-            walk_clear_if(&dw, ndeep > 0);
+            walk_clear_if(&dw, &dsrc, ndeep > 0);
             return -1;
         }
     }
@@ -295,7 +325,7 @@ ML_HOT int ml_account_conversion(ml_state *st, const ml_hook_tls *tl, const PyTh
     if (ndeep > 0) {
         ml_track_for(lords, &dw, &site, ML_SRC_CONVERT, 1);
     }
-    walk_clear_if(&dw, ndeep > 0);
+    walk_clear_if(&dw, &dsrc, ndeep > 0);
     if (nplain > 0) {
         ml_lords subset;
         const ml_lords *plain = lords;

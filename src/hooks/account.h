@@ -20,8 +20,11 @@ int ml_account_conversion(ml_state *st, const ml_hook_tls *tl, const PyThreadSta
                           const ml_lords *lords, PyObject *src, PyObject *dst, int kind,
                           int non_blocking);
 /* Count and track a new tensor's storages for the lords with lifetime
- * tracking on; -1 only when memory runs out. */
-int ml_track_new_tensor(ml_state *st, const ml_lords *lords, PyObject *t, enum ml_ev_source source);
+ * tracking on; of a composite t (a sparse tensor, a jagged NestedTensor),
+ * those that src (the call's source tensor, or NULL) does not hold.  -1 only
+ * when memory runs out. */
+int ml_track_new_tensor(ml_state *st, const ml_lords *lords, PyObject *t, PyObject *src,
+                        enum ml_ev_source source);
 /* The storage of t, tracked by a lord of lords, is of category cat from now
  * on (whatever it was).  No storage readable: nothing. */
 void ml_recategorize_tensor(ml_state *st, const ml_lords *lords, PyObject *t, int cat);

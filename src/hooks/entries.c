@@ -203,7 +203,7 @@ static PyObject *hook_module_to(PyObject *callable, PyObject *const *args, size_
 /* The end of a factory or parameter hook: a tensor result (not fake or
  * functional) is counted and tracked for every lord of the python hooks;
  * result is returned unchanged whatever happens. */
-static PyObject *track_result(PyObject *callable, ml_state *st, PyObject *result,
+static PyObject *track_result(PyObject *callable, ml_state *st, PyObject *result, PyObject *src,
                               enum ml_ev_source source)
 {
     /* Only real tensors: a tensor-like result (an FX Proxy while
@@ -218,7 +218,7 @@ static PyObject *track_result(PyObject *callable, ml_state *st, PyObject *result
         return result;
     }
     PyObject *guard = ml_read_in_c(st, result) && !ml_tf_mode_active() ? NULL : ml_quiet_enter();
-    if (ml_track_new_tensor(st, &lords, result, source) < 0) {
+    if (ml_track_new_tensor(st, &lords, result, src, source) < 0) {
         ml_report_failure(callable);
     }
     if (source == ML_SRC_PARAM) {
@@ -253,7 +253,13 @@ static PyObject *hook_factory(PyObject *callable, PyObject *const *args, size_t 
     if (out != NULL && out != Py_None) {
         return result;
     }
-    return track_result(callable, ml_disp.st, result, ML_SRC_FACTORY);
+    /* a *_like's or clone's source: a composite result (a jagged NestedTensor)
+     * may keep some of its component tensors (the offsets) */
+    PyObject *src = NULL;
+    if (nargs > 0 && PyObject_TypeCheck(args[0], (PyTypeObject *)ml_disp.st->tensor_type)) {
+        src = args[0];
+    }
+    return track_result(callable, ml_disp.st, result, src, ML_SRC_FACTORY);
 }
 
 /* nn.Parameter(data): a parameter is memory the model holds.  Its storage
@@ -268,7 +274,7 @@ static PyObject *hook_param(PyObject *callable, PyObject *const *args, size_t na
     if (result == NULL || ml_disp.py_lord_refs == NULL || ml_disp.module == NULL) {
         return result;
     }
-    return track_result(callable, ml_disp.st, result, ML_SRC_PARAM);
+    return track_result(callable, ml_disp.st, result, NULL, ML_SRC_PARAM);
 }
 
 /* Module._apply (to, half, float, double, bfloat16, cuda, cpu, type,

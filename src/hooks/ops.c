@@ -4,6 +4,7 @@
 #include "hooks/context.h"
 #include "hooks/dispatch.h"
 #include "hooks/entries.h"
+#include "hooks/guards.h"
 #include "hooks/lifetime.h"
 
 /* What the mode remembers of an operator, per OpOverload (a dict from the
@@ -12,6 +13,15 @@
  * new (no alias annotation in the schema), and flags. */
 #define OP_RESIZE 1 /* resize_, resize_as_, set_: the storage may change size */
 #define OP_OUT 2    /* an out= overload: torch resizes an out tensor that is too small */
+/* Written arguments (in-place, out=: a sparse one may get new component
+ * tensors): bit OP_WRITES_SHIFT + i for positional argument i (as torch's
+ * dispatch passes them: every argument that is not keyword-only), OP_WRITES_KW
+ * for a keyword-only one (out=), OP_WRITES_ALL for one beyond the mask. */
+#define OP_WRITES_KW 4
+#define OP_WRITES_ALL 8
+#define OP_WRITES_SHIFT 8
+#define OP_WRITES_MAX 20
+#define OP_MUTATES (OP_WRITES_KW | OP_WRITES_ALL | (((1 << OP_WRITES_MAX) - 1) << OP_WRITES_SHIFT))
 #define OP_CACHE_MAX 8192
 
 static PyObject *op_cache;   /* dict, strong */
@@ -85,16 +95,35 @@ static long fresh_returns(PyObject *func, int *flags)
         goto done;
     }
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(aseq); i++) {
-        PyObject *is_out = PyObject_GetAttrString(PySequence_Fast_GET_ITEM(aseq, i), "is_out");
+        PyObject *arg = PySequence_Fast_GET_ITEM(aseq, i); /* aseq holds it */
+        PyObject *is_out = PyObject_GetAttrString(arg, "is_out");
         int out = is_out != NULL ? PyObject_IsTrue(is_out) : -1;
         Py_XDECREF(is_out);
-        if (out < 0) {
+        PyObject *kw = out >= 0 ? PyObject_GetAttrString(arg, "kwarg_only") : NULL;
+        int kwarg_only = kw != NULL ? PyObject_IsTrue(kw) : -1;
+        Py_XDECREF(kw);
+        PyObject *alias = kwarg_only >= 0 ? PyObject_GetAttrString(arg, "alias_info") : NULL;
+        PyObject *write = alias != NULL && alias != Py_None
+                              ? PyObject_GetAttrString(alias, "is_write")
+                              : Py_XNewRef(alias);
+        int written = write == NULL ? -1 : 0;
+        if (write != NULL && write != Py_None) {
+            written = PyObject_IsTrue(write);
+        }
+        Py_XDECREF(write);
+        Py_XDECREF(alias);
+        if (out < 0 || kwarg_only < 0 || written < 0) {
             Py_DECREF(aseq);
             mask = -1;
             goto done;
         }
         if (out) {
             *flags |= OP_OUT;
+        }
+        if (written) {
+            *flags |= kwarg_only          ? OP_WRITES_KW
+                      : i < OP_WRITES_MAX ? 1 << (OP_WRITES_SHIFT + i)
+                                          : OP_WRITES_ALL;
         }
     }
     Py_DECREF(aseq);
@@ -196,8 +225,11 @@ static int item_of(ml_state *st, PyObject *t, ml_life_item *it)
         return 0;
     }
     uintptr_t ptr = 0;
-    if (!ml_tensor_storage_in_c(st, t, &it->dev, &ptr, &it->bytes) &&
-        ml_tensor_storage(st, t, &it->dev, &ptr, &it->bytes) < 0) {
+    int in_c = ml_tensor_storage_in_c(st, t, &it->dev, &ptr, &it->bytes);
+    if (!in_c && ml_tensor_composite(st, t)) {
+        return 0; /* components of their own: count_composite counts them */
+    }
+    if (!in_c && ml_tensor_storage(st, t, &it->dev, &ptr, &it->bytes) < 0) {
         if (PyErr_ExceptionMatches(PyExc_MemoryError)) {
             return -1;
         }
@@ -226,8 +258,9 @@ static int item_of(ml_state *st, PyObject *t, ml_life_item *it)
 /* What count_for_ops_lords does with items for each lord. */
 enum {
     OPS_COUNT = 0,       /* count and track those it does not track yet */
-    OPS_RESIZE = 1,      /* items[0]'s storage, tracked already, counts its change of
-                          * size (resize_, set_, a grown out=); else as OPS_COUNT */
+    OPS_RESIZE = 1,      /* an item's storage tracked already counts its change of size
+                          * (resize_, set_, a grown out=, a sparse tensor's component
+                          * grown in place); the others as OPS_COUNT */
     OPS_RESIZE_ONLY = 2, /* items[0]'s storage counts its change of size when
                           * tracked; nothing else (UntypedStorage.resize_) */
 };
@@ -257,8 +290,13 @@ static void count_for_ops_lords(ml_state *st, const ml_life_item *items, Py_ssiz
         }
         ml_site none = {0};
         const ml_site *s = lord->track_callsite ? &site : &none;
-        int r = how != OPS_COUNT ? ml_life_resize(lord, items[0].key, items[0].bytes, s) : 0;
-        if (r == 0 && how != OPS_RESIZE_ONLY) {
+        int r = 0;
+        Py_ssize_t nresize = how == OPS_COUNT ? 0 : how == OPS_RESIZE ? n : 1;
+        for (Py_ssize_t i = 0; r >= 0 && i < nresize; i++) {
+            r = ml_life_resize(lord, items[i].key, items[i].bytes, s);
+        }
+        if (r >= 0 && how != OPS_RESIZE_ONLY) {
+            /* storages tracked already (resized above) add nothing */
             r = ml_life_count(lord, items, n, 0, s, ML_SRC_OP, NULL);
         }
         if (r < 0) {
@@ -402,6 +440,250 @@ static void out_grown(ml_state *st, ops_outs *o)
     o->n = 0;
 }
 
+/* ---- composite results: sparse layouts, traceable wrapper subclasses ------
+ *
+ * A sparse tensor holds its memory in component tensors (indices and values;
+ * compressed indices), a jagged NestedTensor in the inner tensors its
+ * __tensor_flatten__ names (values, offsets).  An operator's composite result
+ * counts every storage it holds that none of the operator's arguments held
+ * before the call: torch.sparse_coo_tensor(i, v) and a NestedTensor's view
+ * share their inputs' tensors; s.t() of a sparse tensor is annotated as a
+ * view, yet holds new ones; j * 2 of a jagged one makes new values and keeps
+ * j's offsets.  So every result is looked at, whatever its schema says. */
+
+/* 1 when obj (a tensor, or a tuple, list or dict of them, levels deep) may
+ * hold a composite tensor.  Runs no Python and allocates nothing. */
+static int any_may_be_composite(const ml_state *st, PyObject *obj, int levels)
+{
+    if (PyObject_TypeCheck(obj, (PyTypeObject *)st->tensor_type)) {
+        return ml_tensor_may_be_composite(st, obj);
+    }
+    if (levels <= 0) {
+        return 0;
+    }
+    if (PyTuple_Check(obj) || PyList_Check(obj)) {
+        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(obj); i++) {
+            if (any_may_be_composite(st, PySequence_Fast_GET_ITEM(obj, i), levels - 1)) {
+                return 1;
+            }
+        }
+    } else if (PyDict_Check(obj)) {
+        Py_ssize_t pos = 0;
+        PyObject *k;
+        PyObject *v;
+        while (PyDict_Next(obj, &pos, &k, &v)) {
+            if (any_may_be_composite(st, v, levels - 1)) {
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Call visit(st, t, ctx) for each tensor t in obj (levels deep in tuples,
+ * lists and dicts); the first nonzero answer ends the visit and is returned.
+ * The containers are copied first: visit may run Python. */
+static int each_tensor(ml_state *st, PyObject *obj, int levels,
+                       int (*visit)(ml_state *, PyObject *, void *), void *ctx)
+{
+    if (PyObject_TypeCheck(obj, (PyTypeObject *)st->tensor_type)) {
+        return visit(st, obj, ctx);
+    }
+    if (levels <= 0) {
+        return 0;
+    }
+    PyObject *items = NULL;
+    if (PyTuple_Check(obj)) {
+        items = Py_NewRef(obj);
+    } else if (PyList_Check(obj)) {
+        items = PySequence_Tuple(obj);
+    } else if (PyDict_Check(obj)) {
+        PyObject *values = PyDict_Values(obj);
+        items = values != NULL ? PySequence_Tuple(values) : NULL;
+        Py_XDECREF(values);
+    } else {
+        return 0;
+    }
+    if (items == NULL) {
+        return -1;
+    }
+    int rc = 0;
+    for (Py_ssize_t i = 0; rc == 0 && i < PyTuple_GET_SIZE(items); i++) {
+        rc = each_tensor(st, PyTuple_GET_ITEM(items, i), levels - 1, visit, ctx);
+    }
+    Py_DECREF(items);
+    return rc;
+}
+
+/* each_tensor's visits: is t composite (1 ends the visit); add t's
+ * storages to the walk ctx (all of them, or a composite t's only).  What
+ * cannot be read adds nothing: -1 only when memory ran out. */
+static int visit_is_composite(ml_state *st, PyObject *t, void *Py_UNUSED(ctx))
+{
+    return ml_tensor_composite(st, t);
+}
+
+static int visit_walk(ml_state *st, PyObject *t, void *ctx)
+{
+    if (ml_walk_tensor(st, (ml_walk *)ctx, t) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_MemoryError)) {
+            return -1;
+        }
+        PyErr_Clear(); /* unreadable: what was read of it stands */
+    }
+    return 0;
+}
+
+static int visit_walk_composite(ml_state *st, PyObject *t, void *ctx)
+{
+    return ml_tensor_composite(st, t) ? visit_walk(st, t, ctx) : 0;
+}
+
+/* The storages of an operator's arguments (args, a tuple, and kwargs, a dict
+ * or NULL: tensors and lists of them) into w, initialised here; the walk holds
+ * them, so none can die and give its address to a result's storage while the
+ * results are walked.  -1 only when memory ran out (w cleared). */
+static int walk_args(ml_state *st, ml_walk *w, PyObject *fargs, PyObject *fkwargs)
+{
+    ml_walk_init(w);
+    w->collect_keys = 1;
+    w->opaque_ok = 1;
+    if (each_tensor(st, fargs, 2, visit_walk, w) < 0 ||
+        (fkwargs != NULL && each_tensor(st, fkwargs, 2, visit_walk, w) < 0)) {
+        ml_walk_clear(w);
+        return -1;
+    }
+    return 0;
+}
+
+/* Whether a written argument of the operator (flags: OP_WRITES_*) is
+ * composite: exact 0, without Python (ml_tensor_may_be_composite); exact 1,
+ * ml_tensor_composite (may read a getter).  Never raises but for memory. */
+static int written_composite(ml_state *st, PyObject *fargs, PyObject *fkwargs, int flags, int exact)
+{
+    if (flags & OP_WRITES_ALL) {
+        if (!exact) {
+            return any_may_be_composite(st, fargs, 2) ||
+                   (fkwargs != NULL && any_may_be_composite(st, fkwargs, 2));
+        }
+        int rc = each_tensor(st, fargs, 2, visit_is_composite, NULL);
+        if (rc == 0 && fkwargs != NULL) {
+            rc = each_tensor(st, fkwargs, 2, visit_is_composite, NULL);
+        }
+        return rc;
+    }
+    if ((flags & OP_WRITES_KW) && fkwargs != NULL) {
+        int rc = exact ? each_tensor(st, fkwargs, 2, visit_is_composite, NULL)
+                       : any_may_be_composite(st, fkwargs, 2);
+        if (rc != 0) {
+            return rc;
+        }
+    }
+    for (Py_ssize_t i = 0; i < OP_WRITES_MAX && i < PyTuple_GET_SIZE(fargs); i++) {
+        if (!(flags & (1 << (OP_WRITES_SHIFT + i)))) {
+            continue;
+        }
+        PyObject *a = PyTuple_GET_ITEM(fargs, i); /* fargs is held: a tuple */
+        int rc = exact ? each_tensor(st, a, 1, visit_is_composite, NULL)
+                       : any_may_be_composite(st, a, 1);
+        if (rc != 0) {
+            return rc;
+        }
+    }
+    return 0;
+}
+
+/* The argument storages of an operator that writes one of its arguments (an
+ * in-place or out= operator) when a written argument is composite, taken
+ * before the call: the operator may give a sparse argument new component
+ * tensors, which are then new memory.  1 when *in was walked (the caller
+ * clears it), 0 when not.  Failures are reported, never raised. */
+static int args_before(ml_state *st, ml_walk *in, PyObject *fargs, PyObject *fkwargs, int flags)
+{
+    if (!written_composite(st, fargs, fkwargs, flags, 0)) {
+        return 0;
+    }
+    /* the components are read through torch's methods: a TorchFunctionMode
+     * sees only the program's calls */
+    PyObject *guard = ml_tf_mode_active() ? ml_quiet_enter() : NULL;
+    int rc = written_composite(st, fargs, fkwargs, flags, 1);
+    if (rc > 0) {
+        rc = walk_args(st, in, fargs, fkwargs) < 0 ? -1 : 1;
+    }
+    ml_quiet_exit(guard);
+    if (rc < 0) {
+        ml_write_unraisable(NULL);
+        return 0;
+    }
+    return rc;
+}
+
+/* Count the storages the composite results hold that the arguments did not
+ * (*in: the arguments' storages when args_before walked them, *have_in says;
+ * else walked here, after the call: the operator wrote none of them). */
+static void count_composite(ml_state *st, PyObject *result, PyObject *fargs, PyObject *fkwargs,
+                            ml_walk *in, int *have_in)
+{
+    if (!any_may_be_composite(st, result, 2)) {
+        return;
+    }
+    PyObject *guard = ml_tf_mode_active() ? ml_quiet_enter() : NULL;
+    ml_walk out;
+    ml_walk_init(&out);
+    ml_life_item inline_items[OPS_ITEMS];
+    ml_life_item *items = inline_items;
+    Py_ssize_t n = 0;
+    int rc = each_tensor(st, result, 2, visit_is_composite, NULL);
+    if (rc < 0) {
+        goto fail;
+    }
+    if (rc == 0) {
+        goto done; /* none is (a plain tensor the C reader could not read) */
+    }
+    if (!*have_in) {
+        if (walk_args(st, in, fargs, fkwargs) < 0) {
+            goto fail;
+        }
+        *have_in = 1;
+    }
+    /* beside the arguments: what they hold adds nothing */
+    out.collect_keys = 1;
+    out.opaque_ok = 1;
+    out.skip = in;
+    if (each_tensor(st, result, 2, visit_walk_composite, &out) < 0) {
+        goto fail;
+    }
+    if (out.n > OPS_ITEMS) {
+        items = PyMem_Malloc((size_t)out.n * sizeof(ml_life_item));
+        if (items == NULL) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+    }
+    for (Py_ssize_t i = 0; i < out.n; i++) {
+        if (out.keys[i] == NULL) {
+            continue; /* no storage to follow (an opaque component): never credited */
+        }
+        items[n++] = (ml_life_item){out.keys[i],          out.tensors[i],    out.blocks[i].dev,
+                                    out.blocks[i].nbytes, out.blocks[i].ptr, ML_LIFE_CAT_CONTEXT};
+    }
+    if (n > 0) {
+        /* the walk holds every key and tensor; a component grown in place
+         * (tracked already) counts its growth */
+        count_for_ops_lords(st, items, n, OPS_RESIZE);
+    }
+    goto done;
+fail:
+    ml_write_unraisable(NULL);
+done:
+    if (items != inline_items) {
+        PyMem_Free(items);
+    }
+    out.skip = NULL;
+    ml_walk_clear(&out);
+    ml_quiet_exit(guard);
+}
+
 /* In front of op_cache, a direct-mapped table by the overload's address:
  * the dict's lookup calls OpOverload.__hash__, a Python method, at every
  * operator.  A slot holds its func, so no other object can have that
@@ -499,10 +781,22 @@ PyObject *ml_ops_dispatch(PyObject *module, PyObject *const *args, Py_ssize_t na
         (out_st = PyModule_GetState(module)) != NULL) {
         out_before(out_st, fkwargs, &outs);
     }
+    ml_walk in; /* the arguments' storages, for composite results */
+    int have_in = 0;
+    ml_state *in_st = ml_disp.ops_lord_refs != NULL ? PyModule_GetState(module) : NULL;
+    if ((flags & OP_MUTATES) && in_st != NULL) {
+        have_in = args_before(in_st, &in, fargs, fkwargs, flags);
+    }
     ml_hook_call_enter();
     PyObject *result = PyObject_Call(call, fargs, fkwargs);
     ml_hook_call_exit(result == NULL, func, ML_SRC_OP);
     Py_DECREF(call);
+    if (result != NULL && in_st != NULL && ml_disp.ops_lord_refs != NULL) {
+        count_composite(in_st, result, fargs, fkwargs, &in, &have_in);
+    }
+    if (have_in) {
+        ml_walk_clear(&in); /* storages the operator replaced may die here */
+    }
     Py_DECREF(fargs);
     if (outs.n > 0) {
         if (result != NULL && ml_disp.ops_lord_refs != NULL) {

@@ -58,3 +58,59 @@ ML_HOT int ml_tensor_storage(ml_state *st, PyObject *t, ml_dev *dev, uintptr_t *
     ml_walk_clear(&w);
     return rc;
 }
+
+int ml_tensor_storage_beside(ml_state *st, PyObject *t, PyObject *other, ml_dev *dev,
+                             uintptr_t *ptr, int64_t *nbytes)
+{
+    if (ml_abi_storage(st, t, dev, ptr, nbytes)) {
+        return 0;
+    }
+    if (other == NULL || !ml_tensor_composite(st, t)) {
+        return ml_tensor_storage(st, t, dev, ptr, nbytes);
+    }
+    if (ptr != NULL) {
+        *ptr = 0;
+    }
+    /* other's storages (held by the walk while t's are looked up: none can
+     * die and its address be taken by one of t's meanwhile) */
+    ml_walk ow;
+    ml_walk_init(&ow);
+    ow.collect_keys = 1;
+    ow.opaque_ok = 1;
+    if (ml_walk_tensor(st, &ow, other) < 0) {
+        if (PyErr_ExceptionMatches(PyExc_MemoryError)) {
+            ml_walk_clear(&ow);
+            return -1;
+        }
+        PyErr_Clear(); /* what was read of it still stands */
+    }
+    ml_walk w;
+    ml_walk_init(&w);
+    w.opaque_ok = 1;
+    w.skip = &ow;
+    int rc = ml_walk_tensor(st, &w, t);
+    if (rc < 0 && !PyErr_ExceptionMatches(PyExc_MemoryError)) {
+        /* the hooks never raise for a size they cannot read */
+        PyErr_Clear();
+        ml_walk_clear(&w);
+        rc = 0;
+    }
+    if (rc == 0) {
+        int64_t total = 0;
+        for (Py_ssize_t i = 0; i < w.n; i++) {
+            total += w.blocks[i].nbytes;
+        }
+        *nbytes = total;
+        *dev = w.n > 0 ? w.blocks[0].dev : ML_DEV(ML_TYPE_CPU, -1);
+        if (ptr != NULL && w.n == 1 && w.blocks[0].ptr != (uintptr_t)t) {
+            *ptr = w.blocks[0].ptr;
+        }
+        if (w.n == 0 && ml_tensor_device(st, t, dev) < 0) {
+            PyErr_Clear();
+        }
+    }
+    w.skip = NULL;
+    ml_walk_clear(&w);
+    ml_walk_clear(&ow);
+    return rc;
+}

@@ -17,7 +17,7 @@ typedef struct {
 /* Open-addressing set; slots hold index + 1 into blocks (0 = empty) for the
  * block set, or a pointer value for the visited-module set. */
 #define ML_WALK_INLINE 32
-typedef struct {
+typedef struct ml_walk_s {
     ml_block *blocks;
     Py_ssize_t n, cap;
     uint32_t *slots;
@@ -41,6 +41,10 @@ typedef struct {
      * layouts) counts its metadata size instead of raising. */
     int opaque_ok;
     int in_sparse;
+    int depth; /* traceable wrapper subclasses being flattened (walk_flattened) */
+    /* Blocks that another walk holds are not added to this one (NULL: none):
+     * what a result holds beside its inputs (hooks/ops.c, conversions). */
+    const struct ml_walk_s *skip;
     Py_ssize_t pos; /* item being walked, for error messages (-1: bare) */
     const char *what;
     ml_block inline_blocks[ML_WALK_INLINE];
@@ -103,5 +107,25 @@ int64_t ml_shape_dim(uint64_t word, int ndim, int i);
 PyObject *ml_dtype_of(ml_state *st, int ix);
 /* Walk a single tensor (no type check). */
 int ml_walk_tensor(ml_state *st, ml_walk *w, PyObject *t);
+/* 1 when t (a tensor) holds its memory in component tensors rather than one
+ * storage: a sparse layout (COO, CSR, CSC, BSR, BSC: indices and values), or
+ * a traceable wrapper subclass (__tensor_flatten__: a jagged NestedTensor,
+ * DTensor), whose inner tensors a walk flattens it to; 0 otherwise (a plain
+ * strided tensor, a strided NestedTensor's one buffer, any other subclass).
+ * Never raises.  In C for a strided plain tensor (the stable-ABI reader on);
+ * otherwise it may read t.layout through torch's getter. */
+int ml_tensor_composite(ml_state *st, PyObject *t);
+/* Without Python: 0 when t surely is not composite (a plain tensor the
+ * stable-ABI reader finds strided, a subclass that is no traceable wrapper),
+ * 1 when ml_tensor_composite must be asked. */
+int ml_tensor_may_be_composite(const ml_state *st, PyObject *t);
+/* The storages of t that other (a tensor, or NULL) does not hold: *dev, *ptr
+ * (unless NULL; 0 when several storages) and *nbytes as ml_tensor_storage
+ * gives them.  For a composite t (an operator's or conversion's result that
+ * may share component tensors with its source: a jagged NestedTensor's
+ * offsets) the components other holds add nothing; for any other t it is
+ * ml_tensor_storage. */
+int ml_tensor_storage_beside(ml_state *st, PyObject *t, PyObject *other, ml_dev *dev,
+                             uintptr_t *ptr, int64_t *nbytes);
 
 #endif

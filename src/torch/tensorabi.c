@@ -124,6 +124,18 @@ int ml_abi_device(const ml_state *st, PyObject *t, ml_dev *dev)
     return read_device(st, tensor_handle(t), dev);
 }
 
+int ml_abi_layout_strided(const ml_state *st, PyObject *t)
+{
+    if (!abi.on || !exact_tensor(st, t)) {
+        return -1;
+    }
+    int32_t layout;
+    if (abi.layout(tensor_handle(t), &layout) != 0) {
+        return -1;
+    }
+    return layout == abi.strided;
+}
+
 int ml_abi_meta_bytes(const ml_state *st, PyObject *t, ml_dev *dev, int64_t *nbytes)
 {
     if (!abi.on || !exact_tensor(st, t)) {

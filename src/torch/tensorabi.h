@@ -27,6 +27,10 @@ int ml_abi_dtype_shape(const ml_state *st, PyObject *t, int32_t *dtype, int64_t 
                        int maxdim);
 /* The device alone; same contract. */
 int ml_abi_device(const ml_state *st, PyObject *t, ml_dev *dev);
+/* Whether t's layout is strided, read in C: 1 strided, 0 another layout,
+ * -1 when the caller must ask the getter (a subclass, the shim off or
+ * failing).  Never raises. */
+int ml_abi_layout_strided(const ml_state *st, PyObject *t);
 
 /* 1 when the fast path is in use; MEMLORD_TENSOR_ABI=0 in the environment
  * at import turns it off. */

@@ -32,6 +32,8 @@ void ml_walk_init(ml_walk *w)
     w->cur_tensor = NULL;
     w->opaque_ok = 0;
     w->in_sparse = 0;
+    w->depth = 0;
+    w->skip = NULL;
     w->pos = -1;
     w->what = NULL;
 }
@@ -50,7 +52,9 @@ void ml_walk_clear(ml_walk *w)
     PyObject **keys = w->keys;
     PyObject **tensors = w->tensors;
     Py_ssize_t n = w->n;
+    const ml_walk *skip = w->skip;
     ml_walk_init(w);
+    w->skip = skip; /* what it is set beside outlives a clear */
     if (keys != NULL) {
         for (Py_ssize_t i = 0; i < n; i++) {
             Py_XDECREF(keys[i]);
@@ -97,9 +101,27 @@ static int grow_slots(ml_walk *w)
     return 0;
 }
 
-/* Add a block unless this call has it already; steals key (may be NULL). */
+/* 1 when w holds the block (dev, ptr, nbytes).  Runs no Python. */
+static int has_block(const ml_walk *w, ml_dev dev, uintptr_t ptr, int64_t nbytes)
+{
+    size_t mask = (size_t)(w->nslots - 1);
+    for (size_t j = hash_block(ptr, nbytes, dev) & mask; w->slots[j]; j = (j + 1) & mask) {
+        const ml_block *b = &w->blocks[w->slots[j] - 1];
+        if (b->ptr == ptr && b->nbytes == nbytes && b->dev == dev) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Add a block unless this call has it already (or the walk it is beside
+ * does); steals key (may be NULL). */
 static int add_block(ml_walk *w, ml_dev dev, uintptr_t ptr, int64_t nbytes, PyObject *key)
 {
+    if (w->skip != NULL && has_block(w->skip, dev, ptr, nbytes)) {
+        Py_XDECREF(key);
+        return 0; /* held by what this walk is beside */
+    }
     size_t mask = (size_t)(w->nslots - 1);
     size_t j = hash_block(ptr, nbytes, dev) & mask;
     while (w->slots[j]) {
@@ -326,12 +348,105 @@ static PyObject *functorch_unwrap(ml_state *st, PyObject *t)
     return cur;
 }
 
+/* 1 when t's type follows torch's traceable wrapper subclass protocol
+ * (__tensor_flatten__ and __tensor_unflatten__, as torch's
+ * is_traceable_wrapper_subclass asks): a jagged NestedTensor, DTensor.  Its
+ * memory is in the inner tensors it flattens to.  Runs no Python. */
+static int traceable_wrapper(const ml_state *st, PyObject *t)
+{
+    PyTypeObject *tp = Py_TYPE(t);
+    if (tp == (PyTypeObject *)st->tensor_type || tp == (PyTypeObject *)st->parameter_type ||
+        st->s_tensor_flatten == NULL) {
+        return 0;
+    }
+    return ml_type_lookup(tp, st->s_tensor_flatten) != NULL &&
+           ml_type_lookup(tp, st->s_tensor_unflatten) != NULL;
+}
+
+#define ML_WALK_MAX_DEPTH 16
+
+/* A traceable wrapper subclass: the storages of the inner tensors its
+ * __tensor_flatten__() names (attributes that are not tensors, torch's
+ * opaque objects, hold none), as torch's MemTracker reads them. */
+static int walk_flattened(ml_state *st, ml_walk *w, PyObject *t)
+{
+    if (w->depth >= ML_WALK_MAX_DEPTH) {
+        PyErr_Format(PyExc_RecursionError, "%.100s: tensor subclasses nested more than %d deep",
+                     Py_TYPE(t)->tp_name, ML_WALK_MAX_DEPTH);
+        return -1;
+    }
+    PyObject *flat = PyObject_CallMethodNoArgs(t, st->s_tensor_flatten);
+    if (flat == NULL) {
+        return -1;
+    }
+    /* (attribute names, context): the names as a tuple of our own */
+    PyObject *names = PyTuple_Check(flat) && PyTuple_GET_SIZE(flat) == 2
+                          ? PySequence_Tuple(PyTuple_GET_ITEM(flat, 0))
+                          : NULL;
+    Py_DECREF(flat);
+    if (names == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_Format(PyExc_TypeError,
+                         "%.100s.__tensor_flatten__() must return (attribute names, context)",
+                         Py_TYPE(t)->tp_name);
+        }
+        return -1;
+    }
+    int rc = 0;
+    w->depth++;
+    for (Py_ssize_t i = 0; rc == 0 && i < PyTuple_GET_SIZE(names); i++) {
+        PyObject *inner = PyObject_GetAttr(t, PyTuple_GET_ITEM(names, i));
+        if (inner == NULL) {
+            rc = -1;
+        } else if (PyObject_TypeCheck(inner, (PyTypeObject *)st->tensor_type)) {
+            rc = ml_walk_tensor(st, w, inner);
+        }
+        Py_XDECREF(inner);
+    }
+    w->depth--;
+    Py_DECREF(names);
+    return rc;
+}
+
+int ml_tensor_may_be_composite(const ml_state *st, PyObject *t)
+{
+    const PyTypeObject *tp = Py_TYPE(t);
+    if (tp != (PyTypeObject *)st->tensor_type && tp != (PyTypeObject *)st->parameter_type) {
+        return traceable_wrapper(st, t);
+    }
+    return ml_abi_layout_strided(st, t) != 1;
+}
+
+int ml_tensor_composite(ml_state *st, PyObject *t)
+{
+    const PyTypeObject *tp = Py_TYPE(t);
+    if (tp != (PyTypeObject *)st->tensor_type && tp != (PyTypeObject *)st->parameter_type) {
+        return traceable_wrapper(st, t);
+    }
+    if (ml_abi_layout_strided(st, t) == 1) {
+        return 0;
+    }
+    PyObject *names[3];
+    int n = sparse_components(st, t, names);
+    if (n < 0) {
+        PyErr_Clear(); /* a layout that cannot be read: no components to see */
+        return 0;
+    }
+    return n > 0;
+}
+
 /* A tensor whose untyped_storage() raised: sparse components, a functorch
  * wrapper's inner tensor, or (hooks only) the metadata size. */
 static int walk_storageless(ml_state *st, ml_walk *w, PyObject *t)
 {
     PyObject *exc_type, *exc, *tb;
     PyErr_Fetch(&exc_type, &exc, &tb);
+    if (traceable_wrapper(st, t)) {
+        Py_XDECREF(exc_type);
+        Py_XDECREF(exc);
+        Py_XDECREF(tb);
+        return walk_flattened(st, w, t);
+    }
     PyObject *names[3];
     int n = sparse_components(st, t, names);
     if (n > 0) {
@@ -452,10 +567,16 @@ static int walk_tensor(ml_state *st, ml_walk *w, PyObject *t)
     }
     if (as_uintptr(call_fast(&st->f_data_ptr, storage, st->s_data_ptr, st->d_data_ptr), &ptr) < 0) {
         Py_DECREF(storage);
+        if (PyErr_ExceptionMatches(PyExc_RuntimeError) && traceable_wrapper(st, t)) {
+            /* a wrapper subclass's storage is invalid: its memory is in the
+             * inner tensors (a jagged NestedTensor's values and offsets) */
+            PyErr_Clear();
+            return walk_flattened(st, w, t);
+        }
         if (w->opaque_ok && PyErr_ExceptionMatches(PyExc_RuntimeError)) {
             /* an invalid storage (a functional tensor's while torch.compile
              * traces): no memory of its own.  allocate()/free() of such a
-             * tensor (a jagged NestedTensor) is an error naming it instead. */
+             * tensor is an error naming it instead. */
             PyErr_Clear();
             return 0;
         }

@@ -4,6 +4,8 @@ Within one call every storage counts once, keyed by (untyped storage data pointe
 nbytes, device); a view counts its whole storage. Across calls there is no dedup.
 """
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -279,6 +281,63 @@ def test_sparse_and_its_values_in_one_call_count_once(lord):
     s = _dense().to_sparse_csr()
     lord.allocate([s, s.values()])
     assert lord.allocated()[0] == expected_bytes(s)["cpu"]
+
+
+# --------------------------------------------------------------------------- nested tensors
+
+
+def _jagged(*lengths, width=5):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's prototype-stage note
+        return torch.nested.nested_tensor(
+            [torch.randn(k, width) for k in lengths], layout=torch.jagged
+        )
+
+
+def _jagged_parts(j):
+    """The tensors holding a jagged NestedTensor's memory, through torch's public API."""
+    return [p for p in (j.values(), j.offsets(), j.lengths()) if p is not None]
+
+
+def test_jagged_nested_tensor_counts_its_values_and_offsets(lord):
+    """A jagged NestedTensor is a tensor subclass with no storage of its own (its
+    untyped_storage() is torch's invalid one): its memory is the inner tensors it flattens
+    to. allocate() raised TypeError ("memory cannot be read") for it before."""
+    j = _jagged(3, 4)
+    parts = _jagged_parts(j)
+    want = sum(storage_nbytes(p) for p in parts)
+    assert want == 7 * 5 * 4 + 3 * 8
+    lord.allocate(j)
+    assert lord.allocated()[0] == want == expected_bytes(j)["cpu"]
+    assert lord.stats()["cpu"]["allocs"] == len(parts) == 2
+    lord.free(j)
+    assert lord.allocated()[0] == 0
+    assert lord.stats()["cpu"]["freed_total"] == want
+
+
+def test_jagged_nested_tensor_with_lengths_counts_all_three(lord):
+    values, offsets, lengths = torch.randn(20, 8), torch.tensor([0, 5, 12, 20]), torch.ones(3)
+    j = torch.nested.nested_tensor_from_jagged(values, offsets, lengths)
+    lord.allocate(j)
+    assert lord.allocated()[0] == sum(map(storage_nbytes, (values, offsets, lengths)))
+    assert lord.stats()["cpu"]["allocs"] == 3
+
+
+def test_jagged_and_its_values_in_one_call_count_once(lord):
+    j = _jagged(2, 6)
+    k = j * 2  # new values, j's offsets
+    lord.allocate([j, j.values(), k])
+    want = sum(storage_nbytes(p) for p in (j.values(), j.offsets(), k.values()))
+    assert lord.allocated()[0] == want == expected_bytes([j, k])["cpu"]
+    assert lord.stats()["cpu"]["allocs"] == 3
+
+
+def test_strided_nested_tensor_counts_its_buffer(lord):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        n = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)])
+    lord.allocate(n)
+    assert lord.allocated()[0] == storage_nbytes(n) == 6 * 3 * 4
 
 
 # --------------------------------------------------------------------------- numpy

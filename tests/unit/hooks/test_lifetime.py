@@ -19,6 +19,7 @@ import os
 import sys
 import textwrap
 import threading
+import warnings
 import weakref
 
 import pytest
@@ -649,6 +650,82 @@ def test_free_of_an_untracked_tensor_with_hooks_on(lord, hooks):
     lord.free(t)
     assert cpu(lord, "freed") == 40
     assert h.tracked == 0
+
+
+# --------------------------------------------------------------------------- sparse and nested
+
+
+def _jagged(*lengths, width=5):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's prototype-stage note
+        return torch.nested.nested_tensor(
+            [torch.randn(k, width) for k in lengths], layout=torch.jagged
+        )
+
+
+def _components(t) -> dict:
+    """The distinct storages holding t's memory, through torch's public accessors:
+    (data pointer, nbytes) -> nbytes."""
+    if t.layout == torch.jagged:
+        parts = [p for p in (t.values(), t.offsets(), t.lengths()) if p is not None]
+    elif t.layout == torch.sparse_coo:
+        parts = [t._indices(), t._values()]
+    else:
+        parts = [t]
+    return {
+        (p.untyped_storage().data_ptr(), p.untyped_storage().nbytes()): p.untyped_storage().nbytes()
+        for p in parts
+    }
+
+
+def _new_bytes(result, source) -> int:
+    theirs = _components(source)
+    return sum(n for k, n in _components(result).items() if k not in theirs)
+
+
+LIKE_COMPOSITE = {
+    "jagged-clone": (lambda: _jagged(30, 40), lambda j: j.clone()),
+    "jagged-torch.clone": (lambda: _jagged(30, 40), lambda j: torch.clone(j)),
+    "jagged-empty_like": (lambda: _jagged(30, 40), lambda j: torch.empty_like(j)),
+    "jagged-zeros_like": (lambda: _jagged(30, 40), lambda j: torch.zeros_like(j)),
+    "jagged-randn_like": (lambda: _jagged(30, 40), lambda j: torch.randn_like(j)),
+    "coo-clone": (lambda: torch.eye(64).to_sparse(), lambda s: s.clone()),
+}
+
+
+@pytest.mark.parametrize("case", list(LIKE_COMPOSITE))
+def test_factory_like_of_a_composite_tensor_counts_the_storages_it_adds(lord, hooks, case):
+    """clone and the *_like factories of a jagged NestedTensor give new values and keep
+    the source's offsets: the values are counted and tracked, the offsets (the source's,
+    not tracked here) are not. Before, the result counted nothing (no storage readable)."""
+    make, like = LIKE_COMPOSITE[case]
+    src = make()  # before the hooks: not tracked
+    h = hooks(lord)
+    r = like(src)
+    want = _new_bytes(r, src)
+    assert want > 0
+    assert cpu(lord, "allocated") == want
+    assert h.tracked == len(_components(r).keys() - _components(src).keys())
+    del r
+    gc.collect()
+    assert cpu(lord, "allocated") == 0 and cpu(lord, "freed") == want
+    assert h.tracked == 0
+
+
+def test_jagged_conversion_tracks_its_new_values_not_the_sources_offsets(lord, hooks, torch_hooks):
+    """With deep autowrap, a conversion's result is tracked: a jagged one's new values,
+    not the offsets it shares with its source (made before the hooks, so not tracked)."""
+    j = _jagged(30, 40)
+    h = hooks(lord)
+    torch_hooks(lord)
+    d = j.double()
+    want = _new_bytes(d, j)
+    assert want == d.values().untyped_storage().nbytes() == 70 * 5 * 8
+    assert cpu(lord, "allocated") == want
+    assert h.tracked == 1
+    del d
+    gc.collect()
+    assert cpu(lord, "allocated") == 0 and cpu(lord, "freed") == want
 
 
 # --------------------------------------------------------------------------- both hooks

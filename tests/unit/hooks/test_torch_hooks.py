@@ -20,6 +20,7 @@ import gc
 import re
 import sys
 import threading
+import warnings
 import weakref
 
 import pytest
@@ -241,6 +242,19 @@ def test_sparse_compressed_components_summed(hooked, layout):
     out = sp.double()
     want = out.crow_indices().nbytes + out.col_indices().nbytes + out.values().nbytes
     assert _alloc(hooked) == want  # what lord.allocate(out) would count
+
+
+def test_jagged_nested_cast_counts_its_new_values(hooked):
+    """A jagged NestedTensor's cast makes new values and keeps its source's offsets: the
+    values are what the conversion allocated (counted as 0 before: the NestedTensor has
+    no storage of its own)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's prototype-stage note
+        j = torch.nested.nested_tensor([torch.randn(3, 5), torch.randn(4, 5)], layout=torch.jagged)
+    out = j.double()
+    assert out.offsets().untyped_storage().data_ptr() == j.offsets().untyped_storage().data_ptr()
+    assert _alloc(hooked) == out.values().untyped_storage().nbytes() == 7 * 5 * 8
+    assert _counts(hooked) == (1, 0)
 
 
 # ------------------------------------------------------------------- cross-device on the CPU

@@ -135,6 +135,51 @@ def test_a_window_of_steps():
         a.peak_composition(step=3)
 
 
+def test_a_window_of_steps_the_ring_does_not_hold_is_refused():
+    """LifetimeAnalyzer(lord, steps=[99]) on a ring without step 99 gave an empty analysis
+    (peak 0 bytes, no suggestions) where peak_composition(step=99) raises: both refuse a
+    step the ring does not hold, naming the argument, the missing steps and the steps the
+    ring holds, and change nothing."""
+    lord, *_ = _train(steps=3)
+    events, stats = lord.events().copy(), lord.stats()
+    for window, missing in (([99], "[99]"), ([2, 99, 100], "[99, 100]"), (range(3, 6), "[4, 5]")):
+        with pytest.raises(ValueError) as info:
+            LifetimeAnalyzer(lord, steps=window)
+        text = str(info.value)
+        assert text.startswith("LifetimeAnalyzer(): argument 'steps'"), text
+        assert missing in text and "holds steps [1, 2, 3]" in text, text
+    assert np.array_equal(lord.events(), events) and lord.stats() == stats
+    a = LifetimeAnalyzer(lord, steps=[2, 3])  # held: as before
+    assert a.steps() == [2, 3]
+    assert LifetimeAnalyzer(lord, steps=5).steps() == [1, 2, 3]  # "the last 5": all 3
+    with pytest.raises(ValueError) as info:
+        a.peak_composition(step=99)
+    text = str(info.value)
+    assert text.startswith("peak_composition(): argument 'step'") and "99" in text, text
+    assert "its steps: [2, 3]" in text, text
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["peak_composition", "compute_reuse_plan", "get_optimization_suggestions"],
+)
+def test_a_window_of_steps_not_recorded_by_hand_is_refused_by_the_queries(query):
+    """Fed by hand, the analyzer learns its steps after it is made: a query over a window
+    that names steps not recorded raises as the ring analyzer's constructor does, and
+    works once they are."""
+    a = LifetimeAnalyzer(steps=[1, 99])
+    a.record_usage(0, torch.ones(10))
+    a.record_usage(1, torch.ones(20))
+    with pytest.raises(ValueError) as info:
+        getattr(a, query)()
+    text = str(info.value)
+    assert text.startswith(f"{query}(): the window (argument 'steps' of LifetimeAnalyzer())")
+    assert "[99]" in text and "recorded steps: [0, 1]" in text, text
+    a.record_usage(99, torch.ones(30))
+    assert a.steps() == [1, 99]
+    getattr(a, query)()
+
+
 def test_storages_born_before_the_ring_count():
     """Parameters made before recording started, and a storage freed during the ring
     that was born before it, are in the picture."""
