@@ -102,8 +102,11 @@ static inline void ml_err_set_raised(PyObject *exc)
  * What attribute lookup on type tp finds for name in its MRO, borrowed, no
  * descriptor called, no exception set: the private _PyType_Lookup, exported
  * with the same signature in 3.10-3.13 (no public equivalent before 3.14's
- * PyType_Lookup).  tests/unit/hooks/test_torch_hooks.py (the getters called
- * directly) and tests/unit/torch/test_tensorabi.py. */
+ * PyType_Lookup).  Call it with no exception pending: on a miss of the
+ * method cache it takes one for its own lookup's error and clears it
+ * (tests/unit/core/test_allocate_free.py, the cold type cache).
+ * tests/unit/hooks/test_torch_hooks.py (the getters called directly) and
+ * tests/unit/torch/test_tensorabi.py. */
 static inline PyObject *ml_type_lookup(PyTypeObject *tp, PyObject *name)
 {
     return _PyType_Lookup(tp, name);

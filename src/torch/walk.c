@@ -351,7 +351,10 @@ static PyObject *functorch_unwrap(ml_state *st, PyObject *t)
 /* 1 when t's type follows torch's traceable wrapper subclass protocol
  * (__tensor_flatten__ and __tensor_unflatten__, as torch's
  * is_traceable_wrapper_subclass asks): a jagged NestedTensor, DTensor.  Its
- * memory is in the inner tensors it flattens to.  Runs no Python. */
+ * memory is in the inner tensors it flattens to.  Runs no Python.  An
+ * exception pending (the walk asks with the error of t's storage set) is
+ * kept: CPython's type lookup, on a miss of its method cache, clears one
+ * (find_name_in_mro takes it for its own dict lookup's error). */
 static int traceable_wrapper(const ml_state *st, PyObject *t)
 {
     PyTypeObject *tp = Py_TYPE(t);
@@ -359,8 +362,13 @@ static int traceable_wrapper(const ml_state *st, PyObject *t)
         st->s_tensor_flatten == NULL) {
         return 0;
     }
-    return ml_type_lookup(tp, st->s_tensor_flatten) != NULL &&
-           ml_type_lookup(tp, st->s_tensor_unflatten) != NULL;
+    PyObject *pending = PyErr_Occurred() != NULL ? ml_err_get_raised() : NULL;
+    int r = ml_type_lookup(tp, st->s_tensor_flatten) != NULL &&
+            ml_type_lookup(tp, st->s_tensor_unflatten) != NULL;
+    if (pending != NULL) {
+        ml_err_set_raised(pending);
+    }
+    return r;
 }
 
 #define ML_WALK_MAX_DEPTH 16

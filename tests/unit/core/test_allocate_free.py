@@ -560,3 +560,24 @@ def test_a_method_patched_after_first_use_is_honoured(lord):
         del Patchable.untyped_storage
     lord.allocate(t)
     assert lord.stats()["cpu"]["allocated"] == 32
+
+
+def test_a_tensor_whose_storage_is_invalid_is_named_with_a_cold_type_cache(lord):
+    """A FunctionalTensor left by a FunctionalTensorMode has a storage whose data_ptr()
+    raises. The walk asked whether its type is a traceable wrapper subclass with that
+    RuntimeError pending, and CPython's type lookup, on a miss of its method cache,
+    cleared it: allocate() then returned NULL with no exception (a SystemError), in a
+    fresh process or after anything cleared the cache."""
+    import sys
+
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+    with FunctionalTensorMode():
+        kept = torch.ones(3) + 1
+    for _ in range(2):
+        sys._clear_type_cache()
+        with pytest.raises(TypeError, match="memory cannot be read"):
+            lord.allocate([kept])
+        with pytest.raises(TypeError, match="memory cannot be read"):
+            lord.free(kept)
+    assert lord.stats() == {}
