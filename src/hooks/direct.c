@@ -156,3 +156,16 @@ PyObject *ml_call_profiled(PyThreadState *ts, const HookObject *self, PyObject *
     Py_DECREF(reported);
     return result;
 }
+
+#if ML_KWARGS_CALL_BOUND
+PyObject *ml_call_bound(PyObject *descr, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    PyObject *bound = Py_TYPE(descr)->tp_descr_get(descr, args[0], (PyObject *)Py_TYPE(args[0]));
+    if (bound == NULL) {
+        return NULL;
+    }
+    PyObject *result = PyObject_Vectorcall(bound, args + 1, PyVectorcall_NARGS(nargsf) - 1, kwnames);
+    Py_DECREF(bound);
+    return result;
+}
+#endif

@@ -20,6 +20,12 @@ PyObject *ml_call_direct(PyThreadState *ts, const HookObject *self, PyObject *co
                          size_t nargsf, PyObject *kwnames);
 #endif
 
+#if ML_KWARGS_CALL_BOUND
+/* descr(*args, **kwnames) as CPython 3.10 makes a method call with keywords:
+ * descr bound to args[0], then called with the rest (base/compat.h). */
+PyObject *ml_call_bound(PyObject *descr, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+#endif
+
 /* original(*args, **kwnames) on ts, the calling thread's state: directly
  * when ml_direct_of allowed it, else through the original's vectorcall,
  * looked up on every call (it belongs to the original's type, which may
@@ -49,6 +55,12 @@ static inline PyObject *ml_call_original_unprofiled(PyThreadState *ts, const Hoo
     }
 #else
     (void)ts;
+#endif
+#if ML_KWARGS_CALL_BOUND
+    if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0 &&
+        Py_IS_TYPE(self->original, &PyMethodDescr_Type) && PyVectorcall_NARGS(nargsf) > 0) {
+        return ml_call_bound(self->original, args, nargsf, kwnames);
+    }
 #endif
     return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
 }
