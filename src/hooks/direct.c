@@ -164,7 +164,8 @@ PyObject *ml_call_bound(PyObject *descr, PyObject *const *args, size_t nargsf, P
     if (bound == NULL) {
         return NULL;
     }
-    PyObject *result = PyObject_Vectorcall(bound, args + 1, PyVectorcall_NARGS(nargsf) - 1, kwnames);
+    PyObject *result =
+        PyObject_Vectorcall(bound, args + 1, PyVectorcall_NARGS(nargsf) - 1, kwnames);
     Py_DECREF(bound);
     return result;
 }
