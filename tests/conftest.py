@@ -321,6 +321,21 @@ def lord():
 
 
 @pytest.fixture
+def ops_lord():
+    """A lord with the Python hooks and its dispatch mode on (ops=True), torch's dispatch
+    stack checked empty after."""
+    from memlord import MemLord
+
+    lord = MemLord(auto_gc_bytes=None)
+    h = lord.hook_into_python(ops=True)
+    try:
+        yield lord
+    finally:
+        h.disable()
+    assert torch._C._len_torch_dispatch_stack() == 0
+
+
+@pytest.fixture
 def fake():
     """Factory fixture: fake(numel, index, dtype=torch.float32) -> CudaLike on cuda:index."""
     return fake_cuda

@@ -24,17 +24,6 @@ from torch import nn
 from memlord import MemLord
 
 
-@pytest.fixture
-def ops_lord():
-    lord = MemLord(auto_gc_bytes=None)
-    h = lord.hook_into_python(ops=True)
-    try:
-        yield lord
-    finally:
-        h.disable()
-    assert torch._C._len_torch_dispatch_stack() == 0
-
-
 def ledger(lord) -> int:
     gc.collect()
     return lord.allocated("cpu")[0]

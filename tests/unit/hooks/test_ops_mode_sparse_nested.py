@@ -48,17 +48,6 @@ CSR_LIKE = (torch.sparse_csr, torch.sparse_bsr)
 CSC_LIKE = (torch.sparse_csc, torch.sparse_bsc)
 
 
-@pytest.fixture
-def ops_lord():
-    lord = MemLord(auto_gc_bytes=None)
-    h = lord.hook_into_python(ops=True)
-    try:
-        yield lord
-    finally:
-        h.disable()
-    assert torch._C._len_torch_dispatch_stack() == 0
-
-
 @contextlib.contextmanager
 def ops_on():
     """A lord with ops=True from here: what was made before is not tracked."""
