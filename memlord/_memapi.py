@@ -283,6 +283,9 @@ class MemoryAPIMixin(_LordBase):
             # memlord's own count (where torch has one, CUDA, torch's below)
             "num_ooms": sum(s["ooms"] for s in led),
             "cache_hit_rate": None,
+            # requests the caching allocator served from its cache / with a new segment
+            "num_cache_hits": None,
+            "num_cache_misses": None,
         }
         if cuda:
             keys = {
@@ -302,6 +305,8 @@ class MemoryAPIMixin(_LordBase):
                 requests += int(ts.get("allocation.all.allocated", 0))
                 mallocs += int(ts.get("segment.all.allocated", 0))
             out["cache_hit_rate"] = 1.0 - mallocs / requests if requests else None
+            out["num_cache_misses"] = mallocs
+            out["num_cache_hits"] = max(requests - mallocs, 0)
         for cat, c in _categories(led).items():
             for key in ("current", "peak", "at_peak"):
                 out[f"category.{cat}.{key}"] = c[key]

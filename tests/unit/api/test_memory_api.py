@@ -64,6 +64,8 @@ def test_memory_stats_keys_and_values():
         "num_alloc_retries": None,
         "num_ooms": 0,  # memlord's own count: no OOM was seen
         "cache_hit_rate": None,
+        "num_cache_hits": None,
+        "num_cache_misses": None,
         "pending_free_bytes": 3 * KiB,  # deprecated name of freed_since_gc_bytes
     }
     everything = {**s, **cats}
@@ -78,6 +80,58 @@ def test_memory_stats_keys_and_values():
         everything["reserved_bytes"] = KiB + sum(torch.cuda.memory_reserved(i) for i in gpus)
         everything["peak_cached"] = sum(torch.cuda.max_memory_reserved(i) for i in gpus)
     assert lord.memory_stats() == everything
+
+
+# the statistics the device memory API's specification lists for memory_stats() (Genesis'
+# device.memory_stats(): docs/api.md#the-device-memory-api names each of memlord's keys)
+SPEC_STATS = (
+    "allocated_bytes",
+    "cached_bytes",
+    "reserved_bytes",
+    "inactive_split_bytes",
+    "active_bytes",
+    "cache_hit_rate",
+    "num_allocations",
+    "num_cache_hits",
+    "num_cache_misses",
+    "peak_allocated",
+    "peak_cached",
+)
+
+
+def test_memory_stats_has_every_statistic_the_specification_lists():
+    lord = MemLord()
+    lord.allocate(u8(KiB))
+    for s in (lord.memory_stats(), lord.memory_stats("cpu"), MemLord().memory_stats("cuda")):
+        missing = [k for k in SPEC_STATS if k not in s]
+        assert not missing, missing
+    s = lord.memory_stats("cpu")
+    # cpu has no caching allocator: no request was served by a cache or missed it
+    assert s["num_cache_hits"] is None and s["num_cache_misses"] is None
+
+
+def test_cache_hits_and_misses_are_the_caching_allocators_requests(monkeypatch):
+    """On an initialised CUDA device (torch.cuda as a one-GPU host sees it: a CPU has no
+    CUDA to initialise; the cuda test below compares with the real allocator), a miss is a
+    request the allocator served with a new segment (segment.all.allocated), a hit one the
+    cache served (allocation.all.allocated minus those), so cache_hit_rate is
+    hits / (hits + misses)."""
+    from conftest import fake_cuda
+
+    ts = {"allocation.all.allocated": 10, "segment.all.allocated": 3}
+    cuda = torch.cuda
+    monkeypatch.setattr(cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(cuda, "memory_stats", lambda device=None: dict(ts))
+    for name in ("memory_reserved", "memory_allocated", "max_memory_reserved"):
+        monkeypatch.setattr(cuda, name, lambda device=None: 0)
+    lord = MemLord(auto_gc_bytes=None)
+    lord.allocate(fake_cuda(100, 0))
+    s = lord.memory_stats("cuda:0")
+    assert (s["num_cache_hits"], s["num_cache_misses"]) == (7, 3)
+    assert s["cache_hit_rate"] == pytest.approx(7 / 10)
+    assert lord.memory_stats("cpu")["num_cache_hits"] is None
 
 
 def test_reset_peak_keeps_live_bytes():
@@ -227,6 +281,8 @@ def test_cuda_reserved_cached_drift_against_torch():
     assert s["cache_hit_rate"] == pytest.approx(
         1 - ts["segment.all.allocated"] / ts["allocation.all.allocated"]
     )
+    assert s["num_cache_misses"] == ts["segment.all.allocated"]
+    assert s["num_cache_hits"] == ts["allocation.all.allocated"] - ts["segment.all.allocated"]
     assert "cuda:0" in lord.memory_summary()
     del untracked
 
