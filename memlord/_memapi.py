@@ -262,16 +262,28 @@ class MemoryAPIMixin(_LordBase):
     def memory_stats(self, device: Any = None) -> dict[str, Any]:
         """A flat dict over the selected devices (sums): the ledger's numbers and, where
         every selected device is an initialised CUDA device, the caching allocator's
-        (else those keys are None).  See docs/api.md for each key."""
+        (else those keys are None).  See docs/api.md for each key.
+
+        One reading of the ledger per device: every figure of the dict comes from it (a
+        device without a cache reports that reading's allocated bytes as reserved), so
+        they agree with each other while other threads allocate."""
         devs = self._select(device, "memory_stats")
         led = [self._ledger(d) for d in devs]
         cuda = bool(devs) and all(_torch_cuda(d) for d in devs)
+        reserved = cached = peak_cached = 0
+        for d, s in zip(devs, led, strict=True):
+            r = self._backend_reserved(d)
+            reserved += r if r is not None else s["allocated"]
+            if _torch_cuda(d):
+                i = _dev_index(d)
+                cached += torch.cuda.memory_reserved(i) - torch.cuda.memory_allocated(i)
+                peak_cached += torch.cuda.max_memory_reserved(i)
         out: dict[str, Any] = {
             "allocated_bytes": sum(s["allocated"] for s in led),
             "peak_allocated": sum(s["peak_allocated"] for s in led),
-            "cached_bytes": self.memory_cached(device),
-            "reserved_bytes": self.memory_reserved(device),
-            "peak_cached": self.max_memory_cached(device),
+            "cached_bytes": cached,
+            "reserved_bytes": reserved,
+            "peak_cached": peak_cached,
             "freed_since_gc_bytes": sum(s["freed"] for s in led),
             "num_allocations": sum(s["allocs"] for s in led),
             "num_frees": sum(s["frees"] for s in led),
@@ -322,10 +334,12 @@ class MemoryAPIMixin(_LordBase):
             f"{'backend alloc':>15}{'drift':>12}{'allocs':>9}{'frees':>9}{'gc':>5}"
         )
         lines = ["memlord memory summary", head, "-" * len(head)]
-        for dev in devs:
-            s = self.memory_stats(dev)
+        readings = {dev: self.memory_stats(dev) for dev in devs}
+        for dev, s in readings.items():
             back = s["allocator_allocated_bytes"]
-            drift = self.drift(dev)
+            # the allocator's allocated bytes (torch.cuda.memory_allocated) minus the
+            # ledger's, as drift(dev), from this one reading
+            drift = None if back is None else back - s["allocated_bytes"]
             lines.append(
                 f"{dev:<10}{format_bytes(s['allocated_bytes']):>12}"
                 f"{format_bytes(s['peak_allocated']):>12}{format_bytes(s['reserved_bytes']):>12}"
@@ -341,8 +355,11 @@ class MemoryAPIMixin(_LordBase):
             "(library workspaces such as cuBLAS's, block rounding)"
         )
         blocks = 0
-        for dev in devs:
-            cats = _categories([self._ledger(dev)])
+        for dev, s in readings.items():
+            cats = {
+                c: {k: s[f"category.{c}.{k}"] for k in ("current", "at_peak", "peak")}
+                for c in CATEGORIES
+            }
             shown = [(c, v) for c, v in cats.items() if any(v.values())]
             if not shown:
                 continue

@@ -134,6 +134,40 @@ def test_cache_hits_and_misses_are_the_caching_allocators_requests(monkeypatch):
     assert lord.memory_stats("cpu")["num_cache_hits"] is None
 
 
+class BusyLord(MemLord):
+    """A lord whose ledger changes right after each of its stats() reads, as when another
+    thread allocates between two reads of one memory_stats() call."""
+
+    busy = False
+
+    def stats(self, device=None):
+        out = super().stats(device)
+        if self.busy:
+            self.allocate(u8(KiB))  # a new tensor each time: the ledger grows
+        return out
+
+
+def test_memory_stats_is_one_reading_of_the_ledger():
+    """memory_stats() is one reading: its figures agree with each other even when other
+    threads allocate while it runs (cpu: reserved equals allocated, the categories add up
+    to allocated); memory_summary()'s row and category block agree likewise."""
+    lord = BusyLord(auto_gc_bytes=None)
+    lord.allocate(u8(KiB))
+    lord.busy = True
+    s = lord.memory_stats("cpu")
+    assert s["reserved_bytes"] == s["allocated_bytes"]
+    assert s["category.other.current"] == s["allocated_bytes"]
+    text = lord.memory_summary("cpu")
+    lord.busy = False
+    row = next(r for r in text.splitlines() if r.startswith("cpu "))
+    other = next(r for r in text.splitlines() if r.strip().startswith("other"))
+    # columns: device (10 wide), then allocated, peak, reserved (12 each); a category
+    # line: two spaces, the name (24 wide), then current (12)
+    allocated, reserved = row[10:22].strip(), row[34:46].strip()
+    assert allocated == reserved, text
+    assert other[26:38].strip() == allocated, text
+
+
 def test_reset_peak_keeps_live_bytes():
     lord = MemLord()
     a, b = u8(8 * KiB), u8(KiB)
