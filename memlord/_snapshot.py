@@ -290,6 +290,7 @@ class LeakCheck:
 
     def table(self, limit: int = 20) -> str:
         """The leak as text: a summary line, bytes per site and the largest storages."""
+        limit = _check_int("table", "limit", limit, 0)
         total = sum(e["nbytes"] for e in self.leaked)
         n = len(self.leaked)
         lines = [

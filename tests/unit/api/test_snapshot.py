@@ -268,6 +268,28 @@ def test_leak_check_finds_a_deliberate_leak(lord):
     del before
 
 
+def test_leak_table_limit_is_checked_and_never_drops_a_site(lord):
+    """table(limit) lists at most limit sites: a negative limit was a slice from the end
+    (table(-1) silently left out the last site), a str a bare "slice indices" error."""
+    kept = []
+    with lord.leak_check() as lc:
+        kept.append(torch.empty(256))
+        kept.append(torch.empty(64))
+    assert len(lc.by_site()) == 2
+    sites = list(lc.by_site())
+    assert all(s in lc.table() for s in sites)
+    assert sites[0] in lc.table(limit=1) and sites[1] not in lc.table(limit=1)
+    before = lc.leaked
+    with pytest.raises(ValueError, match="table\\(\\): argument 'limit' must be >= 0, not -1"):
+        lc.table(limit=-1)
+    with pytest.raises(TypeError, match="argument 'limit' must be an int, not str"):
+        lc.table("2")
+    with pytest.raises(TypeError, match="argument 'limit' must be an int, not bool"):
+        lc.table(True)
+    assert lc.leaked is before
+    kept.clear()
+
+
 def test_leak_check_collects_cycles_first(lord):
     with lord.leak_check() as lc:
         cyc: list = [torch.empty(64)]
