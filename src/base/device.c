@@ -224,18 +224,23 @@ const char *ml_type_name(ml_state *st, int type)
     return PyUnicode_AsUTF8(st->type_names[type]);
 }
 
+/* A torch.device's type code and index as torch holds them (the index unchecked). */
+static int torch_device_fields(ml_state *st, PyObject *dev, int *type, int *index)
+{
+    if (st->device_struct_ok && Py_IS_TYPE(dev, (PyTypeObject *)st->device_type)) {
+        *type = ((ml_thp_device *)dev)->type;
+        *index = ((ml_thp_device *)dev)->index;
+        if (*type >= 0 && *type < ML_MAX_DEV_TYPES && st->type_names[*type] != NULL) {
+            return 0;
+        }
+    }
+    return read_device_attrs(st, dev, type, index);
+}
+
 int ml_dev_from_torch_device(ml_state *st, PyObject *dev, ml_dev *out)
 {
     int type, index;
-    if (st->device_struct_ok && Py_IS_TYPE(dev, (PyTypeObject *)st->device_type)) {
-        type = ((ml_thp_device *)dev)->type;
-        index = ((ml_thp_device *)dev)->index;
-        if (type < 0 || type >= ML_MAX_DEV_TYPES || st->type_names[type] == NULL) {
-            if (read_device_attrs(st, dev, &type, &index) < 0) {
-                return -1;
-            }
-        }
-    } else if (read_device_attrs(st, dev, &type, &index) < 0) {
+    if (torch_device_fields(st, dev, &type, &index) < 0) {
         return -1;
     }
     if (index < -1 || index > ML_MAX_DEV_INDEX) {
@@ -377,10 +382,20 @@ int ml_selector_parse(ml_state *st, PyObject *arg, ml_selector *out)
         return parse_str(st, arg, out);
     }
     if (PyObject_TypeCheck(arg, (PyTypeObject *)st->device_type)) {
-        ml_dev d;
-        if (ml_dev_from_torch_device(st, arg, &d) < 0) {
+        int type, index;
+        if (torch_device_fields(st, arg, &type, &index) < 0) {
             return -1;
         }
+        if (index < -1 || index > ML_MAX_DEV_INDEX) {
+            /* torch keeps an index in 8 bits: torch.device("cuda", 200) has index -56 */
+            PyErr_Format(PyExc_ValueError,
+                         "argument 'device': expected a device index from 0 to %d, got index "
+                         "%d (torch keeps a device index in 8 bits: torch.device(type, i) "
+                         "for i from 128 to 254 has index i - 256)",
+                         ML_MAX_DEV_INDEX, index);
+            return -1;
+        }
+        ml_dev d = ML_DEV(type, index);
         out->all = 0;
         out->type = ML_DEV_TYPE(d);
         out->index = ML_DEV_INDEX(d);

@@ -107,6 +107,22 @@ def test_malformed_device_string_raises_value_error(populated, method, bad):
     assert populated.stats() == before
 
 
+@pytest.mark.parametrize("method", [*QUERIES, "device_memory", "memory_stats"])
+@pytest.mark.parametrize("index", [200, 253, 254])
+def test_torch_device_whose_index_torch_wrapped_names_the_argument(populated, method, index):
+    """torch keeps a device index in 8 bits: torch.device("cuda", 200) has index -56 (its
+    repr says 65480). memlord refuses it as it refuses "cuda:-1", with a ValueError that
+    names the argument and the index (it said "memlord: device index -56 out of range")."""
+    dev = torch.device("cuda", index)
+    if dev.index is None or 0 <= dev.index <= 253:
+        pytest.skip(f"this torch keeps torch.device('cuda', {index}) as index {dev.index}")
+    before = populated.stats()
+    expected = f"argument 'device': expected a device index from 0 to 253, got index {dev.index}"
+    with pytest.raises(ValueError, match=expected):
+        getattr(populated, method)(dev)
+    assert populated.stats() == before
+
+
 def test_selection_sees_new_devices_as_they_appear(lord):
     assert lord.allocated("cuda") == (0, "0 B")
     lord.allocate(fake_cuda(5, 2))
