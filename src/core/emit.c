@@ -232,8 +232,11 @@ static void apply(ml_book *lord, const ml_sink_plan *p, ml_event *ev, int n)
         }
         case ML_EV_FREE: {
             ml_delta d = {e->dev, e->bytes, e->count, 0, 0, e->cat};
+            const ml_slot *pre = ml_ledger_find(l, e->dev);
+            int64_t before = pre != NULL ? pre->allocated : 0;
             ml_ledger_apply_free(l, &d, 1);
             slot = ml_ledger_find(l, e->dev);
+            e->taken = slot != NULL ? before - slot->allocated : 0;
             break;
         }
         case ML_EV_GC:

@@ -72,7 +72,9 @@ static inline int ml_emit_one(ml_book *lord, ml_event *e, const ml_emit_ctx *ctx
     if (e->kind == ML_EV_ALLOC) {
         ml_slot_alloc(slot, e->bytes, e->count, e->cat);
     } else {
+        int64_t before = slot->allocated;
         ml_slot_free(slot, e->bytes, e->count, e->cat);
+        e->taken = before - slot->allocated;
     }
     e->total_after = slot->allocated;
     if (p->hot_first) {

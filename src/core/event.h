@@ -70,6 +70,9 @@ typedef struct {
     int64_t bytes;       /* >= 0 */
     int64_t count;       /* storages */
     int64_t total_after; /* the device's allocated bytes after this event, set by ml_emit */
+    /* a free: what the device's allocated bytes dropped by, set by ml_emit (bytes,
+     * or less where more is freed than is allocated: allocated stops at 0) */
+    int64_t taken;
     uint64_t thread;     /* PyThread_get_thread_ident(), set by ml_emit (ML_NEED_CLOCK) */
     uintptr_t address;   /* the storage's data pointer when the event is about one
                           * storage whose pointer the source knows (ML_NEED_ADDRESS),

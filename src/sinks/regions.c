@@ -423,9 +423,11 @@ static void reg_apply(void *data, ml_book *Py_UNUSED(lord), ml_event *ev, int n)
                     memcpy(d->cat_at_peak, d->cat_net, sizeof(d->cat_net));
                 }
             } else {
-                d->net -= e->bytes;
+                /* what the ledger's allocated dropped by (a free of more than
+                 * is allocated stops at 0): the region's delta is the ledger's */
+                d->net -= e->taken;
                 d->frees += e->count;
-                d->cat_net[c] -= e->bytes;
+                d->cat_net[c] -= e->taken;
             }
         }
     }

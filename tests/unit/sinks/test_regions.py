@@ -41,6 +41,24 @@ def test_region_delta_peak_counts():
     assert r.name == "step"
 
 
+def test_a_free_of_more_than_is_allocated_moves_the_region_as_the_ledger():
+    """free() never drives allocated below 0 (docs/api.md): freeing 100 B with 30 B counted
+    leaves 0. A region's delta is allocated at exit minus at entry, so it is -30, not the
+    -100 the free asked for; its category split follows."""
+    lord = MemLord()
+    lord.allocate(u8(30))
+    before = lord.allocated("cpu")[0]
+    with lord.region("clipped") as r:
+        lord.free(u8(100))
+    after = lord.allocated("cpu")[0]
+    assert (before, after) == (30, 0)
+    assert plain(r.stats) == {
+        "cpu": {"delta": after - before, "peak": 30, "peak_delta": 0, "allocs": 0, "frees": 1}
+    }
+    assert sum(c["delta"] for c in r.stats["cpu"]["categories"].values()) == after - before
+    assert lord.stats()["cpu"]["freed"] == 100  # what was freed is still what it was
+
+
 def test_empty_region_has_no_devices():
     lord = MemLord()
     with lord.region("nothing") as r:
