@@ -316,7 +316,8 @@ class MemoryAPIMixin(_LordBase):
                     out[k] += int(ts.get(tk, 0))
                 requests += int(ts.get("allocation.all.allocated", 0))
                 mallocs += int(ts.get("segment.all.allocated", 0))
-            out["cache_hit_rate"] = 1.0 - mallocs / requests if requests else None
+            # no request served yet: no hit (the spec formats the rate at its start)
+            out["cache_hit_rate"] = 1.0 - mallocs / requests if requests else 0.0
             out["num_cache_misses"] = mallocs
             out["num_cache_hits"] = max(requests - mallocs, 0)
         for cat, c in _categories(led).items():

@@ -132,6 +132,13 @@ def test_cache_hits_and_misses_are_the_caching_allocators_requests(monkeypatch):
     assert (s["num_cache_hits"], s["num_cache_misses"]) == (7, 3)
     assert s["cache_hit_rate"] == pytest.approx(7 / 10)
     assert lord.memory_stats("cpu")["num_cache_hits"] is None
+    # before the allocator served any request: no hit yet, a rate of 0, so the device
+    # memory-stats spec's own checkpoint (f"{stats['cache_hit_rate']:.1%} hit rate",
+    # printed before anything is allocated) works as the spec shows
+    ts.update({"allocation.all.allocated": 0, "segment.all.allocated": 0})
+    s = lord.memory_stats("cuda:0")
+    assert (s["num_cache_hits"], s["num_cache_misses"], s["cache_hit_rate"]) == (0, 0, 0.0)
+    assert f"{s['cache_hit_rate']:.1%} hit rate" == "0.0% hit rate"
 
 
 class BusyLord(MemLord):
