@@ -134,7 +134,7 @@ def timeline_traces(series: dict[str, Series], t0: int, buckets: int) -> list[di
         for cat, cat_values in d.categories.items():
             traces.append(
                 line(
-                    f"{cat} {dev_e}",
+                    f"{_plot_text(cat)} {dev_e}",  # a loaded profile may name any category
                     cat_values,
                     color=CATEGORY_COLORS.get(cat, OTHER_COLOR),
                     width=0.5,
