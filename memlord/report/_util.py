@@ -108,16 +108,23 @@ def _create_temp(path: Path) -> tuple[int, Path]:
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike[str], binary: bool = False) -> Iterator[IO[Any]]:
     """Write ``path`` all at once: the block writes a temporary file of its own beside it
-    (text in UTF-8, or bytes with ``binary``), renamed over ``path`` when the block ends;
-    when the block raises (a signal handler's ``SystemExit`` included), the temporary file
-    is removed and ``path`` keeps what it held.  Every writer of the same path (threads,
-    processes, a signal handler that writes while an interrupted write waits) has its own
-    temporary file, and the last rename wins: the file is always one complete write.
+    (text in UTF-8, lone surrogates as their escapes, or bytes with ``binary``), renamed
+    over ``path`` when the block ends; when the block raises (a signal handler's
+    ``SystemExit`` included), the temporary file is removed and ``path`` keeps what it
+    held.  Every writer of the same path (threads, processes, a signal handler that
+    writes while an interrupted write waits) has its own temporary file, and the last
+    rename wins: the file is always one complete write.
     This is the one write path of every report format."""
     path = Path(path)
     fd, tmp = _create_temp(path)
     try:
-        f = os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")
+        # text: a string Python could not decode (a non-UTF-8 argument or path, as lone
+        # surrogates) is written as its escape, \udcff, never refused half way
+        f = (
+            os.fdopen(fd, "wb")
+            if binary
+            else os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace")
+        )
         with f:
             yield f
         os.replace(tmp, path)

@@ -390,6 +390,23 @@ def test_html_escapes_user_strings(tmp_path):
     assert text.count("</script>") == 3
 
 
+@pytest.mark.parametrize("suffix", [".json", ".trace.json", ".pickle", ".html"])
+def test_strings_python_could_not_decode_are_written(tmp_path, suffix):
+    """An argument or a path that is not UTF-8 reaches Python as lone surrogates
+    (surrogateescape: `python -m memlord run --html r.html train.py $'\\xff'` puts one in
+    the title): every format is still written, as UTF-8, the character as its escape."""
+    if suffix == ".html":
+        pytest.importorskip("plotly", reason="the HTML report needs the report extra")
+    doc = _hand_profile()
+    doc.metadata["title"] = "run train.py \udcff"
+    doc.operations[0].name = "op \udcfe"
+    path = tmp_path / f"r{suffix}"
+    assert export(doc, path) == format_of(path)
+    if suffix != ".pickle":
+        text = path.read_bytes().decode("utf-8")  # strict: valid UTF-8
+        assert "\\udcff" in text and "\\udcfe" in text
+
+
 def _memory_viz_js(snap: dict, device: int) -> int:
     """What torch's MemoryViz.js (pytorch.org/memory_viz, the page ``trace_plot`` and
     ``segment_plot`` write) makes of a snapshot, transcribed: the blocks' addresses as
