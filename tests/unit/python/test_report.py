@@ -31,6 +31,13 @@ from memlord.report import (
     to_snapshot,
 )
 
+try:
+    import plotly  # noqa: F401
+
+    HAVE_PLOTLY = True
+except ImportError:  # pragma: no cover - tox installs the report extra
+    HAVE_PLOTLY = False
+
 EVIL = "</script><img src=x onerror=alert(1)>"
 
 
@@ -137,6 +144,45 @@ def test_memory_profiler_files_load(tmp_path):
     assert back.operations[0].memory_delta == 512 * 1024
     assert back.operations[0].tensor_delta == 3
     assert back.snapshots == seed["snapshots"]
+
+
+def test_memory_profiler_files_report_their_snapshots_memory(tmp_path):
+    """A memory profiler file's memory is in its snapshots: the report of one shows each
+    device's bytes as the file measured them (`total_bytes`, else `total_mb`), at each
+    snapshot's time, not 0 B and an empty timeline."""
+    mib = 1024 * 1024
+    seed = {
+        "metadata": {"generated_at": "2025-01-13T10:30:00", "num_snapshots": 2},
+        "snapshots": [
+            {
+                "timestamp": "2025-01-13T10:29:45",
+                "total_mb": 2048.5,
+                "device_breakdown": {"mps": {"total_mb": 2000.0, "count": 3, "tensors": []}},
+            },
+            {
+                "timestamp": "2025-01-13T10:29:50.5",
+                "total_mb": 1.0,
+                "device_breakdown": {
+                    "mps": {"total_mb": 1.0, "total_bytes": 1000, "count": 1, "tensors": []}
+                },
+            },
+        ],
+        "operation_allocations": {},
+    }
+    path = tmp_path / "seed.json"
+    path.write_text(json.dumps(seed))
+    doc = load(path)
+    series = memory_series(doc)["mps"]
+    assert series.allocated.tolist() == [2000 * mib, 1000]
+    assert series.t_ns[1] - series.t_ns[0] == 5_500_000_000
+    snap = to_snapshot(doc)
+    assert snap["segments"][0]["total_size"] == 2000 * mib  # the peak
+    assert snap["segments"][0]["allocated_size"] == 1000  # at the end
+    if HAVE_PLOTLY:
+        export(doc, tmp_path / "seed.html")
+        devices = (tmp_path / "seed.html").read_text().split("<h2>Devices</h2>")[1]
+        row = devices.split("<tbody>")[1].split("</tr>")[0]
+        assert '<td class="num">1.95 GiB</td><td class="num">1000 B</td>' in row, row
 
 
 def test_load_rejects_garbage_and_newer_schema(tmp_path):
