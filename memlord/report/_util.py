@@ -90,7 +90,11 @@ def _create_temp(path: Path) -> tuple[int, Path]:
     """A new, empty temporary file beside ``path`` (same folder, so the rename is atomic),
     created exclusively under a name no other writer uses: ``.NAME.<pid>.<n>.<random>.tmp``
     (process, a per-process counter, random bits).  Returns its descriptor and path."""
-    stem = path.name[:120]  # keep the name under the file system's limit
+    # keep the name under the file system's limit (255 bytes, not characters: a name of
+    # 80 CJK characters is 240 bytes)
+    stem = path.name[:120]
+    while len(os.fsencode(stem)) > 120:
+        stem = stem[:-1]
     for _ in range(100):
         tmp = path.with_name(
             f".{stem}.{os.getpid()}.{next(_temp_counter)}.{secrets.token_hex(4)}.tmp"
