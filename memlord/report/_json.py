@@ -21,6 +21,7 @@ from ._model import (
     SampleBuilder,
     Samples,
     Span,
+    check_arguments,
 )
 from ._util import Progress, atomic_write, no_progress
 from ._validate import ProfileError, problems
@@ -47,6 +48,7 @@ def _array(arr: np.ndarray) -> str:
 
 def to_dict(doc: Profile) -> dict[str, Any]:
     """The document as JSON-ready Python objects (events and samples as lists)."""
+    check_arguments("to_dict", doc)
     return cast("dict[str, Any]", json.loads(dumps(doc)))
 
 
@@ -96,12 +98,14 @@ def _chunks(doc: Profile, progress: Progress) -> Iterator[str]:
 
 def dumps(doc: Profile, progress: Progress = no_progress) -> str:
     """The document as a JSON string."""
+    check_arguments("dumps", doc, progress=progress)
     return "".join(_chunks(doc, progress))
 
 
 def write_json(
     doc: Profile, path: str | os.PathLike[str], progress: Progress = no_progress
 ) -> None:
+    check_arguments("write_json", doc, path, progress)
     with atomic_write(path) as f:
         for chunk in _chunks(doc, progress):
             f.write(chunk)

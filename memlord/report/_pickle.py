@@ -21,7 +21,7 @@ import pickle
 from typing import Any
 
 from .._sites import VIA
-from ._model import Profile
+from ._model import Profile, check_arguments
 from ._series import memory_series
 from ._util import Progress, atomic_write, no_progress
 
@@ -124,6 +124,7 @@ def to_snapshot(doc: Profile, progress: Progress = no_progress) -> dict[str, Any
     the trace in a segment, by address): an allocation still live at the end has the
     address of its ``active_allocated`` block; every other one an address of its own
     (while it lives) inside the segment, after the live blocks."""
+    check_arguments("to_snapshot", doc, progress=progress)
     devices = doc.devices()
     index = device_indices(devices)
     n_traces = max(index.values(), default=-1) + 1
@@ -273,6 +274,7 @@ def to_snapshot(doc: Profile, progress: Progress = no_progress) -> dict[str, Any
 def write_pickle(
     doc: Profile, path: str | os.PathLike[str], progress: Progress = no_progress
 ) -> None:
+    check_arguments("write_pickle", doc, path, progress)
     snap = to_snapshot(doc, progress)
     with atomic_write(path, binary=True) as f:
         pickle.dump(snap, f, protocol=pickle.HIGHEST_PROTOCOL)

@@ -28,6 +28,7 @@ from memlord.report import (
     lanes,
     load,
     memory_series,
+    no_progress,
     to_snapshot,
 )
 
@@ -380,9 +381,9 @@ def test_pickle_by_hand():
 
 
 def test_export_rejects_bad_arguments(doc, tmp_path):
-    with pytest.raises(TypeError, match="doc must be"):
+    with pytest.raises(TypeError, match="'doc' must be"):
         export({"metadata": {}}, tmp_path / "x.json")
-    with pytest.raises(TypeError, match="path must be"):
+    with pytest.raises(TypeError, match="'path' must be"):
         export(doc, 3)
     with pytest.raises(ValueError, match=r"unknown report format.*\.trace\.json"):
         export(doc, tmp_path / "x.csv")
@@ -393,6 +394,51 @@ def test_export_rejects_bad_arguments(doc, tmp_path):
         "pickle",
         "html",
     ]
+
+
+def _public_calls(doc, path, progress=no_progress):
+    """Every public function of memlord.report that takes a document, as (name, call)."""
+    from memlord.report import dumps, to_dict, write_html, write_json, write_pickle, write_trace
+
+    return [
+        ("export", lambda: export(doc, path, progress=progress)),
+        ("write_json", lambda: write_json(doc, path, progress)),
+        ("write_trace", lambda: write_trace(doc, path, progress)),
+        ("write_pickle", lambda: write_pickle(doc, path, progress)),
+        ("write_html", lambda: write_html(doc, path, progress)),
+        ("to_snapshot", lambda: to_snapshot(doc, progress)),
+        ("dumps", lambda: dumps(doc, progress)),
+        ("to_dict", lambda: to_dict(doc)),
+        ("memory_series", lambda: memory_series(doc)),
+    ]
+
+
+@pytest.mark.parametrize("bad", [None, {"metadata": {}}, "profile.json"])
+def test_public_functions_name_a_wrong_document(tmp_path, bad):
+    """A document that is not a Profile is a TypeError naming the function and 'doc' (not
+    an AttributeError from inside a writer), and nothing is written."""
+    for name, call in _public_calls(bad, tmp_path / "x.json"):
+        with pytest.raises(TypeError, match=rf"{name}\(\): argument 'doc' must be a "):
+            call()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_public_functions_name_a_wrong_path_or_progress(tmp_path):
+    doc = _hand_profile()
+    for name, call in _public_calls(doc, 3)[:5]:
+        with pytest.raises(TypeError, match=rf"{name}\(\): argument 'path' must be a str"):
+            call()
+    for name, call in _public_calls(doc, tmp_path / "x.json", progress=1)[:7]:
+        with pytest.raises(TypeError, match=rf"{name}\(\): argument 'progress' must be callable"):
+            call()
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(TypeError, match=r"format_of\(\): argument 'path'"):
+        format_of(None)
+    t = np.arange(10_000)
+    with pytest.raises(ValueError, match=r"argument 'buckets' must be >= 1, got 0"):
+        decimate_indices(t, [t], 0)
+    with pytest.raises(TypeError, match=r"argument 'buckets' must be an int, not float"):
+        decimate_indices(t, [t], 1.5)
 
 
 @pytest.mark.parametrize("path", [None, b"profile.json", 1.5, "fd"])
