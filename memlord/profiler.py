@@ -413,6 +413,7 @@ class MemoryTracker:
         of the same name under it; returns a token for :meth:`end`, or -1 when the
         tracker is not running."""
         name = _check_name(name)
+        kind = _check_name(kind, "kind")  # a profile's span kind is a string
         if not self._running or self._source is None:
             return -1
         totals = self._sample()
@@ -448,6 +449,8 @@ class MemoryTracker:
     def end(self, token: int) -> None:
         """Close the span ``begin`` opened (and any span opened inside it and left open
         on this thread, e.g. by a module whose forward raised)."""
+        if not isinstance(token, int) or isinstance(token, bool):
+            raise TypeError(f"token must be an int, got {type(token).__name__}")
         if token < 0:
             return
         stack = self._stack()

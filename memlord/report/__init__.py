@@ -26,6 +26,7 @@ from ._model import (
     SampleBuilder,
     Samples,
     Span,
+    check_arguments,
     concat_events,
 )
 from ._pickle import to_snapshot, write_pickle
@@ -85,6 +86,10 @@ FORMATS = {
 
 def format_of(path: str | os.PathLike[str]) -> str:
     """The format a file name asks for: "json", "trace", "pickle" or "html"."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"format_of(): argument 'path' must be a str or os.PathLike, not {type(path).__name__}"
+        )
     name = os.fspath(path).lower()
     for suffix, fmt in FORMATS.items():
         if name.endswith(suffix):
@@ -99,6 +104,7 @@ def write_html(
     doc: Profile, path: str | os.PathLike[str], progress: Progress = no_progress
 ) -> None:
     """The HTML report (needs plotly: pip install memlord[report])."""
+    check_arguments("write_html", doc, path, progress)
     from ._html import write_html as _write
 
     _write(doc, path, progress)
@@ -107,10 +113,7 @@ def write_html(
 def export(doc: Profile, path: str | os.PathLike[str], *, progress: Progress = no_progress) -> str:
     """Write ``doc`` to ``path`` in the format its name asks for (``.json``,
     ``.trace.json``, ``.pickle``/``.pkl``, ``.html``/``.htm``) and return the format."""
-    if not isinstance(doc, Profile):
-        raise TypeError(f"doc must be a memlord.report.Profile, got {type(doc).__name__}")
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+    check_arguments("export", doc, path, progress)
     fmt = format_of(path)
     writer = {
         "json": write_json,

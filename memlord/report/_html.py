@@ -134,7 +134,7 @@ def timeline_traces(series: dict[str, Series], t0: int, buckets: int) -> list[di
         for cat, cat_values in d.categories.items():
             traces.append(
                 line(
-                    f"{cat} {dev_e}",
+                    f"{_plot_text(cat)} {dev_e}",  # a loaded profile may name any category
                     cat_values,
                     color=CATEGORY_COLORS.get(cat, OTHER_COLOR),
                     width=0.5,
@@ -413,7 +413,8 @@ _JS = """
     });
   }
   Promise.all(done).then(function(){
-    if (tl.on && gt.on && tl.data && gt.data) { link(tl, gt); link(gt, tl); }
+    // a profile without samples or without spans has one chart's element, or none
+    if (tl && gt && tl.on && gt.on && tl.data && gt.data) { link(tl, gt); link(gt, tl); }
     // milliseconds since navigation started, and the charts' own parse-and-draw time
     document.body.setAttribute('data-memlord-ready', performance.now().toFixed(1));
     document.body.setAttribute('data-memlord-draw-ms', (performance.now() - t0).toFixed(1));

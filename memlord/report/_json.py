@@ -18,8 +18,10 @@ from ._model import (
     SCHEMA_VERSION,
     Events,
     Profile,
+    SampleBuilder,
     Samples,
     Span,
+    check_arguments,
 )
 from ._util import Progress, atomic_write, no_progress
 from ._validate import ProfileError, problems
@@ -46,6 +48,7 @@ def _array(arr: np.ndarray) -> str:
 
 def to_dict(doc: Profile) -> dict[str, Any]:
     """The document as JSON-ready Python objects (events and samples as lists)."""
+    check_arguments("to_dict", doc)
     return cast("dict[str, Any]", json.loads(dumps(doc)))
 
 
@@ -95,12 +98,14 @@ def _chunks(doc: Profile, progress: Progress) -> Iterator[str]:
 
 def dumps(doc: Profile, progress: Progress = no_progress) -> str:
     """The document as a JSON string."""
+    check_arguments("dumps", doc, progress=progress)
     return "".join(_chunks(doc, progress))
 
 
 def write_json(
     doc: Profile, path: str | os.PathLike[str], progress: Progress = no_progress
 ) -> None:
+    check_arguments("write_json", doc, path, progress)
     with atomic_write(path) as f:
         for chunk in _chunks(doc, progress):
             f.write(chunk)
@@ -136,6 +141,7 @@ def _build(data: dict[str, Any]) -> Profile:
     )
     if ml is None:
         doc.operations = _operations_from_seed(data.get("operation_allocations", {}))
+        doc.samples = _samples_from_seed(doc.snapshots)
         return doc
     doc.operations = [Span.from_json(s) for s in ml.get("operations", [])]
     doc.regions = [Span.from_json(s) for s in ml.get("regions", [])]
@@ -158,6 +164,31 @@ def _build(data: dict[str, Any]) -> Profile:
         except ValueError as exc:
             raise ValueError(f"memlord.events: {exc}") from None
     return doc
+
+
+def _samples_from_seed(snapshots: list[Any]) -> Samples:
+    """Samples from the memory profiler's snapshots: at each snapshot's time (wall clock,
+    as its operations), each device's ``total_bytes`` (else ``total_mb``), so the
+    timeline, the devices' peaks and the pickle show what the file measured."""
+    builder = SampleBuilder()
+    for snap in snapshots:
+        if not isinstance(snap, dict) or not isinstance(snap.get("device_breakdown"), dict):
+            continue
+        try:
+            t_ns = int(_dt.datetime.fromisoformat(snap["timestamp"]).timestamp() * 1e9)
+        except (KeyError, TypeError, ValueError, OverflowError, OSError):
+            continue
+        for dev, info in snap["device_breakdown"].items():
+            if not isinstance(info, dict):
+                continue
+            total = info.get("total_bytes")
+            if not isinstance(total, int) or isinstance(total, bool):
+                mb = info.get("total_mb")
+                if not isinstance(mb, (int, float)) or isinstance(mb, bool) or not mb >= 0:
+                    continue
+                total = int(round(mb * 1024 * 1024))
+            builder.add(t_ns, str(dev), total)
+    return builder.build()
 
 
 def _operations_from_seed(allocs: dict[str, Any]) -> list[Span]:

@@ -359,6 +359,33 @@ class Profile:
         return out
 
 
+def check_arguments(
+    where: str,
+    doc: object,
+    path: object = None,
+    progress: object = None,
+) -> None:
+    """The public writers' and readers' arguments, each refused with a ``TypeError``
+    naming the function and the argument (not an ``AttributeError`` deep inside):
+    ``doc`` a :class:`Profile`; ``path`` (when given) a ``str`` or ``os.PathLike``;
+    ``progress`` (when given) callable."""
+    import os
+
+    if not isinstance(doc, Profile):
+        raise TypeError(
+            f"{where}(): argument 'doc' must be a memlord.report.Profile, not {type(doc).__name__}"
+        )
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise TypeError(
+            f"{where}(): argument 'path' must be a str or os.PathLike, not {type(path).__name__}"
+        )
+    if progress is not None and not callable(progress):
+        raise TypeError(
+            f"{where}(): argument 'progress' must be callable (fraction, label), "
+            f"not {type(progress).__name__}"
+        )
+
+
 def concat_events(parts: Iterable[Events]) -> Events:
     """Several Events blocks as one (tables merged, indices remapped)."""
     parts = list(parts)

@@ -15,12 +15,13 @@ index.
 
 from __future__ import annotations
 
+import heapq
 import os
 import pickle
 from typing import Any
 
 from .._sites import VIA
-from ._model import Profile
+from ._model import Profile, check_arguments
 from ._series import memory_series
 from ._util import Progress, atomic_write, no_progress
 
@@ -93,8 +94,37 @@ def _frames(site: str | None, table: dict[str, Any] | None = None) -> list[dict[
     return [_frame(part) for part in reversed(site.split(VIA))]
 
 
+def _live_at_end(doc: Profile) -> dict[str, dict[int, int]]:
+    """Per device, the allocations the events leave alive: address -> index of its
+    ``alloc`` event (events without an address left out)."""
+    ev = doc.events
+    live: dict[str, dict[int, int]] = {d: {} for d in ev.devices}
+    if not len(ev):
+        return live
+    kinds = ev.kinds
+    kind_col = ev["kind"].tolist()
+    dev_col = ev["device"].tolist()
+    addr_col = ev["address"].tolist()
+    for i, (k, d, addr) in enumerate(zip(kind_col, dev_col, addr_col, strict=True)):
+        if not addr:
+            continue
+        kind = kinds[k]
+        if kind == "alloc":
+            live[ev.devices[d]][addr] = i
+        elif kind in ("free", "free_completed"):
+            live[ev.devices[d]].pop(addr, None)
+    return live
+
+
 def to_snapshot(doc: Profile, progress: Progress = no_progress) -> dict[str, Any]:
-    """The document as a torch memory snapshot dictionary."""
+    """The document as a torch memory snapshot dictionary.
+
+    The trace's addresses are the synthetic segment's, as torch's readers need them
+    (MemoryViz.js matches an allocation to its segment block, and places every block of
+    the trace in a segment, by address): an allocation still live at the end has the
+    address of its ``active_allocated`` block; every other one an address of its own
+    (while it lives) inside the segment, after the live blocks."""
+    check_arguments("to_snapshot", doc, progress=progress)
     devices = doc.devices()
     index = device_indices(devices)
     n_traces = max(index.values(), default=-1) + 1
@@ -102,46 +132,16 @@ def to_snapshot(doc: Profile, progress: Progress = no_progress) -> dict[str, Any
     ev = doc.events
     start_ns = doc.metadata.get("start_ns", doc.t0_ns())
     start_unix = float(doc.metadata.get("start_unix", 0.0))
-    live: dict[str, dict[int, tuple[int, str | None]]] = {d: {} for d in devices}
     table = doc.metadata.get("site_frames")
     if not isinstance(table, dict):
         table = None
-    if len(ev):
-        kinds = ev.kinds
-        kind_col = ev["kind"].tolist()
-        dev_col = ev["device"].tolist()
-        addr_col = ev["address"].tolist()
-        size_col = ev["bytes"].tolist()
-        site_col = ev["site"].tolist()
-        t_col = ((ev["t_ns"] - start_ns) // 1000 + int(start_unix * 1e6)).tolist()
-        n = len(kind_col)
-        for i in range(n):
-            kind = kinds[kind_col[i]]
-            dev = ev.devices[dev_col[i]]
-            trace = traces[index[dev]]
-            addr, size = addr_col[i], size_col[i]
-            site = ev.sites[site_col[i]] if site_col[i] >= 0 else None
-            base = {"addr": addr, "size": size, "stream": 0, "time_us": t_col[i]}
-            if kind == "alloc":
-                trace.append({"action": "alloc", **base, "frames": _frames(site, table)})
-                if addr:
-                    live[dev][addr] = (size, site)
-            elif kind == "free":
-                trace.append({"action": "free_requested", **base, "frames": _frames(site, table)})
-                trace.append({"action": "free_completed", **base, "frames": []})
-                live[dev].pop(addr, None)
-            elif kind in ("free_requested", "free_completed"):
-                trace.append({"action": kind, **base, "frames": _frames(site, table)})
-                if kind == "free_completed":
-                    live[dev].pop(addr, None)
-            elif kind == "oom":
-                trace.append(
-                    {"action": "oom", **base, "device_free": 0, "frames": _frames(site, table)}
-                )
-            if i % 65536 == 0:
-                progress(0.8 * i / n, "pickle traces")
     series = memory_series(doc)
-    segments = []
+    site_col = ev["site"].tolist() if len(ev) else []
+    size_col = ev["bytes"].tolist() if len(ev) else []
+    end_live = _live_at_end(doc)
+    # the segment of each device: the live blocks first, then the rest up to the peak
+    layout: dict[str, tuple[int, int, int, list[dict[str, Any]]]] = {}
+    block_at: dict[int, int] = {}  # index of a live allocation's alloc event -> its address
     for dev in devices:
         s = series.get(dev)
         final = int(s.allocated[-1]) if s is not None and len(s) else 0
@@ -152,8 +152,13 @@ def to_snapshot(doc: Profile, progress: Progress = no_progress) -> dict[str, Any
         address = SEGMENT_BASE + index[dev] * SEGMENT_STRIDE
         blocks = []
         offset = 0
-        if live[dev] and sum(sz for sz, _ in live[dev].values()) == final:
-            for _addr, (size, site) in sorted(live[dev].items()):
+        alive = end_live.get(dev, {})
+        alive_bytes = sum(size_col[i] for i in alive.values())
+        if alive and alive_bytes <= final:
+            for _addr, i in sorted(alive.items()):
+                size = size_col[i]
+                site = ev.sites[site_col[i]] if site_col[i] >= 0 else None
+                block_at[i] = address + offset
                 blocks.append(
                     {
                         "address": address + offset,
@@ -164,28 +169,96 @@ def to_snapshot(doc: Profile, progress: Progress = no_progress) -> dict[str, Any
                     }
                 )
                 offset += size
-        elif final:
+        if final > offset:  # live bytes no event of the record shows allocated
             blocks.append(
                 {
-                    "address": address,
-                    "size": final,
-                    "requested_size": final,
+                    "address": address + offset,
+                    "size": final - offset,
+                    "requested_size": final - offset,
                     "state": "active_allocated",
                     "frames": [],
                 }
             )
             offset = final
-        if peak > offset:
+        layout[dev] = (address, offset, peak, blocks)
+    # the trace, with each allocation at its synthetic address
+    slots_used: dict[str, int] = {d: 0 for d in devices}
+    free_slots: dict[str, list[int]] = {d: [] for d in devices}
+    current: dict[str, dict[int, int]] = {d: {} for d in devices}  # real -> synthetic
+
+    def new_address(dev: str) -> int:
+        free = free_slots[dev]
+        if free:
+            return heapq.heappop(free)
+        address, used, _, _ = layout[dev]
+        slots_used[dev] += 1
+        return address + used + slots_used[dev] - 1
+
+    def release(dev: str, synthetic: int) -> None:
+        address, used, _, _ = layout[dev]
+        if synthetic >= address + used:  # a slot, not a live block
+            heapq.heappush(free_slots[dev], synthetic)
+
+    if len(ev):
+        kinds = ev.kinds
+        kind_col = ev["kind"].tolist()
+        dev_col = ev["device"].tolist()
+        addr_col = ev["address"].tolist()
+        t_col = ((ev["t_ns"] - start_ns) // 1000 + int(start_unix * 1e6)).tolist()
+        n = len(kind_col)
+        for i in range(n):
+            kind = kinds[kind_col[i]]
+            dev = ev.devices[dev_col[i]]
+            trace = traces[index[dev]]
+            addr, size = addr_col[i], size_col[i]
+            site = ev.sites[site_col[i]] if site_col[i] >= 0 else None
+            mapped = current[dev]
+            if kind == "alloc":
+                if addr in mapped:  # a second alloc at an address the record never freed
+                    release(dev, mapped.pop(addr))
+                synthetic = block_at.get(i)
+                if synthetic is None:
+                    synthetic = new_address(dev)
+                mapped[addr] = synthetic
+            elif kind in ("free", "free_requested", "free_completed"):
+                synthetic = mapped.get(addr)
+                if synthetic is None:  # allocated before the record began
+                    synthetic = mapped[addr] = new_address(dev)
+                if kind != "free_requested":
+                    release(dev, mapped.pop(addr))
+            else:
+                synthetic = 0
+            base = {"addr": synthetic, "size": size, "stream": 0, "time_us": t_col[i]}
+            if kind == "alloc":
+                trace.append({"action": "alloc", **base, "frames": _frames(site, table)})
+            elif kind == "free":
+                trace.append({"action": "free_requested", **base, "frames": _frames(site, table)})
+                trace.append({"action": "free_completed", **base, "frames": []})
+            elif kind in ("free_requested", "free_completed"):
+                trace.append({"action": kind, **base, "frames": _frames(site, table)})
+            elif kind == "oom":
+                trace.append(
+                    {"action": "oom", **base, "device_free": 0, "frames": _frames(site, table)}
+                )
+            if i % 65536 == 0:
+                progress(0.8 * i / n, "pickle traces")
+    segments = []
+    for dev in devices:
+        address, offset, peak, blocks = layout[dev]
+        # every address the trace used lies in the segment (MemoryViz.js draws each block
+        # of the trace in the segment that holds its address)
+        total = max(peak, offset + slots_used[dev])
+        if total > offset:
             blocks.append(
                 {
                     "address": address + offset,
-                    "size": peak - offset,
+                    "size": total - offset,
                     "requested_size": 0,
                     "state": "inactive",
                     "frames": [],
                 }
             )
-        segments.append(segment(index[dev], dev, address, peak, final, blocks))
+        segments.append(segment(index[dev], dev, address, total, offset, blocks))
     progress(1.0, "pickle")
     return {
         "segments": segments,
@@ -201,6 +274,7 @@ def to_snapshot(doc: Profile, progress: Progress = no_progress) -> dict[str, Any
 def write_pickle(
     doc: Profile, path: str | os.PathLike[str], progress: Progress = no_progress
 ) -> None:
+    check_arguments("write_pickle", doc, path, progress)
     snap = to_snapshot(doc, progress)
     with atomic_write(path, binary=True) as f:
         pickle.dump(snap, f, protocol=pickle.HIGHEST_PROTOCOL)

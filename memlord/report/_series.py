@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 
-from ._model import Profile, Span
+from ._model import Profile, Span, check_arguments
 
 
 @dataclasses.dataclass
@@ -123,6 +123,7 @@ def _from_samples(doc: Profile, dev_index: int, device: str) -> Series:
 def memory_series(doc: Profile) -> dict[str, Series]:
     """Per device, its memory series: from the events where the device has any, else from
     the samples."""
+    check_arguments("memory_series", doc)
     out: dict[str, Series] = {}
     ev_counts = (
         np.bincount(doc.events["device"], minlength=len(doc.events.devices))
@@ -144,6 +145,12 @@ def decimate_indices(t: np.ndarray, values: list[np.ndarray], buckets: int) -> n
     in each of ``buckets`` equal time buckets, every series' minimum and maximum (so no
     peak is lost), plus the first and last point.  Returns all indices when the series
     is short."""
+    if not isinstance(buckets, (int, np.integer)) or isinstance(buckets, bool):
+        raise TypeError(
+            f"decimate_indices(): argument 'buckets' must be an int, not {type(buckets).__name__}"
+        )
+    if buckets < 1:
+        raise ValueError(f"decimate_indices(): argument 'buckets' must be >= 1, got {buckets}")
     n = t.shape[0]
     if n <= 2 * buckets * max(1, len(values)):
         return np.arange(n)

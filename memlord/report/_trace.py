@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ._model import Profile
+from ._model import Profile, check_arguments
 from ._series import memory_series
 from ._util import Progress, atomic_write, no_progress
 
@@ -154,6 +154,7 @@ def _chunks(doc: Profile, progress: Progress) -> Iterator[str]:
 def write_trace(
     doc: Profile, path: str | os.PathLike[str], progress: Progress = no_progress
 ) -> None:
+    check_arguments("write_trace", doc, path, progress)
     with atomic_write(path) as f:
         for chunk in _chunks(doc, progress):
             f.write(chunk)

@@ -90,7 +90,11 @@ def _create_temp(path: Path) -> tuple[int, Path]:
     """A new, empty temporary file beside ``path`` (same folder, so the rename is atomic),
     created exclusively under a name no other writer uses: ``.NAME.<pid>.<n>.<random>.tmp``
     (process, a per-process counter, random bits).  Returns its descriptor and path."""
-    stem = path.name[:120]  # keep the name under the file system's limit
+    # keep the name under the file system's limit (255 bytes, not characters: a name of
+    # 80 CJK characters is 240 bytes)
+    stem = path.name[:120]
+    while len(os.fsencode(stem)) > 120:
+        stem = stem[:-1]
     for _ in range(100):
         tmp = path.with_name(
             f".{stem}.{os.getpid()}.{next(_temp_counter)}.{secrets.token_hex(4)}.tmp"
@@ -108,16 +112,23 @@ def _create_temp(path: Path) -> tuple[int, Path]:
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike[str], binary: bool = False) -> Iterator[IO[Any]]:
     """Write ``path`` all at once: the block writes a temporary file of its own beside it
-    (text in UTF-8, or bytes with ``binary``), renamed over ``path`` when the block ends;
-    when the block raises (a signal handler's ``SystemExit`` included), the temporary file
-    is removed and ``path`` keeps what it held.  Every writer of the same path (threads,
-    processes, a signal handler that writes while an interrupted write waits) has its own
-    temporary file, and the last rename wins: the file is always one complete write.
+    (text in UTF-8, lone surrogates as their escapes, or bytes with ``binary``), renamed
+    over ``path`` when the block ends; when the block raises (a signal handler's
+    ``SystemExit`` included), the temporary file is removed and ``path`` keeps what it
+    held.  Every writer of the same path (threads, processes, a signal handler that
+    writes while an interrupted write waits) has its own temporary file, and the last
+    rename wins: the file is always one complete write.
     This is the one write path of every report format."""
     path = Path(path)
     fd, tmp = _create_temp(path)
     try:
-        f = os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8")
+        # text: a string Python could not decode (a non-UTF-8 argument or path, as lone
+        # surrogates) is written as its escape, \udcff, never refused half way
+        f = (
+            os.fdopen(fd, "wb")
+            if binary
+            else os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace")
+        )
         with f:
             yield f
         os.replace(tmp, path)

@@ -19,7 +19,7 @@ import pytest
 from support.browser import load_page
 from support.synthetic import synthetic_profile
 
-from memlord.report import export
+from memlord.report import KNOWN_KINDS, Events, Profile, Span, export
 
 pytest.importorskip("plotly", reason="the HTML report needs the report extra (plotly)")
 
@@ -89,3 +89,33 @@ def test_lord_export_draws_in_chromium(browser, tmp_path):
     assert _count(r'<g class="point"', rest) == len(doc.regions) >= 8
     assert _count(r'class="trace bars"', rest) == len(names)
     assert "scratch" in rest and "Sequential (backward)" in rest
+
+
+def _one_allocation() -> Profile:
+    k = KNOWN_KINDS.index
+    return Profile(
+        metadata={"start_ns": 0},
+        events=Events(
+            {"t_ns": [5], "kind": [k("alloc")], "device": [0], "bytes": [100], "address": [1]},
+            devices=["cpu"],
+        ),
+    )
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(_one_allocation, id="a timeline and no spans"),
+        pytest.param(lambda: Profile(operations=[Span("op", 10, 20)]), id="spans only"),
+        pytest.param(Profile, id="nothing at all"),
+    ],
+)
+def test_report_without_a_chart_finishes_in_chromium(browser, tmp_path, make):
+    """A profile with one chart of the two, or none (a program that opened no operation or
+    region: `python -m memlord run` of most scripts), draws what it has and finishes, with
+    no console error."""
+    page = tmp_path / "report.html"
+    export(make(), page)
+    loaded = load_page(page, browser=browser)
+    assert loaded.console == [], f"console messages: {loaded.console}"
+    assert loaded.ready_ms is not None, "the report's script did not finish"

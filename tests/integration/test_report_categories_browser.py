@@ -63,3 +63,34 @@ def test_timeline_and_tables_show_the_categories(browser, tmp_path):
     mods = dom.partition('id="span-categories"')[2].partition("</section>")[0]
     assert re.search(r"<td>0</td><td>cpu</td><td>activation</td>", mods)
     assert "<td>0 (backward)</td><td>cpu</td><td>temporary</td>" in mods
+
+
+def test_a_loaded_profiles_category_names_are_text_in_the_timeline(browser, tmp_path):
+    """A profile read from a file may name any category: the timeline's legend shows the
+    name as written, never as plotly's markup (<b> made bold, &amp; decoded to &)."""
+    from memlord.report import KNOWN_KINDS, Events, Profile, export
+
+    name = "<b>bold</b> &amp; x"
+    k = KNOWN_KINDS.index
+    doc = Profile(
+        metadata={"start_ns": 0},
+        events=Events(
+            {
+                "t_ns": [5, 6],
+                "kind": [k("alloc"), k("alloc")],
+                "device": [0, 0],
+                "bytes": [100, 50],
+                "address": [1, 2],
+                "category": [0, 0],
+            },
+            devices=["cpu"],
+            categories=[name],
+        ),
+    )
+    page = tmp_path / "report.html"
+    export(doc, page)
+    loaded = load_page(page, browser=browser)
+    assert loaded.console == [], f"console messages: {loaded.console}"
+    legend = re.findall(r'class="legendtext"[^>]*>(.*?)</text>', loaded.dom)
+    assert "&lt;b&gt;bold&lt;/b&gt; &amp;amp; x cpu" in legend, legend
+    assert not any("<tspan" in text for text in legend), legend  # no markup made of it

@@ -315,6 +315,23 @@ def test_bad_arguments_raise_and_change_nothing(tmp_path):
     assert before.profile().operations == []
 
 
+def test_begin_and_end_refuse_what_the_profile_could_not_hold(tmp_path):
+    """begin()'s kind is a string (a profile whose span has another kind is one load() and
+    `memlord report` refuse) and end()'s token an int; each mistake is a TypeError naming
+    the argument, and what was written loads."""
+    tracker = MemoryTracker(tmp_path, True, None, json_path=tmp_path / "p.json")
+    tracker.start()
+    try:
+        with pytest.raises(TypeError, match=r"kind must be a str, got int"):
+            tracker.begin("op", kind=3)
+        with pytest.raises(TypeError, match=r"token must be an int, got NoneType"):
+            tracker.end(None)
+        tracker.end(tracker.begin("op", kind="step"))
+    finally:
+        tracker.stop()
+    assert [(s.name, s.kind) for s in load(tmp_path / "p.json").operations] == [("op", "step")]
+
+
 def test_initialize_twice_writes_the_first(tmp_path):
     first = initialize_memory_tracker(output_dir=tmp_path / "a", interval=None)
     initialize_memory_tracker(output_dir=tmp_path / "b", interval=None)

@@ -12,6 +12,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 import torch.cuda._memory_viz as memory_viz
+from support.lord_work import Work
 from support.synthetic import synthetic_profile
 from support.trace import validate_trace as _validate_trace
 
@@ -27,8 +28,16 @@ from memlord.report import (
     lanes,
     load,
     memory_series,
+    no_progress,
     to_snapshot,
 )
+
+try:
+    import plotly  # noqa: F401
+
+    HAVE_PLOTLY = True
+except ImportError:  # pragma: no cover - tox installs the report extra
+    HAVE_PLOTLY = False
 
 EVIL = "</script><img src=x onerror=alert(1)>"
 
@@ -136,6 +145,45 @@ def test_memory_profiler_files_load(tmp_path):
     assert back.operations[0].memory_delta == 512 * 1024
     assert back.operations[0].tensor_delta == 3
     assert back.snapshots == seed["snapshots"]
+
+
+def test_memory_profiler_files_report_their_snapshots_memory(tmp_path):
+    """A memory profiler file's memory is in its snapshots: the report of one shows each
+    device's bytes as the file measured them (`total_bytes`, else `total_mb`), at each
+    snapshot's time, not 0 B and an empty timeline."""
+    mib = 1024 * 1024
+    seed = {
+        "metadata": {"generated_at": "2025-01-13T10:30:00", "num_snapshots": 2},
+        "snapshots": [
+            {
+                "timestamp": "2025-01-13T10:29:45",
+                "total_mb": 2048.5,
+                "device_breakdown": {"mps": {"total_mb": 2000.0, "count": 3, "tensors": []}},
+            },
+            {
+                "timestamp": "2025-01-13T10:29:50.5",
+                "total_mb": 1.0,
+                "device_breakdown": {
+                    "mps": {"total_mb": 1.0, "total_bytes": 1000, "count": 1, "tensors": []}
+                },
+            },
+        ],
+        "operation_allocations": {},
+    }
+    path = tmp_path / "seed.json"
+    path.write_text(json.dumps(seed))
+    doc = load(path)
+    series = memory_series(doc)["mps"]
+    assert series.allocated.tolist() == [2000 * mib, 1000]
+    assert series.t_ns[1] - series.t_ns[0] == 5_500_000_000
+    snap = to_snapshot(doc)
+    assert snap["segments"][0]["total_size"] == 2000 * mib  # the peak
+    assert snap["segments"][0]["allocated_size"] == 1000  # at the end
+    if HAVE_PLOTLY:
+        export(doc, tmp_path / "seed.html")
+        devices = (tmp_path / "seed.html").read_text().split("<h2>Devices</h2>")[1]
+        row = devices.split("<tbody>")[1].split("</tr>")[0]
+        assert '<td class="num">1.95 GiB</td><td class="num">1000 B</td>' in row, row
 
 
 def test_load_rejects_garbage_and_newer_schema(tmp_path):
@@ -333,9 +381,9 @@ def test_pickle_by_hand():
 
 
 def test_export_rejects_bad_arguments(doc, tmp_path):
-    with pytest.raises(TypeError, match="doc must be"):
+    with pytest.raises(TypeError, match="'doc' must be"):
         export({"metadata": {}}, tmp_path / "x.json")
-    with pytest.raises(TypeError, match="path must be"):
+    with pytest.raises(TypeError, match="'path' must be"):
         export(doc, 3)
     with pytest.raises(ValueError, match=r"unknown report format.*\.trace\.json"):
         export(doc, tmp_path / "x.csv")
@@ -346,6 +394,51 @@ def test_export_rejects_bad_arguments(doc, tmp_path):
         "pickle",
         "html",
     ]
+
+
+def _public_calls(doc, path, progress=no_progress):
+    """Every public function of memlord.report that takes a document, as (name, call)."""
+    from memlord.report import dumps, to_dict, write_html, write_json, write_pickle, write_trace
+
+    return [
+        ("export", lambda: export(doc, path, progress=progress)),
+        ("write_json", lambda: write_json(doc, path, progress)),
+        ("write_trace", lambda: write_trace(doc, path, progress)),
+        ("write_pickle", lambda: write_pickle(doc, path, progress)),
+        ("write_html", lambda: write_html(doc, path, progress)),
+        ("to_snapshot", lambda: to_snapshot(doc, progress)),
+        ("dumps", lambda: dumps(doc, progress)),
+        ("to_dict", lambda: to_dict(doc)),
+        ("memory_series", lambda: memory_series(doc)),
+    ]
+
+
+@pytest.mark.parametrize("bad", [None, {"metadata": {}}, "profile.json"])
+def test_public_functions_name_a_wrong_document(tmp_path, bad):
+    """A document that is not a Profile is a TypeError naming the function and 'doc' (not
+    an AttributeError from inside a writer), and nothing is written."""
+    for name, call in _public_calls(bad, tmp_path / "x.json"):
+        with pytest.raises(TypeError, match=rf"{name}\(\): argument 'doc' must be a "):
+            call()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_public_functions_name_a_wrong_path_or_progress(tmp_path):
+    doc = _hand_profile()
+    for name, call in _public_calls(doc, 3)[:5]:
+        with pytest.raises(TypeError, match=rf"{name}\(\): argument 'path' must be a str"):
+            call()
+    for name, call in _public_calls(doc, tmp_path / "x.json", progress=1)[:7]:
+        with pytest.raises(TypeError, match=rf"{name}\(\): argument 'progress' must be callable"):
+            call()
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(TypeError, match=r"format_of\(\): argument 'path'"):
+        format_of(None)
+    t = np.arange(10_000)
+    with pytest.raises(ValueError, match=r"argument 'buckets' must be >= 1, got 0"):
+        decimate_indices(t, [t], 0)
+    with pytest.raises(TypeError, match=r"argument 'buckets' must be an int, not float"):
+        decimate_indices(t, [t], 1.5)
 
 
 @pytest.mark.parametrize("path", [None, b"profile.json", 1.5, "fd"])
@@ -387,3 +480,76 @@ def test_html_escapes_user_strings(tmp_path):
     assert "&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;" in text  # the header, tables
     # the only </script> tags close memlord's own three scripts
     assert text.count("</script>") == 3
+
+
+@pytest.mark.parametrize("suffix", [".json", ".trace.json", ".pickle", ".html"])
+def test_strings_python_could_not_decode_are_written(tmp_path, suffix):
+    """An argument or a path that is not UTF-8 reaches Python as lone surrogates
+    (surrogateescape: `python -m memlord run --html r.html train.py $'\\xff'` puts one in
+    the title): every format is still written, as UTF-8, the character as its escape."""
+    if suffix == ".html":
+        pytest.importorskip("plotly", reason="the HTML report needs the report extra")
+    doc = _hand_profile()
+    doc.metadata["title"] = "run train.py \udcff"
+    doc.operations[0].name = "op \udcfe"
+    path = tmp_path / f"r{suffix}"
+    assert export(doc, path) == format_of(path)
+    if suffix != ".pickle":
+        text = path.read_bytes().decode("utf-8")  # strict: valid UTF-8
+        assert "\\udcff" in text and "\\udcfe" in text
+
+
+def _memory_viz_js(snap: dict, device: int) -> int:
+    """What torch's MemoryViz.js (pytorch.org/memory_viz, the page ``trace_plot`` and
+    ``segment_plot`` write) makes of a snapshot, transcribed: the blocks' addresses as
+    ``annotate_snapshot`` computes them (the segment's address plus the sizes before), the
+    bytes ``process_alloc_data`` shows allocated after the last event (the trace's
+    allocations not freed, plus each ``active_allocated`` block no such allocation has the
+    address of: allocated before the trace began), and ``MemoryView``'s check that every
+    block the trace frees lies in one of the device's segments (``find_segment``; the page
+    fails on ``null.occupied`` otherwise)."""
+    segs = [s for s in snap["segments"] if s["device"] == device]
+    blocks = []
+    for seg in segs:
+        addr = seg["address"]
+        for b in seg["blocks"]:
+            blocks.append((addr, b))
+            addr += b["size"]
+    addr_to_alloc: dict[int, int] = {}
+    for e in snap["device_traces"][device]:
+        if e["action"] == "alloc":
+            addr_to_alloc[e["addr"]] = e["size"]
+        elif e["action"] in ("free", "free_completed"):
+            addr_to_alloc.pop(e["addr"], None)
+            assert any(s["address"] <= e["addr"] < s["address"] + s["total_size"] for s in segs), (
+                f"a freed block at {e['addr']:#x} lies in no segment"
+            )
+    before = sum(
+        b["requested_size"]
+        for addr, b in blocks
+        if b["state"] == "active_allocated" and addr not in addr_to_alloc
+    )
+    return sum(addr_to_alloc.values()) + before
+
+
+def test_memory_viz_page_shows_each_live_allocation_once(tmp_path):
+    """torch's memory_viz page matches the trace's allocations to the segment's blocks by
+    address: an allocation live at the end is one block, not a block plus a trace
+    allocation, and every freed block lies in the segment."""
+    snap = to_snapshot(_hand_profile())
+    assert _memory_viz_js(snap, 0) == 2500 == snap["segments"][0]["allocated_size"]
+    work = Work()
+    try:
+        path = tmp_path / "w.pickle"
+        work.lord.export(path)
+        snap = pickle.loads(path.read_bytes())
+        for i, dev in enumerate(snap["memlord_devices"]):
+            seg = snap["segments"][i]
+            assert seg["memlord_device"] == dev
+            assert (
+                _memory_viz_js(snap, i)
+                == seg["allocated_size"]
+                == work.lord.stats()[dev]["allocated"]
+            )
+    finally:
+        work.close()

@@ -116,6 +116,19 @@ def test_a_write_into_a_missing_folder_names_the_file_asked_for(tmp_path, suffix
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_a_long_name_the_file_system_takes_is_written(tmp_path, suffix):
+    """The temporary name is short enough in bytes: a name of 80 three-byte characters
+    (240 bytes, under the file system's 255) is written, as open() would write it."""
+    path = tmp_path / ("\u8a18" * 80 + suffix)
+    with open(path, "w") as f:  # the file system takes the name
+        f.write("x")
+    path.unlink()
+    export(synthetic_profile(50, steps=1), path)
+    assert path.stat().st_size > 0
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
 def test_written_files_follow_the_umask(tmp_path):
     """The temporary file is made as open() would make the file (not mkstemp's 0600)."""
     from memlord.report._util import atomic_write
