@@ -94,7 +94,7 @@ def _frames(site: str | None, table: dict[str, Any] | None = None) -> list[dict[
     return [_frame(part) for part in reversed(site.split(VIA))]
 
 
-def _live_at_end(doc: Profile) -> dict[str, dict[int, int]]:
+def live_at_end(doc: Profile) -> dict[str, dict[int, int]]:
     """Per device, the allocations the events leave alive: address -> index of its
     ``alloc`` event (events without an address left out)."""
     ev = doc.events
@@ -116,6 +116,100 @@ def _live_at_end(doc: Profile) -> dict[str, dict[int, int]]:
     return live
 
 
+def site_table(doc: Profile) -> dict[str, Any] | None:
+    """The profile's ``site_frames`` (a site's frames with their functions' names), if any."""
+    table = doc.metadata.get("site_frames")
+    return table if isinstance(table, dict) else None
+
+
+def remap_traces(
+    doc: Profile,
+    index: dict[str, int],
+    layout: dict[str, tuple[int, int]],
+    block_at: dict[int, int],
+    table: dict[str, Any] | None,
+    progress: Progress = no_progress,
+) -> tuple[list[list[dict[str, Any]]], dict[str, int]]:
+    """The events as torch's ``device_traces``, each allocation at a synthetic address:
+    ``block_at[i]`` for the ``alloc`` event ``i`` of an allocation a live block stands for;
+    every other allocation an address of its own while it lives, in the device's segment
+    after its live blocks (``layout[device]``: the segment's address, the bytes of its live
+    blocks).  Events of a device ``index`` or ``layout`` lacks are left out.  Returns the
+    traces (one per index) and, per device, how many addresses after the live blocks the
+    trace used (the segment must reach that far)."""
+    n_traces = max(index.values(), default=-1) + 1
+    traces: list[list[dict[str, Any]]] = [[] for _ in range(n_traces)]
+    ev = doc.events
+    slots_used: dict[str, int] = {d: 0 for d in layout}
+    if not len(ev):
+        return traces, slots_used
+    start_ns = doc.metadata.get("start_ns", doc.t0_ns())
+    start_unix = float(doc.metadata.get("start_unix", 0.0))
+    free_slots: dict[str, list[int]] = {d: [] for d in layout}
+    current: dict[str, dict[int, int]] = {d: {} for d in layout}  # real -> synthetic
+
+    def new_address(dev: str) -> int:
+        free = free_slots[dev]
+        if free:
+            return heapq.heappop(free)
+        address, used = layout[dev]
+        slots_used[dev] += 1
+        return address + used + slots_used[dev] - 1
+
+    def release(dev: str, synthetic: int) -> None:
+        address, used = layout[dev]
+        if synthetic >= address + used:  # a slot, not a live block
+            heapq.heappush(free_slots[dev], synthetic)
+
+    kinds = ev.kinds
+    kind_col = ev["kind"].tolist()
+    dev_col = ev["device"].tolist()
+    addr_col = ev["address"].tolist()
+    size_col = ev["bytes"].tolist()
+    site_col = ev["site"].tolist()
+    t_col = ((ev["t_ns"] - start_ns) // 1000 + int(start_unix * 1e6)).tolist()
+    n = len(kind_col)
+    for i in range(n):
+        if i % 65536 == 0:
+            progress(0.8 * i / n, "pickle traces")
+        kind = kinds[kind_col[i]]
+        dev = ev.devices[dev_col[i]]
+        if dev not in layout or dev not in index:
+            continue
+        trace = traces[index[dev]]
+        addr, size = addr_col[i], size_col[i]
+        site = ev.sites[site_col[i]] if site_col[i] >= 0 else None
+        mapped = current[dev]
+        if kind == "alloc":
+            if addr in mapped:  # a second alloc at an address the record never freed
+                release(dev, mapped.pop(addr))
+            synthetic = block_at.get(i)
+            if synthetic is None:
+                synthetic = new_address(dev)
+            mapped[addr] = synthetic
+        elif kind in ("free", "free_requested", "free_completed"):
+            synthetic = mapped.get(addr)
+            if synthetic is None:  # allocated before the record began
+                synthetic = mapped[addr] = new_address(dev)
+            if kind != "free_requested":
+                release(dev, mapped.pop(addr))
+        else:
+            synthetic = 0
+        base = {"addr": synthetic, "size": size, "stream": 0, "time_us": t_col[i]}
+        if kind == "alloc":
+            trace.append({"action": "alloc", **base, "frames": _frames(site, table)})
+        elif kind == "free":
+            trace.append({"action": "free_requested", **base, "frames": _frames(site, table)})
+            trace.append({"action": "free_completed", **base, "frames": []})
+        elif kind in ("free_requested", "free_completed"):
+            trace.append({"action": kind, **base, "frames": _frames(site, table)})
+        elif kind == "oom":
+            trace.append(
+                {"action": "oom", **base, "device_free": 0, "frames": _frames(site, table)}
+            )
+    return traces, slots_used
+
+
 def to_snapshot(doc: Profile, progress: Progress = no_progress) -> dict[str, Any]:
     """The document as a torch memory snapshot dictionary.
 
@@ -127,18 +221,12 @@ def to_snapshot(doc: Profile, progress: Progress = no_progress) -> dict[str, Any
     check_arguments("to_snapshot", doc, progress=progress)
     devices = doc.devices()
     index = device_indices(devices)
-    n_traces = max(index.values(), default=-1) + 1
-    traces: list[list[dict[str, Any]]] = [[] for _ in range(n_traces)]
     ev = doc.events
-    start_ns = doc.metadata.get("start_ns", doc.t0_ns())
-    start_unix = float(doc.metadata.get("start_unix", 0.0))
-    table = doc.metadata.get("site_frames")
-    if not isinstance(table, dict):
-        table = None
+    table = site_table(doc)
     series = memory_series(doc)
     site_col = ev["site"].tolist() if len(ev) else []
     size_col = ev["bytes"].tolist() if len(ev) else []
-    end_live = _live_at_end(doc)
+    end_live = live_at_end(doc)
     # the segment of each device: the live blocks first, then the rest up to the peak
     layout: dict[str, tuple[int, int, int, list[dict[str, Any]]]] = {}
     block_at: dict[int, int] = {}  # index of a live allocation's alloc event -> its address
@@ -181,67 +269,9 @@ def to_snapshot(doc: Profile, progress: Progress = no_progress) -> dict[str, Any
             )
             offset = final
         layout[dev] = (address, offset, peak, blocks)
-    # the trace, with each allocation at its synthetic address
-    slots_used: dict[str, int] = {d: 0 for d in devices}
-    free_slots: dict[str, list[int]] = {d: [] for d in devices}
-    current: dict[str, dict[int, int]] = {d: {} for d in devices}  # real -> synthetic
-
-    def new_address(dev: str) -> int:
-        free = free_slots[dev]
-        if free:
-            return heapq.heappop(free)
-        address, used, _, _ = layout[dev]
-        slots_used[dev] += 1
-        return address + used + slots_used[dev] - 1
-
-    def release(dev: str, synthetic: int) -> None:
-        address, used, _, _ = layout[dev]
-        if synthetic >= address + used:  # a slot, not a live block
-            heapq.heappush(free_slots[dev], synthetic)
-
-    if len(ev):
-        kinds = ev.kinds
-        kind_col = ev["kind"].tolist()
-        dev_col = ev["device"].tolist()
-        addr_col = ev["address"].tolist()
-        t_col = ((ev["t_ns"] - start_ns) // 1000 + int(start_unix * 1e6)).tolist()
-        n = len(kind_col)
-        for i in range(n):
-            kind = kinds[kind_col[i]]
-            dev = ev.devices[dev_col[i]]
-            trace = traces[index[dev]]
-            addr, size = addr_col[i], size_col[i]
-            site = ev.sites[site_col[i]] if site_col[i] >= 0 else None
-            mapped = current[dev]
-            if kind == "alloc":
-                if addr in mapped:  # a second alloc at an address the record never freed
-                    release(dev, mapped.pop(addr))
-                synthetic = block_at.get(i)
-                if synthetic is None:
-                    synthetic = new_address(dev)
-                mapped[addr] = synthetic
-            elif kind in ("free", "free_requested", "free_completed"):
-                synthetic = mapped.get(addr)
-                if synthetic is None:  # allocated before the record began
-                    synthetic = mapped[addr] = new_address(dev)
-                if kind != "free_requested":
-                    release(dev, mapped.pop(addr))
-            else:
-                synthetic = 0
-            base = {"addr": synthetic, "size": size, "stream": 0, "time_us": t_col[i]}
-            if kind == "alloc":
-                trace.append({"action": "alloc", **base, "frames": _frames(site, table)})
-            elif kind == "free":
-                trace.append({"action": "free_requested", **base, "frames": _frames(site, table)})
-                trace.append({"action": "free_completed", **base, "frames": []})
-            elif kind in ("free_requested", "free_completed"):
-                trace.append({"action": kind, **base, "frames": _frames(site, table)})
-            elif kind == "oom":
-                trace.append(
-                    {"action": "oom", **base, "device_free": 0, "frames": _frames(site, table)}
-                )
-            if i % 65536 == 0:
-                progress(0.8 * i / n, "pickle traces")
+    traces, slots_used = remap_traces(
+        doc, index, {d: lay[:2] for d, lay in layout.items()}, block_at, table, progress
+    )
     segments = []
     for dev in devices:
         address, offset, peak, blocks = layout[dev]
@@ -280,4 +310,4 @@ def write_pickle(
         pickle.dump(snap, f, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-__all__ = ["to_snapshot", "write_pickle", "device_indices"]
+__all__ = ["to_snapshot", "write_pickle", "device_indices", "live_at_end", "remap_traces"]

@@ -730,37 +730,75 @@ def synthetic_snapshot(
     ``active_allocated`` block per live storage (largest first, at most
     ``MAX_PICKLE_BLOCKS``, the rest one block), each with its birth site's frames; the
     device traces of the lords' event ring when one records, and an ``oom`` entry for the
-    failed request."""
-    from ._pickle import SEGMENT_BASE, SEGMENT_STRIDE, device_indices, segment, to_snapshot
+    failed request.
+
+    The trace's addresses are the segment's, as torch's readers match them: an allocation
+    the ring leaves alive has the address of the block of its storage (a storage among the
+    rest gets a block of its own then), or, when no live storage has its data pointer, a
+    block of its own after the storages'; every other allocation an address of its own
+    while it lives, after the active blocks, where the segment ends in one ``inactive``
+    block that holds them."""
+    from ._pickle import (
+        SEGMENT_BASE,
+        SEGMENT_STRIDE,
+        _frames,
+        device_indices,
+        live_at_end,
+        remap_traces,
+        segment,
+        site_table,
+    )
 
     devices = sorted(doc["devices"])
     index = device_indices(devices)
-    n_traces = max(index.values(), default=-1) + 1
-    traces: list[list[dict[str, Any]]] = [[] for _ in range(n_traces)]
+    prof = None
     for lord in lords:  # the ring's history, when a lord records
         try:
             if int(lord.events_capacity) <= 0:
                 continue
             from ._lord import profile_from_lord
 
-            prof = to_snapshot(profile_from_lord(lord, top=0))
-            pdevs = prof.get("memlord_devices", [])
-            for j, tr in enumerate(prof.get("device_traces", [])):
-                if j < len(pdevs) and pdevs[j] in index:
-                    traces[index[pdevs[j]]].extend(tr)
+            prof = profile_from_lord(lord, top=0)
             break
         except Exception:  # noqa: BLE001 - the traces are a bonus
             continue
+    # per device, the ring's allocations still alive: data pointer -> alloc event
+    ring_live: dict[str, dict[int, int]] = {}
+    ring_bytes: list[int] = []
+    ring_sites: list[int] = []
+    site_names: list[str] = []
+    table = None
+    if prof is not None:
+        with contextlib.suppress(Exception):
+            ring_live = live_at_end(prof)
+            ring_bytes = prof.events["bytes"].tolist()
+            ring_sites = prof.events["site"].tolist()
+            site_names = list(prof.events.sites)
+            table = site_table(prof)
     by_dev: dict[str, list[_Storage]] = {d: [] for d in devices}
     for e in live:
         by_dev.setdefault(e[0], []).append(e)
     frames_of: dict[int, list[dict[str, Any]]] = {}
-    segments = []
+    layout: dict[str, tuple[int, int]] = {}
+    blocks_of: dict[str, list[dict[str, Any]]] = {}
+    block_at: dict[int, int] = {}  # a ring allocation's alloc event -> its block's address
     # in the order of the devices' indices: segments[i] is memlord_devices[i]'s (CUDA
     # devices first, at their own index; a GPU host's post-mortem lists every one)
     for dev in sorted(devices, key=index.__getitem__):
         entries = by_dev.get(dev, [])
+        alive = dict(ring_live.get(dev, {}))
+        # a storage is the ring's allocation when its data pointer and size are the same
+        matched: dict[int, int] = {}  # id of a storage entry -> its alloc event
+        for e in entries:
+            i = alive.get(e[2]) if e[2] else None
+            if i is not None and ring_bytes[i] == e[1]:
+                matched[id(e)] = i
+                del alive[e[2]]
         kept = _largest(entries, MAX_PICKLE_BLOCKS)
+        if matched and len(kept) < len(entries):  # the ring's storages among the rest
+            chosen = {id(e) for e in kept}
+            kept += [e for e in entries if id(e) in matched and id(e) not in chosen]
+            kept.sort(key=lambda e: (-e[1], e[3]))
         rest_bytes = sum(e[1] for e in entries) - sum(e[1] for e in kept)
         rest_count = len(entries) - len(kept)
         base = SEGMENT_BASE + index[dev] * SEGMENT_STRIDE
@@ -772,6 +810,9 @@ def synthetic_snapshot(
             if fr is None:
                 fr = frames_of[site] = site_frames(site) if site else []
             hit = names.get((dev[:4] == "cuda", e[2])) if e[2] else None
+            i = matched.get(id(e))
+            if i is not None:
+                block_at[i] = base + offset
             blocks.append(
                 {
                     "address": base + offset,
@@ -797,7 +838,48 @@ def synthetic_snapshot(
                 }
             )
             offset += size
-        segments.append(segment(index[dev], dev, base, offset, offset, blocks))
+        # the ring's allocations no live storage stands for (lifetime tracking off, a
+        # storage no lord tracks, a free the ring did not record): a block each, so that
+        # the trace's allocations never freed are blocks of the segment, counted once
+        for _ptr, i in sorted(alive.items()):
+            size = ring_bytes[i]
+            site_i = ring_sites[i]
+            block_at[i] = base + offset
+            blocks.append(
+                {
+                    "address": base + offset,
+                    "size": size,
+                    "requested_size": size,
+                    "state": "active_allocated",
+                    "frames": _frames(site_names[site_i] if site_i >= 0 else None, table),
+                    "memlord_name": "allocated in the event ring, not among the live storages",
+                }
+            )
+            offset += size
+        layout[dev] = (base, offset)
+        blocks_of[dev] = blocks
+    n_traces = max(index.values(), default=-1) + 1
+    traces: list[list[dict[str, Any]]] = [[] for _ in range(n_traces)]
+    slots: dict[str, int] = {}
+    if prof is not None:
+        with contextlib.suppress(Exception):  # the traces are a bonus
+            traces, slots = remap_traces(prof, index, layout, block_at, table)
+    segments = []
+    for dev in sorted(devices, key=index.__getitem__):
+        base, offset = layout[dev]
+        blocks = blocks_of[dev]
+        used = slots.get(dev, 0)
+        if used:  # the addresses of the trace's freed allocations
+            blocks.append(
+                {
+                    "address": base + offset,
+                    "size": used,
+                    "requested_size": 0,
+                    "state": "inactive",
+                    "frames": [],
+                }
+            )
+        segments.append(segment(index[dev], dev, base, offset + used, offset, blocks))
     req = doc.get("request") or {}
     rdev = req.get("device")
     if rdev in index:

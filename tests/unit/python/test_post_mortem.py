@@ -23,6 +23,7 @@ import textwrap
 import pytest
 import torch
 import torch.cuda._memory_viz as memory_viz
+from support.memory_viz import blocks_at, page_live_bytes, trace_live_allocations
 from torch import nn
 
 from memlord import MemLord
@@ -504,3 +505,104 @@ def test_lords_may_be_one_lord_or_any_iterable_of_them():
     with pytest.raises(TypeError, match="lords"):
         build_post_mortem(3, {})
     del keep
+
+
+def test_the_pickle_shows_each_live_storage_once_to_memory_viz(tmp_path):
+    """The post-mortem's pickle holds the event ring's trace beside a block per live
+    storage: torch's memory_viz matches them by address, so a live storage's block must sit
+    at the address of its trace allocation (or the page counts it twice: a block allocated
+    before the trace plus an allocation never freed), and every address the trace frees
+    must lie in the segment.  The blocks were laid out largest first while the trace kept
+    the profile pickle's own addresses."""
+    lord = MemLord()
+    lord.record_events(1000)
+    with lord.hook_into_python():
+        # sizes not in the order of the storages' addresses, some freed before the OOM
+        keep = [torch.empty(n) for n in (300, 5000, 70, 1200, 40000, 9)]
+        gone = [torch.empty(n) for n in (2000, 11, 600)]
+        del gone
+        more = [torch.empty(n) for n in (800, 25)]
+        doc = build_post_mortem([lord], {"device": "cpu", "bytes": 10})
+    snap = pickle.loads(open(write_post_mortem(doc, tmp_path, "pm")["pickle"], "rb").read())  # noqa: SIM115
+    cpu = snap["memlord_devices"].index("cpu")
+    live = doc["devices"]["cpu"]["tracked"]["bytes"]
+    assert live == sum(_nbytes(t) for t in keep + more)
+    trace = snap["device_traces"][cpu]
+    assert sum(t["action"] == "alloc" for t in trace) == len(keep) + len(more) + 3
+    # torch's reader: the trace's allocations never freed are exactly the live blocks
+    blocks = {a: b for a, b in blocks_at(snap, cpu) if b["state"] == "active_allocated"}
+    still = trace_live_allocations(snap, cpu)
+    assert sorted(e["size"] for e in still) == sorted(_nbytes(t) for t in keep + more)
+    for e in still:
+        assert e["addr"] in blocks and blocks[e["addr"]]["requested_size"] == e["size"], e
+    # the page: each live byte once, every freed address in the segment
+    assert page_live_bytes(snap, cpu) == live
+    seg = snap["segments"][cpu]
+    assert all(
+        seg["address"] <= t["addr"] < seg["address"] + seg["total_size"]
+        for t in trace
+        if t["action"] != "oom"
+    )
+    assert f"total_allocated: {memory_viz.Bytes(live)}" in memory_viz.segsum(snap)
+    del keep, more
+
+
+def test_the_rings_live_allocations_no_storage_stands_for_are_blocks_once(tmp_path):
+    """Without lifetime tracking the post-mortem knows no live storage, yet the ring shows
+    allocations never freed: each is a block at its trace allocation's address (memory_viz
+    counts it once), and the addresses the trace frees lie in the segment (the segment was
+    empty: memory_viz's page found no segment for them)."""
+    lord = MemLord()
+    lord.record_events(1000)
+    kept = [torch.empty(n) for n in (100, 3000, 7)]
+    freed = [torch.empty(n) for n in (50, 900)]
+    for t in kept + freed:
+        lord.allocate(t)
+    for t in freed:
+        lord.free(t)
+    doc = build_post_mortem([lord], {"device": "cpu", "bytes": 10})
+    snap = pickle.loads(open(write_post_mortem(doc, tmp_path, "pm")["pickle"], "rb").read())  # noqa: SIM115
+    cpu = snap["memlord_devices"].index("cpu")
+    assert doc["devices"]["cpu"]["tracked"]["bytes"] == 0
+    ledger = doc["devices"]["cpu"]["ledger"]["allocated"]
+    assert ledger == sum(_nbytes(t) for t in kept)
+    blocks = {a: b for a, b in blocks_at(snap, cpu) if b["state"] == "active_allocated"}
+    still = trace_live_allocations(snap, cpu)
+    assert sorted(e["size"] for e in still) == sorted(_nbytes(t) for t in kept)
+    for e in still:
+        assert e["addr"] in blocks and blocks[e["addr"]]["size"] == e["size"], e
+        assert blocks[e["addr"]]["frames"] == e["frames"]
+    assert page_live_bytes(snap, cpu) == ledger
+    assert f"total_allocated: {memory_viz.Bytes(ledger)}" in memory_viz.segsum(snap)
+
+
+def test_a_storage_the_ring_shows_allocated_keeps_its_block_beyond_the_block_limit(
+    tmp_path, monkeypatch
+):
+    """Past MAX_PICKLE_BLOCKS the smaller storages are one block; one the ring shows
+    allocated still gets a block of its own at its trace allocation's address (else the
+    page counts it twice: in the rest's block and as an allocation never freed)."""
+    import memlord.report._postmortem as pm
+
+    monkeypatch.setattr(pm, "MAX_PICKLE_BLOCKS", 2)
+    lord = MemLord()
+    with lord.hook_into_python():
+        before = [torch.empty(n) for n in (4000, 3000, 20, 30)]  # before the ring records
+        lord.record_events(1000)
+        after = [torch.empty(n) for n in (10, 5000, 40)]
+        doc = build_post_mortem([lord], {"device": "cpu", "bytes": 10})
+    snap = pickle.loads(open(write_post_mortem(doc, tmp_path, "pm")["pickle"], "rb").read())  # noqa: SIM115
+    cpu = snap["memlord_devices"].index("cpu")
+    live = doc["devices"]["cpu"]["tracked"]["bytes"]
+    assert live == sum(_nbytes(t) for t in before + after)
+    active = [b for _, b in blocks_at(snap, cpu) if b["state"] == "active_allocated"]
+    # the two largest, the ring's two others, the rest (3000, 20 and 30 floats) as one
+    assert sorted(b["size"] for b in active) == [40, 160, 12200, 16000, 20000]
+    assert [b["memlord_name"] for b in active if b["size"] == 12200] == ["3 smaller storages"]
+    blocks = {a: b for a, b in blocks_at(snap, cpu) if b["state"] == "active_allocated"}
+    still = trace_live_allocations(snap, cpu)
+    assert sorted(e["size"] for e in still) == sorted(_nbytes(t) for t in after)
+    for e in still:
+        assert e["addr"] in blocks and blocks[e["addr"]]["size"] == e["size"], e
+    assert page_live_bytes(snap, cpu) == live
+    del before, after

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch.cuda._memory_viz as memory_viz
 from support.lord_work import Work
+from support.memory_viz import page_live_bytes
 from support.synthetic import synthetic_profile
 from support.trace import validate_trace as _validate_trace
 
@@ -499,45 +500,12 @@ def test_strings_python_could_not_decode_are_written(tmp_path, suffix):
         assert "\\udcff" in text and "\\udcfe" in text
 
 
-def _memory_viz_js(snap: dict, device: int) -> int:
-    """What torch's MemoryViz.js (pytorch.org/memory_viz, the page ``trace_plot`` and
-    ``segment_plot`` write) makes of a snapshot, transcribed: the blocks' addresses as
-    ``annotate_snapshot`` computes them (the segment's address plus the sizes before), the
-    bytes ``process_alloc_data`` shows allocated after the last event (the trace's
-    allocations not freed, plus each ``active_allocated`` block no such allocation has the
-    address of: allocated before the trace began), and ``MemoryView``'s check that every
-    block the trace frees lies in one of the device's segments (``find_segment``; the page
-    fails on ``null.occupied`` otherwise)."""
-    segs = [s for s in snap["segments"] if s["device"] == device]
-    blocks = []
-    for seg in segs:
-        addr = seg["address"]
-        for b in seg["blocks"]:
-            blocks.append((addr, b))
-            addr += b["size"]
-    addr_to_alloc: dict[int, int] = {}
-    for e in snap["device_traces"][device]:
-        if e["action"] == "alloc":
-            addr_to_alloc[e["addr"]] = e["size"]
-        elif e["action"] in ("free", "free_completed"):
-            addr_to_alloc.pop(e["addr"], None)
-            assert any(s["address"] <= e["addr"] < s["address"] + s["total_size"] for s in segs), (
-                f"a freed block at {e['addr']:#x} lies in no segment"
-            )
-    before = sum(
-        b["requested_size"]
-        for addr, b in blocks
-        if b["state"] == "active_allocated" and addr not in addr_to_alloc
-    )
-    return sum(addr_to_alloc.values()) + before
-
-
 def test_memory_viz_page_shows_each_live_allocation_once(tmp_path):
     """torch's memory_viz page matches the trace's allocations to the segment's blocks by
     address: an allocation live at the end is one block, not a block plus a trace
     allocation, and every freed block lies in the segment."""
     snap = to_snapshot(_hand_profile())
-    assert _memory_viz_js(snap, 0) == 2500 == snap["segments"][0]["allocated_size"]
+    assert page_live_bytes(snap, 0) == 2500 == snap["segments"][0]["allocated_size"]
     work = Work()
     try:
         path = tmp_path / "w.pickle"
@@ -547,7 +515,7 @@ def test_memory_viz_page_shows_each_live_allocation_once(tmp_path):
             seg = snap["segments"][i]
             assert seg["memlord_device"] == dev
             assert (
-                _memory_viz_js(snap, i)
+                page_live_bytes(snap, i)
                 == seg["allocated_size"]
                 == work.lord.stats()[dev]["allocated"]
             )
