@@ -1,10 +1,12 @@
 """Chrome Trace Event format (JSON object form), for Perfetto and chrome://tracing.
 
-One process (pid 1) holds: a counter track per device ("ph": "C", named
-``memory <device>``, with ``allocated``, ``pending`` and, where known, ``reserved`` in
-bytes), one thread per recorded Python thread with its operation and region slices
-("ph": "X"), instant events for auto-GC runs and OOMs ("ph": "i"), and process and thread
-names ("ph": "M").  Times are microseconds since the start of the profile.
+One process, the profiled process's pid (``metadata["pid"]``; 1 when unknown), named
+after the profile's title with its rank and host where known, holds: a counter track per
+device ("ph": "C", named ``memory <device>``, with ``allocated``, ``pending`` and, where
+known, ``reserved`` in bytes), one thread per recorded Python thread with its operation
+and region slices ("ph": "X"), instant events for auto-GC runs and OOMs ("ph": "i"), and
+process and thread names and the rank as the process's sort index ("ph": "M").  Times are
+microseconds since the start of the profile.
 """
 
 from __future__ import annotations
@@ -20,8 +22,36 @@ from ._model import Profile, check_arguments
 from ._series import memory_series
 from ._util import Progress, atomic_write, no_progress
 
-PID = 1
+PID = 1  # a trace's pid when the profile does not say its process's
+#: the largest pid a trace keeps (Perfetto's JSON importer reads pids as 32-bit integers)
+MAX_PID = 2**31 - 1
 COUNTER_TID = 0
+
+
+def trace_pid(metadata: dict[str, Any]) -> int:
+    """The pid a profile's trace uses: the profiled process's (``metadata["pid"]``), or
+    :data:`PID` when the metadata has no pid a trace can hold."""
+    pid = metadata.get("pid")
+    if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= MAX_PID:
+        return PID
+    return pid
+
+
+def process_name(metadata: dict[str, Any]) -> str:
+    """The trace's process name: the title, then the rank (``of <world_size>``) and host
+    where the metadata says them: ``train (rank 1 of 8, node-b)``."""
+    title = str(metadata.get("title") or "memlord")
+    where = []
+    rank, world = metadata.get("rank"), metadata.get("world_size")
+    if isinstance(rank, int) and not isinstance(rank, bool):
+        if isinstance(world, int) and not isinstance(world, bool):
+            where.append(f"rank {rank} of {world}")
+        else:
+            where.append(f"rank {rank}")
+    host = metadata.get("host")
+    if isinstance(host, str) and host:
+        where.append(host)
+    return f"{title} ({', '.join(where)})" if where else title
 
 
 def _us(ns: int) -> str:
@@ -52,22 +82,41 @@ def _chunks(doc: Profile, progress: Progress) -> Iterator[str]:
     base = _base_ns(doc)
     dumps = json.dumps
     title = doc.metadata.get("title") or "memlord"
+    pid = trace_pid(doc.metadata)
     tids = _thread_ids(doc)
     thread_names = doc.metadata.get("threads", {})
     meta: list[dict[str, Any]] = [
-        {"ph": "M", "name": "process_name", "pid": PID, "tid": 0, "args": {"name": str(title)}},
+        {
+            "ph": "M",
+            "name": "process_name",
+            "pid": pid,
+            "tid": 0,
+            "args": {"name": process_name(doc.metadata)},
+        },
         {
             "ph": "M",
             "name": "thread_name",
-            "pid": PID,
+            "pid": pid,
             "tid": COUNTER_TID,
             "args": {"name": "memory"},
         },
     ]
+    rank = doc.metadata.get("rank")
+    if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank <= MAX_PID:
+        # the ranks' processes in rank order when several traces are loaded together
+        meta.append(
+            {
+                "ph": "M",
+                "name": "process_sort_index",
+                "pid": pid,
+                "tid": 0,
+                "args": {"sort_index": rank},
+            }
+        )
     for ident, tid in tids.items():
         name = thread_names.get(str(ident)) or f"thread {ident}"
         meta.append(
-            {"ph": "M", "name": "thread_name", "pid": PID, "tid": tid, "args": {"name": str(name)}}
+            {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": str(name)}}
         )
     yield '{"displayTimeUnit":"ms","otherData":'
     yield dumps({"memlord_schema_version": doc.schema_version, "title": str(title)})
@@ -92,7 +141,7 @@ def _chunks(doc: Profile, progress: Progress) -> Iterator[str]:
                 args[f"delta {dev} {cat}"] = c.get("delta", 0)
         if not s.finished:
             args["unfinished"] = True
-        head = dumps({"ph": "X", "cat": s.kind, "name": s.name, "pid": PID, "tid": tids[s.thread]})
+        head = dumps({"ph": "X", "cat": s.kind, "name": s.name, "pid": pid, "tid": tids[s.thread]})
         ts, dur = _us(s.start_ns - base), _us(max(s.end_ns - s.start_ns, 0))
         yield f',\n{head[:-1]},"ts":{ts},"dur":{dur},"args":{dumps(args)}}}'
 
@@ -127,7 +176,7 @@ def _chunks(doc: Profile, progress: Progress) -> Iterator[str]:
                     if vals[j] >= 0
                 )
                 parts.append(
-                    f',\n{{"ph":"C","name":{name},"pid":{PID},"tid":{COUNTER_TID},'
+                    f',\n{{"ph":"C","name":{name},"pid":{pid},"tid":{COUNTER_TID},'
                     f'"ts":{_us(t)},"args":{{{counters}}}}}'
                 )
             yield "".join(parts)
@@ -142,7 +191,7 @@ def _chunks(doc: Profile, progress: Progress) -> Iterator[str]:
         idx = np.flatnonzero(ev["kind"] == ev.kinds.index(kind))
         for i in idx.tolist():
             dev = ev.devices[int(ev["device"][i])] if ev.devices else "?"
-            head = dumps({"ph": "i", "s": "p", "cat": kind, "name": f"{label} {dev}", "pid": PID})
+            head = dumps({"ph": "i", "s": "p", "cat": kind, "name": f"{label} {dev}", "pid": pid})
             instant = dumps({"device": dev, "bytes": int(ev["bytes"][i])})
             ts = _us(int(ev["t_ns"][i]) - base)
             yield f',\n{head[:-1]},"tid":{COUNTER_TID},"ts":{ts},"args":{instant}}}'

@@ -25,12 +25,21 @@ def validate_trace(data: dict) -> list[dict]:
         if e["ph"] == "i":
             assert e["s"] in {"g", "p", "t"}
         if e["ph"] == "M":
-            assert e["name"] in {"process_name", "thread_name"} and "name" in e["args"]
-    # slices nest properly on each thread
+            assert e["name"] in {"process_name", "thread_name", "process_sort_index"}, e
+            if e["name"] == "process_sort_index":
+                assert isinstance(e["args"]["sort_index"], int), e
+            else:
+                assert isinstance(e["args"]["name"], str), e
+    # every process is named once (a process's tracks are its pid's: two processes with
+    # one pid would share them)
+    named = [e["pid"] for e in events if e["ph"] == "M" and e["name"] == "process_name"]
+    assert len(named) == len(set(named)), f"a pid named twice: {sorted(named)}"
+    assert {e["pid"] for e in events} <= set(named), "an event of a process never named"
+    # slices nest properly on each thread (a thread is a tid of a pid)
     by_tid = defaultdict(list)
     for e in events:
         if e["ph"] == "X":
-            by_tid[e["tid"]].append(e)
+            by_tid[e["pid"], e["tid"]].append(e)
     for slices in by_tid.values():
         slices.sort(key=lambda e: (e["ts"], -e["dur"]))
         stack: list[float] = []

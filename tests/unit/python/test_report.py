@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import socket
 from collections import defaultdict
 
 import numpy as np
@@ -31,6 +32,7 @@ from memlord.report import (
     memory_series,
     no_progress,
     to_snapshot,
+    write_trace,
 )
 
 try:
@@ -331,6 +333,69 @@ def test_trace_by_hand_and_user_strings_survive(tmp_path):
     assert x["args"]["memory_delta"] == 2500
     c = [e for e in events if e["ph"] == "C"]
     assert [e["ts"] for e in c] == [0.1, 0.2, 0.3, 0.4, 0.5]
+
+
+def _ranked(pid: int | None, host: str | None, rank: int | None) -> Profile:
+    doc = _hand_profile()
+    md = {"pid": pid, "host": host, "rank": rank, "world_size": None if rank is None else 2}
+    doc.metadata.update({k: v for k, v in md.items() if v is not None})
+    return doc
+
+
+def _processes(events: list[dict]) -> dict[int, str]:
+    return {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+
+
+def test_traces_of_two_processes_loaded_together_keep_their_own_tracks(tmp_path):
+    """Every trace was pid 1: two ranks' traces (or any two processes') loaded together in
+    Perfetto or chrome://tracing drew their counters and threads on the same tracks.  Each
+    trace now is the profiled process's pid, named with its rank and host, and the events
+    of two traces put together stay two processes."""
+    merged: list[dict] = []
+    for rank, (pid, host) in enumerate([(4242, "node-a"), (4343, "node-b")]):
+        path = tmp_path / f"r{rank}.trace.json"
+        write_trace(_ranked(pid, host, rank), path)
+        events = _validate_trace(json.loads(path.read_text()))
+        assert {e["pid"] for e in events} == {pid}
+        assert _processes(events) == {pid: f"memlord (rank {rank} of 2, {host})"}
+        merged += events
+    both = _validate_trace({"traceEvents": merged})
+    assert _processes(both) == {
+        4242: "memlord (rank 0 of 2, node-a)",
+        4343: "memlord (rank 1 of 2, node-b)",
+    }
+    tracks = {(e["pid"], e["name"]) for e in both if e["ph"] == "C"}
+    assert tracks == {(4242, "memory cpu"), (4343, "memory cpu")}
+    threads = {(e["pid"], e["tid"]) for e in both if e["ph"] == "X"}
+    assert len(threads) == 2
+    # the ranks in order in the UI
+    order = {e["pid"]: e["args"]["sort_index"] for e in both if e["name"] == "process_sort_index"}
+    assert order == {4242: 0, 4343: 1}
+
+
+def test_a_trace_is_the_pid_of_the_process_it_profiled(tmp_path):
+    work = Work()
+    try:
+        path = tmp_path / "w.trace.json"
+        work.lord.export(path)
+    finally:
+        work.close()
+    events = _validate_trace(json.loads(path.read_text()))
+    assert {e["pid"] for e in events} == {os.getpid()}
+    (name,) = _processes(events).values()
+    assert name.startswith("memlord lord export (") and socket.gethostname() in name
+
+
+@pytest.mark.parametrize("pid", [None, 0, -5, True, "123", 2**40])
+def test_a_trace_without_a_usable_pid_is_pid_1(tmp_path, pid):
+    doc = _hand_profile()
+    if pid is not None:
+        doc.metadata["pid"] = pid
+    path = tmp_path / "h.trace.json"
+    write_trace(doc, path)
+    events = _validate_trace(json.loads(path.read_text()))
+    assert {e["pid"] for e in events} == {1}
+    assert _processes(events) == {1: "memlord"}
 
 
 # ---- the pickle ---------------------------------------------------------------------------
