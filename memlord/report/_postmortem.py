@@ -789,7 +789,7 @@ def synthetic_snapshot(
         alive = dict(ring_live.get(dev, {}))
         # a storage is the ring's allocation when its data pointer and size are the same
         matched: dict[int, int] = {}  # id of a storage entry -> its alloc event
-        for e in entries:
+        for e in entries if alive else ():
             i = alive.get(e[2]) if e[2] else None
             if i is not None and ring_bytes[i] == e[1]:
                 matched[id(e)] = i

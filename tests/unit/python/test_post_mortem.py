@@ -535,6 +535,9 @@ def test_the_pickle_shows_each_live_storage_once_to_memory_viz(tmp_path):
     assert sorted(e["size"] for e in still) == sorted(_nbytes(t) for t in keep + more)
     for e in still:
         assert e["addr"] in blocks and blocks[e["addr"]]["requested_size"] == e["size"], e
+    # torch's trace printout: every free names an allocation of the trace
+    dels = [x for x in memory_viz.trace(snap).splitlines() if x.startswith("del ")]
+    assert len(dels) == 3 and not [x for x in dels if x.split()[1].isdigit()], dels
     # the page: each live byte once, every freed address in the segment
     assert page_live_bytes(snap, cpu) == live
     seg = snap["segments"][cpu]
