@@ -193,6 +193,37 @@ def test_disabled_tracker_leaves_no_global_hook() -> None:
     assert not torch_module._has_any_global_hook()
 
 
+def test_a_module_compiled_in_place_has_the_spans_of_what_runs_eagerly() -> None:
+    """model.compile() of an nn.Sequential: dynamo skips every frame of torch's, so the
+    modules run eagerly, and each call has its span with its exact bytes (torch is the
+    reference: the bytes of each module's output, which is all it leaves alive). Dynamo
+    compiled the tracker's pre-hook's frame instead, where the hook does nothing: no
+    span at all."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    x = torch.ones(64, 8)
+    with torch.no_grad():
+        h = model[0](x)
+        outputs = {"0": h, "1": model[1](h), "2": model(x), "Sequential": model(x)}
+    nbytes = {name: t.untyped_storage().nbytes() for name, t in outputs.items()}
+    lord = MemLord()
+    torch._dynamo.reset()
+    try:
+        with lord.hook_into_python(ops=True), lord.track_modules(model) as tracker:
+            model.compile(backend="eager")
+            with torch.no_grad():
+                got = [model(x) for _ in range(2)]
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(got[0], outputs["2"])
+    regions = tracker.regions()
+    assert set(regions) == set(nbytes)
+    for name, n in nbytes.items():
+        assert regions[name]["count"] == 2, name
+        assert regions[name]["devices"]["cpu"]["total_delta"] == 2 * n, name
+        assert regions[name]["devices"]["cpu"]["max_delta"] == n, name
+
+
 def test_keyword_inputs_are_read_before_the_forward() -> None:
     """torch hands a global forward pre-hook the positional inputs only: the keyword ones
     are read from torch's frame calling the hook (found on every supported torch)."""
