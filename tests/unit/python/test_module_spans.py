@@ -182,15 +182,69 @@ def test_track_modules_leaves_the_model_as_it_is() -> None:
 def test_disabled_tracker_leaves_no_global_hook() -> None:
     """torch's handle of a global forward hook with kwargs leaves its id behind in
     ``_global_forward_hooks_with_kwargs`` (torch 2.13): memlord removes it, or
-    torch.compile(model) would warn of global module hooks for the rest of the process."""
+    torch.compile(model) would warn of global module hooks for the rest of the process.
+    torch's own ``_has_any_global_hook`` stands again once the tracker is off."""
     from torch.nn.modules import module as torch_module
 
-    assert not torch_module._has_any_global_hook()
+    torch_has_any = torch_module._has_any_global_hook
+    assert not torch_has_any()
     lord = MemLord()
     model = Model()
     with lord.track_modules(model):
-        assert torch_module._has_any_global_hook()
-    assert not torch_module._has_any_global_hook()
+        assert torch_module._global_forward_pre_hooks
+        assert torch_module._global_forward_hooks_with_kwargs
+    assert torch_module._has_any_global_hook is torch_has_any
+    assert not torch_has_any()
+    assert not torch_module._global_forward_hooks_with_kwargs
+
+
+def test_compiled_module_warns_only_of_hooks_other_than_a_trackers(tmp_path) -> None:
+    """torch.compile(model)'s module warns at each call that global module hooks fire an
+    extra time for it (torch decides by ``_has_any_global_hook()``). A model tracker's
+    hooks pass every module but the model's: torch.compile(model) does not warn of them
+    (bare, it does not), but it still warns of a global hook of the program's own, or of
+    ``run --modules``' hooks, which do see the compiled module (torch is the reference:
+    its warning with the program's hook alone)."""
+    import warnings
+
+    from torch.nn.modules import module as torch_module
+
+    def warned(model: nn.Module) -> list[str]:
+        torch._dynamo.reset()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.compile(model, backend="eager")(torch.ones(2, 8)).sum().backward()
+        torch._dynamo.reset()
+        return [str(w.message) for w in caught]
+
+    model = Model()
+    bare = warned(model)
+    handle = torch_module.register_module_forward_pre_hook({}.get)  # the program's own
+    try:
+        expected = warned(model)
+    finally:
+        handle.remove()
+    assert bare == [] and len(expected) == 1 and "global hooks" in expected[0]
+    lord = MemLord()
+    with lord.track_modules(model):
+        assert warned(model) == bare
+        handle = torch_module.register_module_forward_pre_hook({}.get)
+        try:
+            assert warned(model) == expected
+        finally:
+            handle.remove()
+        with lord.track_modules(Model()):  # a second tracker beside it
+            assert warned(model) == bare
+        profiler = MemoryTracker(tmp_path, True, None, install_handlers=False)
+        profiler.start()
+        spans = _module_spans(profiler)
+        try:
+            assert warned(model) == expected
+        finally:
+            spans._remove_hooks()
+            profiler.stop()
+        assert warned(model) == bare
+    assert warned(model) == bare
 
 
 def test_a_module_compiled_in_place_has_the_spans_of_what_runs_eagerly() -> None:
