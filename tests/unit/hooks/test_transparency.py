@@ -719,7 +719,16 @@ def track_modules_jit_script():
         return [s(torch.ones(2, 3)), s.code, m(torch.ones(2, 3))]
 
 
-@row
+_GUARDS_WARNING_313_0 = (
+    "CPython 3.13.0 only: torch warns 'Guards may run slower on Python 3.13.0' once per dict "
+    "guard it builds, and dynamo builds more of them while the tracker's global hooks are "
+    "installed (it guards torch's hook dicts and the objects of the hooks it inlines into the "
+    "graph): the same graphs, more guards, more of that warning"
+)
+_ON_3_13_0 = sys.version_info[:3] == (3, 13, 0)
+
+
+@row(xfail={m: _GUARDS_WARNING_313_0 for m in MODES} if _ON_3_13_0 else None)
 def track_modules_compiled_module_warns():
     """torch.compile(model)'s OptimizedModule warns at each call while a global module hook
     is installed; the tracker's are global but see only the model's modules: no warning."""
@@ -743,7 +752,7 @@ def a_global_module_hook():
         handle.remove()
 
 
-@row
+@row(xfail={m: _GUARDS_WARNING_313_0 for m in MODES} if _ON_3_13_0 else None)
 def track_modules_compiled_module_warns_of_other_global_hooks():
     """With a global hook of the program's own, the OptimizedModule warns as without the
     tracker."""

@@ -215,7 +215,8 @@ def test_compiled_module_warns_only_of_hooks_other_than_a_trackers(tmp_path) -> 
             warnings.simplefilter("always")
             torch.compile(model, backend="eager")(torch.ones(2, 8)).sum().backward()
         torch._dynamo.reset()
-        return [str(w.message) for w in caught]
+        # only torch.compile(module)'s (torch 2.13 on CPython 3.13.0 warns of slower guards)
+        return [str(w.message) for w in caught if "global hooks" in str(w.message)]
 
     model = Model()
     bare = warned(model)
@@ -224,7 +225,7 @@ def test_compiled_module_warns_only_of_hooks_other_than_a_trackers(tmp_path) -> 
         expected = warned(model)
     finally:
         handle.remove()
-    assert bare == [] and len(expected) == 1 and "global hooks" in expected[0]
+    assert bare == [] and len(expected) == 1
     lord = MemLord()
     with lord.track_modules(model):
         assert warned(model) == bare
