@@ -162,6 +162,7 @@ def test_track_modules_leaves_the_model_as_it_is() -> None:
         return sum(len(s._forward_hooks) + len(s._forward_pre_hooks) for s in m.modules())
 
     before = len(torch_module._global_forward_pre_hooks), len(torch_module._global_forward_hooks)
+    torch_has_any = torch_module._has_any_global_hook
     lord = MemLord()
     model, other = Model(), nn.Linear(8, 8)
     tracker = lord.track_modules(model)
@@ -177,6 +178,7 @@ def test_track_modules_leaves_the_model_as_it_is() -> None:
     assert not tracker.enabled
     after = len(torch_module._global_forward_pre_hooks), len(torch_module._global_forward_hooks)
     assert after == before
+    assert torch_module._has_any_global_hook is torch_has_any  # torch's own stands again
 
 
 def test_disabled_tracker_leaves_no_global_hook() -> None:
