@@ -301,3 +301,29 @@ def test_keyword_inputs_are_read_before_the_forward() -> None:
         handle.remove()
     assert seen[0] is not None and seen[0]["hidden"] is h
     assert seen[1] == {}  # Inner.lin, called with a positional input
+
+
+_TRACK_WITHOUT_DYNAMO = """
+import sys
+import torch
+from memlord import MemLord
+
+model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+with MemLord().track_modules(model):
+    model(torch.ones(1, 2))
+print("torch._dynamo" in sys.modules)
+"""
+
+
+def test_track_modules_does_not_import_dynamo() -> None:
+    """The tracker marks its hooks' code for dynamo through torch's C extension
+    (``torch._C._dynamo``, loaded with torch) and asks for ``OptimizedModule`` nowhere:
+    importing ``torch._dynamo`` is slow and changes torch's state, so a program that never
+    compiles never imports it (the fresh process is the reference)."""
+    from support import warm  # a fresh process: this one imported torch._dynamo long ago
+
+    r = warm.run(
+        [sys.executable, "-c", _TRACK_WITHOUT_DYNAMO], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split()[-1] == "False"
