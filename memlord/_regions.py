@@ -555,6 +555,92 @@ def _call_kwargs(frame: Any) -> dict[str, Any] | None:
     return kwargs if isinstance(kwargs, dict) else None
 
 
+def _run_outside_dynamo(*fns: Callable[..., Any]) -> None:
+    """Mark the code of the module hooks so that dynamo's frame evaluation never compiles
+    a frame of theirs nor any frame they call: they run as plain Python inside a compiled
+    module's eager parts.  Unmarked, a hook's frame was a frame dynamo compiles where it
+    skips every frame of torch's (``nn.Sequential``'s ``model.compile(fullgraph=True)``
+    ran where bare it raises "found no compiled frames").  torch's per-code execution
+    strategy lives in ``torch._C._dynamo`` (loaded with torch): memlord does not import
+    ``torch._dynamo``.  Dynamo still traces a hook that it inlines into a graph it
+    compiles (there the hook folds to nothing, see ModuleSpans).  A torch without that
+    strategy keeps the frames as they were."""
+    eval_frame = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
+    set_strategy = getattr(eval_frame, "set_code_exec_strategy", None)
+    action = getattr(eval_frame, "_FrameAction", None)
+    strategy = getattr(eval_frame, "_FrameExecStrategy", None)
+    if set_strategy is None or action is None or strategy is None:
+        return
+    try:
+        skip = strategy(action.SKIP, action.SKIP)  # this frame, and the frames it calls
+        for fn in fns:
+            set_strategy(fn.__code__, skip)
+    except Exception:  # noqa: BLE001 - an unknown torch: the frames stay as they were
+        log.debug("memlord module spans: torch's frame strategy is not as expected")
+
+
+#: the ids of the global module hooks of the trackers that follow one model's modules
+#: (no other module sees them): torch.compile(model)'s module does not warn of them
+_FILTERED_HOOKS: set[int] = set()
+_FILTERED_LOCK = threading.RLock()  # a model's finalizer may remove its hooks in a GC
+_TORCH_HAS_ANY_GLOBAL_HOOK: list[Callable[[], bool]] = []  # torch's function, once seen
+
+
+def _only_filtered_hooks() -> bool:
+    """Whether every global module hook installed is one of a model tracker's."""
+    torch_module = torch.nn.modules.module
+    for attr in (
+        "_global_forward_pre_hooks",
+        "_global_forward_hooks",
+        "_global_forward_hooks_always_called",
+        "_global_forward_hooks_with_kwargs",
+        "_global_backward_pre_hooks",
+        "_global_backward_hooks",
+    ):
+        ids = list(getattr(torch_module, attr, ()))  # another thread may add one meanwhile
+        if not all(i in _FILTERED_HOOKS for i in ids):
+            return False
+    return True
+
+
+def _has_any_global_hook() -> bool:
+    """torch's ``torch.nn.modules.module._has_any_global_hook()`` leaving out the hooks
+    of memlord's model trackers, while one is on.  torch asks it only when an
+    ``OptimizedModule`` (``torch.compile(model)``) is called, to warn that global hooks
+    fire an extra time for it: a model tracker's hooks pass every module but its model's
+    untouched, so bare and tracked, nothing warns."""
+    has = _TORCH_HAS_ANY_GLOBAL_HOOK[0]()
+    if not has or not _FILTERED_HOOKS:
+        return has
+    try:
+        return not _only_filtered_hooks()
+    except Exception:  # noqa: BLE001 - never raises into torch: torch's answer
+        return has
+
+
+def _filter_hooks(ids: list[int], on: bool) -> None:
+    """Count (``on``) or forget a model tracker's global hook ids; torch's
+    ``_has_any_global_hook`` is memlord's while any is counted, torch's again after."""
+    from torch.nn.modules import module as torch_module
+
+    with _FILTERED_LOCK:
+        current = getattr(torch_module, "_has_any_global_hook", None)
+        if on:
+            if current is None:
+                return  # a torch that never warns of global hooks
+            if current is not _has_any_global_hook:
+                if not _TORCH_HAS_ANY_GLOBAL_HOOK:
+                    _TORCH_HAS_ANY_GLOBAL_HOOK.append(current)
+                elif current is not _TORCH_HAS_ANY_GLOBAL_HOOK[0]:
+                    return  # another stand-in is there: left as it is (torch then warns)
+                torch_module._has_any_global_hook = _has_any_global_hook
+            _FILTERED_HOOKS.update(ids)
+            return
+        _FILTERED_HOOKS.difference_update(ids)
+        if not _FILTERED_HOOKS and current is _has_any_global_hook:
+            torch_module._has_any_global_hook = _TORCH_HAS_ANY_GLOBAL_HOOK[0]
+
+
 #: an open span: (id of the module, or None for a backward span; the token; the nodes of
 #: the inputs whose gradients end the call's backward span, or None; whether the keyword
 #: inputs are still to be added after the call)
@@ -618,6 +704,8 @@ class ModuleSpans:
             # the hooks go when the model does (hooks on its modules would have gone with
             # it): a tracker never disabled does not outlive its model
             self._model_gone = weakref.finalize(model, self._remove_hooks)
+        self._filtered: list[int] = []
+        _run_outside_dynamo(ModuleSpans._pre, ModuleSpans._post)
         try:
             from torch.nn.modules import module as torch_module
 
@@ -627,6 +715,9 @@ class ModuleSpans:
                     self._post, with_kwargs=True, always_call=True
                 )
             )
+            if model is not None:
+                self._filtered = [h.id for h in self._handles]
+                _filter_hooks(self._filtered, True)
         except BaseException:
             self.disable()
             raise
@@ -652,7 +743,9 @@ class ModuleSpans:
     # Each hook does nothing while dynamo traces: dynamo folds the test to a constant, so
     # the spans' C calls and autograd reads add no graph break (torch.compile(model,
     # fullgraph=True) compiles as without memlord); a compiled call has no spans inside,
-    # as torch's own ModTracker skips optimized modules.
+    # as torch's own ModTracker skips optimized modules. Dynamo never compiles the hooks'
+    # own frames (_run_outside_dynamo): a module that a compiled call runs eagerly (one
+    # dynamo skips, as torch's own modules under model.compile()) has its spans.
 
     def _pre(self, module: Any, args: Any) -> None:
         if _ops._dynamo_compiling():
@@ -760,6 +853,9 @@ class ModuleSpans:
             # in _global_forward_hooks_with_kwargs (torch 2.13): torch.compile(model) would
             # warn of global module hooks for the rest of the process (ids are unique)
             with_kwargs.pop(h.id, None)
+        filtered, self._filtered = self._filtered, []
+        if filtered:
+            _filter_hooks(filtered, False)
 
     def disable(self) -> None:
         """Remove every hook and close the spans still open, on every thread (a backward

@@ -162,6 +162,7 @@ def test_track_modules_leaves_the_model_as_it_is() -> None:
         return sum(len(s._forward_hooks) + len(s._forward_pre_hooks) for s in m.modules())
 
     before = len(torch_module._global_forward_pre_hooks), len(torch_module._global_forward_hooks)
+    torch_has_any = torch_module._has_any_global_hook
     lord = MemLord()
     model, other = Model(), nn.Linear(8, 8)
     tracker = lord.track_modules(model)
@@ -177,20 +178,107 @@ def test_track_modules_leaves_the_model_as_it_is() -> None:
     assert not tracker.enabled
     after = len(torch_module._global_forward_pre_hooks), len(torch_module._global_forward_hooks)
     assert after == before
+    assert torch_module._has_any_global_hook is torch_has_any  # torch's own stands again
 
 
 def test_disabled_tracker_leaves_no_global_hook() -> None:
     """torch's handle of a global forward hook with kwargs leaves its id behind in
     ``_global_forward_hooks_with_kwargs`` (torch 2.13): memlord removes it, or
-    torch.compile(model) would warn of global module hooks for the rest of the process."""
+    torch.compile(model) would warn of global module hooks for the rest of the process.
+    torch's own ``_has_any_global_hook`` stands again once the tracker is off."""
     from torch.nn.modules import module as torch_module
 
-    assert not torch_module._has_any_global_hook()
+    torch_has_any = torch_module._has_any_global_hook
+    assert not torch_has_any()
     lord = MemLord()
     model = Model()
     with lord.track_modules(model):
-        assert torch_module._has_any_global_hook()
-    assert not torch_module._has_any_global_hook()
+        assert torch_module._global_forward_pre_hooks
+        assert torch_module._global_forward_hooks_with_kwargs
+    assert torch_module._has_any_global_hook is torch_has_any
+    assert not torch_has_any()
+    assert not torch_module._global_forward_hooks_with_kwargs
+
+
+def test_compiled_module_warns_only_of_hooks_other_than_a_trackers(tmp_path) -> None:
+    """torch.compile(model)'s module warns at each call that global module hooks fire an
+    extra time for it (torch decides by ``_has_any_global_hook()``). A model tracker's
+    hooks pass every module but the model's: torch.compile(model) does not warn of them
+    (bare, it does not), but it still warns of a global hook of the program's own, or of
+    ``run --modules``' hooks, which do see the compiled module (torch is the reference:
+    its warning with the program's hook alone)."""
+    import warnings
+
+    from torch.nn.modules import module as torch_module
+
+    def warned(model: nn.Module) -> list[str]:
+        torch._dynamo.reset()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.compile(model, backend="eager")(torch.ones(2, 8)).sum().backward()
+        torch._dynamo.reset()
+        # only torch.compile(module)'s (torch 2.13 on CPython 3.13.0 warns of slower guards)
+        return [str(w.message) for w in caught if "global hooks" in str(w.message)]
+
+    model = Model()
+    bare = warned(model)
+    handle = torch_module.register_module_forward_pre_hook({}.get)  # the program's own
+    try:
+        expected = warned(model)
+    finally:
+        handle.remove()
+    assert bare == [] and len(expected) == 1
+    lord = MemLord()
+    with lord.track_modules(model):
+        assert warned(model) == bare
+        handle = torch_module.register_module_forward_pre_hook({}.get)
+        try:
+            assert warned(model) == expected
+        finally:
+            handle.remove()
+        with lord.track_modules(Model()):  # a second tracker beside it
+            assert warned(model) == bare
+        profiler = MemoryTracker(tmp_path, True, None, install_handlers=False)
+        profiler.start()
+        spans = _module_spans(profiler)
+        try:
+            assert warned(model) == expected
+        finally:
+            spans._remove_hooks()
+            profiler.stop()
+        assert warned(model) == bare
+    assert warned(model) == bare
+
+
+def test_a_module_compiled_in_place_has_the_spans_of_what_runs_eagerly() -> None:
+    """model.compile() of an nn.Sequential: dynamo skips every frame of torch's, so the
+    modules run eagerly, and each call has its span with its exact bytes (torch is the
+    reference: the bytes of each module's output, which is all it leaves alive). Dynamo
+    compiled the tracker's pre-hook's frame instead, where the hook does nothing: no
+    span at all."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+    x = torch.ones(64, 8)
+    with torch.no_grad():
+        h = model[0](x)
+        outputs = {"0": h, "1": model[1](h), "2": model(x), "Sequential": model(x)}
+    nbytes = {name: t.untyped_storage().nbytes() for name, t in outputs.items()}
+    lord = MemLord()
+    torch._dynamo.reset()
+    try:
+        with lord.hook_into_python(ops=True), lord.track_modules(model) as tracker:
+            model.compile(backend="eager")
+            with torch.no_grad():
+                got = [model(x) for _ in range(2)]
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(got[0], outputs["2"])
+    regions = tracker.regions()
+    assert set(regions) == set(nbytes)
+    for name, n in nbytes.items():
+        assert regions[name]["count"] == 2, name
+        assert regions[name]["devices"]["cpu"]["total_delta"] == 2 * n, name
+        assert regions[name]["devices"]["cpu"]["max_delta"] == n, name
 
 
 def test_keyword_inputs_are_read_before_the_forward() -> None:
@@ -213,3 +301,29 @@ def test_keyword_inputs_are_read_before_the_forward() -> None:
         handle.remove()
     assert seen[0] is not None and seen[0]["hidden"] is h
     assert seen[1] == {}  # Inner.lin, called with a positional input
+
+
+_TRACK_WITHOUT_DYNAMO = """
+import sys
+import torch
+from memlord import MemLord
+
+model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+with MemLord().track_modules(model):
+    model(torch.ones(1, 2))
+print("torch._dynamo" in sys.modules)
+"""
+
+
+def test_track_modules_does_not_import_dynamo() -> None:
+    """The tracker marks its hooks' code for dynamo through torch's C extension
+    (``torch._C._dynamo``, loaded with torch) and asks for ``OptimizedModule`` nowhere:
+    importing ``torch._dynamo`` is slow and changes torch's state, so a program that never
+    compiles never imports it (the fresh process is the reference)."""
+    from support import warm  # a fresh process: this one imported torch._dynamo long ago
+
+    r = warm.run(
+        [sys.executable, "-c", _TRACK_WITHOUT_DYNAMO], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split()[-1] == "False"
