@@ -6,7 +6,8 @@ temporary, optimizer state, other). It knows nothing of memlord, so it is the ou
 reference: on the same training steps of a GPT-like model built from plain torch modules,
 memlord's peak equals MemTracker's within 1%, each category within 2%, and each
 transformer block's forward delta within 5% of MemTracker's Pre-Forward to Post-Forward
-change. A second check is the real thing: after the steps the ledger equals the bytes of
+change; and every module's forward and backward region (track_modules' breakdown) has
+MemTracker's delta and peak to the byte. A second check is the real thing: after the steps the ledger equals the bytes of
 the live storages of the model, the optimizer and the inputs.
 """
 
@@ -164,3 +165,49 @@ def test_peak_categories_and_block_deltas_match_memtracker(workload, keep_grads)
         *(v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor))
     )
     assert current["input"] == live_bytes(idx, tgt)
+
+
+def _mod_change(snaps: dict, start: object, end: object) -> int:
+    return int(snaps[end][-1][CPU]["Total"] - snaps[start][-1][CPU]["Total"])
+
+
+@pytest.mark.parametrize("keep_grads", [False, True], ids=["grads_to_none", "grads_kept"])
+def test_module_breakdown_deltas_and_peaks_match_memtracker(workload, keep_grads):
+    """track_modules' breakdown, every module of the model, forward and backward: a
+    module's region delta is MemTracker's change from its Pre-Forward (Pre-Backward) to
+    its Post-Forward (Post-Backward) snapshot, and the region's peak_delta is MemTracker's
+    Peak-Forward (Peak-Backward) less the Pre snapshot. MemTracker follows the same
+    operators' storages on its own, so the two agree to the byte."""
+    lord, model, opt, idx, tgt, step = workload
+    modules = lord.track_modules(model, backward=True)
+    step(keep_grads)  # warm-up: AdamW makes its state
+    gc.collect()
+    modules.regions(clear=True)
+    mt = MemTracker()
+    mt.track_external(model, opt, idx, tgt)
+    with mt:
+        for i in range(2):
+            if i:
+                mt.reset_mod_stats()
+                modules.regions(clear=True)
+            step(keep_grads)
+    regions = modules.regions()
+    modules.disable()
+    checked = 0
+    for qualified, module in model.named_modules():
+        if module not in mt.memory_tracking:
+            continue  # never called (the nn.ModuleList, MultiheadAttention's out_proj)
+        name = qualified or type(module).__name__
+        snaps = mt.memory_tracking[module].snapshots
+        for suffix, pre, post, peak in (
+            ("", _ModState.PRE_FW, _ModState.POST_FW, _ModState.PEAK_FW),
+            (" (backward)", _ModState.PRE_BW, _ModState.POST_BW, _ModState.PEAK_BW),
+        ):
+            ours = regions[name + suffix]
+            assert ours["count"] == 1, name + suffix
+            dev = ours["devices"]["cpu"]
+            assert dev["max_delta"] == _mod_change(snaps, pre, post), name + suffix
+            assert dev["max_peak_delta"] == _mod_change(snaps, pre, peak), name + suffix
+            checked += 1
+    # every module called, forward and backward: the root, emb, ln, head and 8 per block
+    assert checked == 2 * (4 + 8 * len(model.blocks))
