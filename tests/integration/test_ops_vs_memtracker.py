@@ -7,8 +7,9 @@ reference: on the same training steps of a GPT-like model built from plain torch
 memlord's peak equals MemTracker's within 1%, each category within 2%, and each
 transformer block's forward delta within 5% of MemTracker's Pre-Forward to Post-Forward
 change; and every module's forward and backward region (track_modules' breakdown) has
-MemTracker's delta and peak to the byte. A second check is the real thing: after the steps the ledger equals the bytes of
-the live storages of the model, the optimizer and the inputs.
+MemTracker's delta and peak to the byte. A second check is the real thing: after the
+steps the ledger equals the bytes of the live storages of the model, the optimizer and
+the inputs.
 """
 
 from __future__ import annotations
