@@ -209,6 +209,12 @@ def test_module_breakdown_deltas_and_peaks_match_memtracker(workload, keep_grads
             dev = ours["devices"]["cpu"]
             assert dev["max_delta"] == _mod_change(snaps, pre, post), name + suffix
             assert dev["max_peak_delta"] == _mod_change(snaps, pre, peak), name + suffix
+            if not suffix:  # a forward makes activations only, in both
+                change = (
+                    snaps[peak][-1][CPU][_MemRefType.ACT] - snaps[pre][-1][CPU][_MemRefType.ACT]
+                )
+                assert set(dev["categories"]) == {"activation"}, name
+                assert dev["categories"]["activation"]["max_peak_delta"] == change, name
             checked += 1
     # every module called, forward and backward: the root, emb, ln, head and 8 per block
     assert checked == 2 * (4 + 8 * len(model.blocks))
