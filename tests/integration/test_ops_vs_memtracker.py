@@ -141,6 +141,22 @@ def test_peak_categories_and_block_deltas_match_memtracker(workload, keep_grads)
         assert sum(ours[n] for n in names) == pytest.approx(theirs[ref], rel=0.02, abs=64), ref
     if keep_grads:
         assert ours["gradient"] == live_bytes(*(p.grad for p in model.parameters()))
+    # each category's own highest: at least MemTracker's highest at any module boundary
+    # (it reads nothing between them), and for what lives whole through the steps the
+    # bytes of its storages (every gradient is alive at once at the end of backward)
+    highest: dict[object, int] = {}
+    for mod_stats in mt.memory_tracking.values():
+        for snaps in mod_stats.snapshots.values():
+            for snap in snaps:
+                for ref, nbytes in snap.get(CPU, {}).items():
+                    highest[ref] = max(highest.get(ref, 0), nbytes)
+    own = stats["category_peaks"]
+    for ref, names in MAP.items():
+        assert sum(own[n] for n in names) >= highest[ref] > 0, ref
+    assert own["parameter"] == live_bytes(*model.parameters()) == highest[_MemRefType.PARAM]
+    assert own["buffer"] == live_bytes(*model.buffers()) == highest[_MemRefType.BUFFER]
+    grads = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert own["gradient"] == grads == highest[_MemRefType.GRAD]
 
     # each block's forward: our region's delta against MemTracker's Pre-Fw -> Post-Fw
     regions = modules.regions()
