@@ -19,6 +19,7 @@ import gc
 import pytest
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from memlord import MemLord
 
@@ -234,3 +235,64 @@ def test_module_breakdown_deltas_and_peaks_match_memtracker(workload, keep_grads
             checked += 1
     # every module called, forward and backward: the root, emb, ln, head and 8 per block
     assert checked == 2 * (4 + 8 * len(model.blocks))
+
+
+class Shared(nn.Module):
+    """A submodule called twice in one forward, the first call under activation
+    checkpointing when ``ckpt`` (its forward runs again in backward)."""
+
+    def __init__(self, ckpt: bool) -> None:
+        super().__init__()
+        self.a = nn.Linear(64, 256)
+        self.shared = nn.Sequential(nn.Linear(256, 256), nn.GELU())
+        self.b = nn.Linear(256, 8)
+        self.ckpt = ckpt
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        if self.ckpt:
+            h = checkpoint(self.shared, h, use_reentrant=False)
+        else:
+            h = self.shared(h)
+        return self.b(self.shared(h)).square().mean()
+
+
+@pytest.mark.parametrize("ckpt", [False, True], ids=["plain", "checkpointed"])
+def test_a_module_called_twice_has_memtrackers_largest_delta_and_peak(ckpt):
+    """A module called more than once per step (and recomputed in backward under
+    activation checkpointing): its region's max_delta and max_peak_delta over the calls
+    are the largest of MemTracker's per-call changes, forward and backward."""
+    torch.manual_seed(0)
+    lord = MemLord()
+    hooks = lord.hook_into_python(ops=True)
+    model, x = Shared(ckpt), torch.randn(32, 64)
+    modules = lord.track_modules(model)
+    try:
+        model(x).backward()  # warm-up
+        model.zero_grad(set_to_none=True)
+        gc.collect()
+        modules.regions(clear=True)
+        mt = MemTracker()
+        mt.track_external(model, x)
+        with mt:
+            model(x).backward()
+            model.zero_grad(set_to_none=True)
+        regions = modules.regions()
+    finally:
+        modules.disable()
+        hooks.disable()
+    for qualified, module in model.named_modules():
+        name = qualified or type(module).__name__
+        snaps = mt.memory_tracking[module].snapshots
+        for suffix, pre, post, peak in (
+            ("", _ModState.PRE_FW, _ModState.POST_FW, _ModState.PEAK_FW),
+            (" (backward)", _ModState.PRE_BW, _ModState.POST_BW, _ModState.PEAK_BW),
+        ):
+            starts = [s[CPU]["Total"] for s in snaps[pre]]
+            deltas = [s[CPU]["Total"] - b for s, b in zip(snaps[post], starts, strict=True)]
+            peaks = [s[CPU]["Total"] - b for s, b in zip(snaps[peak], starts, strict=True)]
+            dev = regions[name + suffix]["devices"]["cpu"]
+            assert dev["max_delta"] == max(deltas), name + suffix
+            assert dev["max_peak_delta"] == max(peaks), name + suffix
+    calls = regions["shared"]["count"]
+    assert calls == (3 if ckpt else 2)  # the recomputation is a call of its own
