@@ -550,7 +550,12 @@ class MemoryTracker:
                 log.exception("memlord profiler: reading torch.profiler's results failed")
 
     def _add_pytorch_ops(self, prof: Any) -> None:
+        # the lord's own dispatch mode (op outputs) is a row of torch.profiler's, not an
+        # operator of the program
+        own_mode = bool(getattr(self._source, "_want_ops", False))
         for evt in prof.key_averages(group_by_input_shape=True):
+            if own_mode and evt.key == "PythonDispatchMode":
+                continue
             shapes = [list(s) for s in (evt.input_shapes or [])]
             key = (evt.key, repr(shapes))
             cuda_time = getattr(evt, "device_time_total", getattr(evt, "cuda_time_total", 0))

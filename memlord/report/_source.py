@@ -241,12 +241,16 @@ class LedgerSource:
         *,
         lifetime: bool = True,
         torch_hooks: bool = False,
+        ops: bool = True,
     ) -> None:
         if lord is not None and not isinstance(lord, MemLord):
             raise TypeError(f"lord must be a memlord.MemLord, got {type(lord).__name__}")
         self.lord = lord if lord is not None else MemLord(auto_gc_bytes=None)
         self._want_lifetime = bool(lifetime)
         self._want_torch = bool(torch_hooks)
+        # op outputs (activations, gradients, what autograd makes) are most of a step's
+        # memory: without them an operation's delta and peak see only the factories
+        self._want_ops = bool(ops)
         self._python_hooks: Any = None
         self._torch_hooks: Any = None
 
@@ -254,7 +258,12 @@ class LedgerSource:
 
     def start(self) -> None:
         if self._want_lifetime and self._python_hooks is None:
-            self._python_hooks = self.lord.hook_into_python()
+            try:
+                self._python_hooks = self.lord.hook_into_python(ops=self._want_ops)
+            except ValueError:
+                # the lord's own hook_into_python() is on with other options (ops off):
+                # it keeps them, and stays the program's to disable
+                pass
         if self._want_torch and self._torch_hooks is None:
             self._torch_hooks = self.lord.hook_into_torch()
 

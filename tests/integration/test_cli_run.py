@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 from memlord import __main__ as memlord_main
 from memlord.cli import main as cli_main
@@ -74,9 +75,9 @@ def test_run_writes_every_report_with_module_operations(tmp_path):
     assert proc.returncode == 0, err
     assert "trained ['ok']" in out  # the script saw its own argv
     doc = load(tmp_path / "p.json")
-    # the events are the lord's ring: the script's factories and deaths, at its lines
+    # the events are the lord's ring: the script's operators and deaths, at its lines
     assert doc.metadata["events_capacity"] == 5000 and doc.metadata["events_dropped"] == 0
-    assert "factory" in doc.events.decode("source")
+    assert {"op", "death"} <= set(doc.events.decode("source"))
     sites = set(doc.events.decode("site"))
     assert {"train.py:4", "train.py:6"} <= sites, sites
     final = doc.counters["cpu"]["allocated"]
@@ -85,8 +86,10 @@ def test_run_writes_every_report_with_module_operations(tmp_path):
     assert _module_counts(doc) == {n: 5 for n in (*names, *(n + " (backward)" for n in names))}
     inner = [s for s in doc.operations if s.name == "0"]
     assert all(s.depth == 1 for s in inner)
-    # the first Linear's output (16 x 64 floats) is counted by the torch hooks or not at
-    # all, never negative; the module's own parameters were made before the first call
+    # run counts op outputs: each call of the first Linear leaves its output, 16 x 64
+    # floats (torch's own nbytes)
+    out_bytes = torch.empty(16, 64).untyped_storage().nbytes()
+    assert [s.delta for s in inner] == [{"cpu": out_bytes}] * 5
     assert all(s.finished for s in doc.operations)
     assert doc.metadata["title"].startswith("python -m memlord run")
     trace = json.loads((tmp_path / "p.trace.json").read_text())

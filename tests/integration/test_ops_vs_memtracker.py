@@ -6,8 +6,10 @@ temporary, optimizer state, other). It knows nothing of memlord, so it is the ou
 reference: on the same training steps of a GPT-like model built from plain torch modules,
 memlord's peak equals MemTracker's within 1%, each category within 2%, and each
 transformer block's forward delta within 5% of MemTracker's Pre-Forward to Post-Forward
-change. A second check is the real thing: after the steps the ledger equals the bytes of
-the live storages of the model, the optimizer and the inputs.
+change; and every module's forward and backward region (track_modules' breakdown) has
+MemTracker's delta and peak to the byte. A second check is the real thing: after the
+steps the ledger equals the bytes of the live storages of the model, the optimizer and
+the inputs.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import gc
 import pytest
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from memlord import MemLord
 
@@ -139,6 +142,22 @@ def test_peak_categories_and_block_deltas_match_memtracker(workload, keep_grads)
         assert sum(ours[n] for n in names) == pytest.approx(theirs[ref], rel=0.02, abs=64), ref
     if keep_grads:
         assert ours["gradient"] == live_bytes(*(p.grad for p in model.parameters()))
+    # each category's own highest: at least MemTracker's highest at any module boundary
+    # (it reads nothing between them), and for what lives whole through the steps the
+    # bytes of its storages (every gradient is alive at once at the end of backward)
+    highest: dict[object, int] = {}
+    for mod_stats in mt.memory_tracking.values():
+        for snaps in mod_stats.snapshots.values():
+            for snap in snaps:
+                for ref, nbytes in snap.get(CPU, {}).items():
+                    highest[ref] = max(highest.get(ref, 0), nbytes)
+    own = stats["category_peaks"]
+    for ref, names in MAP.items():
+        assert sum(own[n] for n in names) >= highest[ref] > 0, ref
+    assert own["parameter"] == live_bytes(*model.parameters()) == highest[_MemRefType.PARAM]
+    assert own["buffer"] == live_bytes(*model.buffers()) == highest[_MemRefType.BUFFER]
+    grads = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert own["gradient"] == grads == highest[_MemRefType.GRAD]
 
     # each block's forward: our region's delta against MemTracker's Pre-Fw -> Post-Fw
     regions = modules.regions()
@@ -164,3 +183,116 @@ def test_peak_categories_and_block_deltas_match_memtracker(workload, keep_grads)
         *(v for s in opt.state.values() for v in s.values() if isinstance(v, torch.Tensor))
     )
     assert current["input"] == live_bytes(idx, tgt)
+
+
+def _mod_change(snaps: dict, start: object, end: object) -> int:
+    return int(snaps[end][-1][CPU]["Total"] - snaps[start][-1][CPU]["Total"])
+
+
+@pytest.mark.parametrize("keep_grads", [False, True], ids=["grads_to_none", "grads_kept"])
+def test_module_breakdown_deltas_and_peaks_match_memtracker(workload, keep_grads):
+    """track_modules' breakdown, every module of the model, forward and backward: a
+    module's region delta is MemTracker's change from its Pre-Forward (Pre-Backward) to
+    its Post-Forward (Post-Backward) snapshot, and the region's peak_delta is MemTracker's
+    Peak-Forward (Peak-Backward) less the Pre snapshot. MemTracker follows the same
+    operators' storages on its own, so the two agree to the byte."""
+    lord, model, opt, idx, tgt, step = workload
+    modules = lord.track_modules(model, backward=True)
+    step(keep_grads)  # warm-up: AdamW makes its state
+    gc.collect()
+    modules.regions(clear=True)
+    mt = MemTracker()
+    mt.track_external(model, opt, idx, tgt)
+    with mt:
+        for i in range(2):
+            if i:
+                mt.reset_mod_stats()
+                modules.regions(clear=True)
+            step(keep_grads)
+    regions = modules.regions()
+    modules.disable()
+    checked = 0
+    for qualified, module in model.named_modules():
+        if module not in mt.memory_tracking:
+            continue  # never called (the nn.ModuleList, MultiheadAttention's out_proj)
+        name = qualified or type(module).__name__
+        snaps = mt.memory_tracking[module].snapshots
+        for suffix, pre, post, peak in (
+            ("", _ModState.PRE_FW, _ModState.POST_FW, _ModState.PEAK_FW),
+            (" (backward)", _ModState.PRE_BW, _ModState.POST_BW, _ModState.PEAK_BW),
+        ):
+            ours = regions[name + suffix]
+            assert ours["count"] == 1, name + suffix
+            dev = ours["devices"]["cpu"]
+            assert dev["max_delta"] == _mod_change(snaps, pre, post), name + suffix
+            assert dev["max_peak_delta"] == _mod_change(snaps, pre, peak), name + suffix
+            if not suffix:  # a forward makes activations only, in both
+                change = (
+                    snaps[peak][-1][CPU][_MemRefType.ACT] - snaps[pre][-1][CPU][_MemRefType.ACT]
+                )
+                assert set(dev["categories"]) == {"activation"}, name
+                assert dev["categories"]["activation"]["max_peak_delta"] == change, name
+            checked += 1
+    # every module called, forward and backward: the root, emb, ln, head and 8 per block
+    assert checked == 2 * (4 + 8 * len(model.blocks))
+
+
+class Shared(nn.Module):
+    """A submodule called twice in one forward, the first call under activation
+    checkpointing when ``ckpt`` (its forward runs again in backward)."""
+
+    def __init__(self, ckpt: bool) -> None:
+        super().__init__()
+        self.a = nn.Linear(64, 256)
+        self.shared = nn.Sequential(nn.Linear(256, 256), nn.GELU())
+        self.b = nn.Linear(256, 8)
+        self.ckpt = ckpt
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        if self.ckpt:
+            h = checkpoint(self.shared, h, use_reentrant=False)
+        else:
+            h = self.shared(h)
+        return self.b(self.shared(h)).square().mean()
+
+
+@pytest.mark.parametrize("ckpt", [False, True], ids=["plain", "checkpointed"])
+def test_a_module_called_twice_has_memtrackers_largest_delta_and_peak(ckpt):
+    """A module called more than once per step (and recomputed in backward under
+    activation checkpointing): its region's max_delta and max_peak_delta over the calls
+    are the largest of MemTracker's per-call changes, forward and backward."""
+    torch.manual_seed(0)
+    lord = MemLord()
+    hooks = lord.hook_into_python(ops=True)
+    model, x = Shared(ckpt), torch.randn(32, 64)
+    modules = lord.track_modules(model)
+    try:
+        model(x).backward()  # warm-up
+        model.zero_grad(set_to_none=True)
+        gc.collect()
+        modules.regions(clear=True)
+        mt = MemTracker()
+        mt.track_external(model, x)
+        with mt:
+            model(x).backward()
+            model.zero_grad(set_to_none=True)
+        regions = modules.regions()
+    finally:
+        modules.disable()
+        hooks.disable()
+    for qualified, module in model.named_modules():
+        name = qualified or type(module).__name__
+        snaps = mt.memory_tracking[module].snapshots
+        for suffix, pre, post, peak in (
+            ("", _ModState.PRE_FW, _ModState.POST_FW, _ModState.PEAK_FW),
+            (" (backward)", _ModState.PRE_BW, _ModState.POST_BW, _ModState.PEAK_BW),
+        ):
+            starts = [s[CPU]["Total"] for s in snaps[pre]]
+            deltas = [s[CPU]["Total"] - b for s, b in zip(snaps[post], starts, strict=True)]
+            peaks = [s[CPU]["Total"] - b for s, b in zip(snaps[peak], starts, strict=True)]
+            dev = regions[name + suffix]["devices"]["cpu"]
+            assert dev["max_delta"] == max(deltas), name + suffix
+            assert dev["max_peak_delta"] == max(peaks), name + suffix
+    calls = regions["shared"]["count"]
+    assert calls == (3 if ckpt else 2)  # the recomputation is a call of its own

@@ -216,4 +216,9 @@ def test_torchrun_memlord_run_writes_a_file_per_rank_that_merge_reads(tmp_path):
     doc = json.loads(out.read_text())
     assert [(r["rank"], r["world_size"]) for r in doc["ranks"]] == [(0, 2), (1, 2)]
     assert [r["devices"]["cpu"]["live"] for r in doc["ranks"]] == [MiB, 2 * MiB]
-    assert doc["peaked"]["rank"] == 1 and doc["imbalance"]["cpu"]["ratio"] == 2.0
+    # the peaks also hold the few bytes the barrier's operators make (run counts op
+    # outputs): the ratio is theirs, within a few bytes of 2
+    peaks = [r["devices"]["cpu"]["peak"] for r in doc["ranks"]]
+    assert MiB <= peaks[0] < MiB + 4096 and 2 * MiB <= peaks[1] < 2 * MiB + 4096
+    assert doc["peaked"]["rank"] == 1
+    assert doc["imbalance"]["cpu"]["ratio"] == peaks[1] / peaks[0] == pytest.approx(2.0, rel=1e-3)

@@ -143,7 +143,9 @@ def test_operations_are_lord_regions_and_events_come_from_the_ring(tmp_path):
     assert ("alloc", 4000, "outer") in rows and ("alloc", 8000, "inner") in rows
     assert ("free", 8000, "outer") in rows and ("alloc", 40000, None) in rows
     assert all(site.startswith("tests/unit/python/test_profiler.py:") for site in ev.sites)
-    assert set(ev.decode("source")) == {"factory", "death"}
+    # the tracker counts op outputs: its thread's factories are seen as operators ("op"),
+    # the other thread's (no dispatch mode there) by the factory wrappers
+    assert set(ev.decode("source")) == {"op", "factory", "death"}
     final = lord.stats()["cpu"]
     series = memory_series(doc)["cpu"]
     assert series.source == "events" and int(series.allocated[-1]) == final["allocated"]
@@ -259,6 +261,15 @@ def test_track_pytorch_ops(tmp_path):
     assert linear and linear[0]["count"] == 3
     assert linear[0]["input_shapes"] == [[4, 16], [8, 16], [8]]
     assert linear[0]["cpu_time_us"] > 0
+    # the memory is torch.profiler's own for the same calls; the tracker's dispatch mode
+    # (op outputs) is no operator of the program
+    with torch.profiler.profile(profile_memory=True, record_shapes=True) as prof:
+        for _ in range(3):
+            model(torch.randn(4, 16))
+    (ref,) = (e for e in prof.key_averages() if e.key == "aten::linear")
+    assert ref.cpu_memory_usage > 0
+    assert linear[0]["cpu_memory_mb"] == ref.cpu_memory_usage / 2**20
+    assert "PythonDispatchMode" not in {o["op_name"] for o in ops}
     assert set(linear[0]) == {
         "op_name",
         "count",
@@ -290,7 +301,9 @@ def test_track_pytorch_ops_inside_the_programs_profiler_leaves_it_alone(tmp_path
         seen = profiled(tracker.track_pytorch_ops)
     stop_memory_tracker()
     assert {"aten::mm", "aten::sigmoid", "aten::tanh"} <= bare
-    assert seen == bare
+    # the tracker's dispatch mode (op outputs) is the one row it adds, as any
+    # TorchDispatchMode the program entered would
+    assert seen - {"PythonDispatchMode"} == bare
     assert tracker.profile().pytorch_operations == []
     assert any("torch.profiler is busy" in r.getMessage() for r in caplog.records)
 
@@ -433,3 +446,69 @@ def test_sigterm_chains_the_previous_handler(tmp_path):
 def test_module_state_is_restored():
     assert profiler._tracker is None or not profiler._tracker.running
     assert signal.getsignal(signal.SIGINT) is SIGINT_AT_IMPORT
+
+
+def _torch_profiler_net_and_peak(prof: torch.profiler.profile) -> tuple[int, int]:
+    """The net and the peak of the bytes torch's profiler saw created and destroyed, in
+    its own timeline (torch.profiler._memory_profiler: every CPU allocation and free)."""
+    net = peak = 0
+    for _t, action, _key, size in prof._memory_profile().timeline:
+        if action.name == "CREATE":
+            net += size
+        elif action.name == "DESTROY":
+            net -= size
+        peak = max(peak, net)
+    return net, peak
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["forward", "forward_backward"])
+def test_operation_delta_and_peak_match_torch_profiler(tmp_path, backward: bool) -> None:
+    """An operation around a model's step: its delta and its peak over the allocated bytes
+    at its start are the net and the peak of the memory torch.profiler records for the
+    same code (activations, the output, gradients), not only what factories made."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+    x = torch.randn(32, 64)
+    initialize_memory_tracker(output_dir=tmp_path, interval=None)
+    tracker = get_memory_tracker()
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU],
+        profile_memory=True,
+        record_shapes=True,
+        with_stack=True,
+    ) as prof:
+        with tracker.track_operation("step"):
+            y = model(x)
+            loss = y.square().mean()
+            del y
+            if backward:
+                loss.backward()
+    path = stop_memory_tracker()
+    assert path is not None
+    net, peak = _torch_profiler_net_and_peak(prof)
+    assert net > 0 and peak > net
+    spans = json.loads(path.read_text())["memlord"]["operations"]
+    (op,) = (s for s in spans if s["name"] == "step")
+    assert op["delta"] == {"cpu": net}
+    assert op["peak"]["cpu"] - op["pre_total"] == peak
+    del loss
+
+
+def test_a_source_lord_with_its_own_hooks_keeps_them(tmp_path):
+    """A lord given through ``source`` whose program turned hook_into_python() on (ops
+    off) profiles with those hooks: the tracker starts, counts what they count (torch's
+    own nbytes), and leaves them on at stop."""
+    lord = MemLord()
+    hooks = lord.hook_into_python()
+    try:
+        tracker = initialize_memory_tracker(
+            output_dir=tmp_path, interval=None, json_path=False, source=LedgerSource(lord)
+        )
+        with tracker.track_operation("make"):
+            x = torch.zeros(1000)
+        stop_memory_tracker()
+        (op,) = tracker.profile().operations
+        assert op.delta == {"cpu": x.untyped_storage().nbytes()}
+        assert hooks.enabled and not hooks.ops
+    finally:
+        hooks.disable()

@@ -739,3 +739,39 @@ def test_a_test_that_raised_has_no_limit_judged_in_the_json(pytester: pytest.Pyt
     }
     assert over["limits"]["limit_memory"]["passed"] is False
     assert over["limits"]["limit_memory"]["peak"] == 40000
+
+
+def test_a_training_steps_peak_is_torch_profilers(pytester: pytest.Pytester) -> None:
+    """The peak the plugin reports for a test that builds a model and runs a forward and
+    backward is the peak of torch.profiler's own memory timeline of the same call (the
+    inner test records it and writes it beside the JSON): activations and gradients
+    included, since the plugin counts op outputs."""
+    suite = """
+    import json, torch
+
+    def test_step():
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU],
+            profile_memory=True, record_shapes=True, with_stack=True,
+        ) as prof:
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(
+                torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64)
+            )
+            loss = model(torch.randn(32, 64)).square().mean()
+            loss.backward()
+            del loss, model
+        net = peak = 0
+        for _t, action, _key, size in prof._memory_profile().timeline:
+            net += {"CREATE": size, "DESTROY": -size}.get(action.name, 0)
+            peak = max(peak, net)
+        with open("torch_peak.json", "w") as f:
+            json.dump(peak, f)
+    """
+    pytester.makepyfile(test_suite=suite)
+    r = pytester.runpytest("-p", "no:cacheprovider", "--memlord-json", "m.json")
+    r.assert_outcomes(passed=1)
+    theirs = json.loads((pytester.path / "torch_peak.json").read_text())
+    (entry,) = json.loads((pytester.path / "m.json").read_text())["tests"]
+    assert theirs > 0
+    assert entry["peak"] == {"cpu": theirs}

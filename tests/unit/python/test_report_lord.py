@@ -264,3 +264,50 @@ def test_regions_read_in_the_middle_of_a_fold():
     finally:
         agg._folding = False
     assert lord.regions()["waiting"]["count"] == 1
+
+
+def test_trace_and_pickle_timelines_are_torch_profilers(tmp_path):
+    """The memory over time that the trace's counter track and the pickle's allocation
+    trace draw, for a model's forward and backward counted with ops=True, is the timeline
+    torch.profiler records for the same code on its own (torch.profiler._memory_profiler,
+    every CPU allocation and free): the same peak, the same bytes at the end."""
+    lord = MemLord()
+    lord.record_events(1 << 16)
+    with (
+        lord.hook_into_python(ops=True),
+        torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU],
+            profile_memory=True,
+            record_shapes=True,
+            with_stack=True,
+        ) as prof,
+    ):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64)
+        )
+        loss = model(torch.randn(32, 64)).square().mean()
+        loss.backward()
+        del loss
+    net = peak = 0
+    for _t, action, _key, size in prof._memory_profile().timeline:
+        net += {"CREATE": size, "DESTROY": -size}.get(action.name, 0)
+        peak = max(peak, net)
+    assert 0 < net < peak
+
+    trace = tmp_path / "m.trace.json"
+    lord.export(trace)
+    events = _validate_trace(json.loads(trace.read_text()))
+    values = [e["args"]["allocated"] for e in events if e["name"] == "memory cpu"]
+    assert (max(values), values[-1]) == (peak, net)
+
+    path = tmp_path / "m.pickle"
+    lord.export(path)
+    snap = pickle.loads(path.read_bytes())
+    level = high = 0
+    for e in snap["device_traces"][snap["memlord_devices"].index("cpu")]:
+        level += {"alloc": e["size"], "free_completed": -e["size"]}.get(e["action"], 0)
+        high = max(high, level)
+    assert (high, level) == (peak, net)
+    assert f"total_allocated: {memory_viz.Bytes(net)}" in memory_viz.segsum(snap)
+    del model
