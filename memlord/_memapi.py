@@ -118,8 +118,8 @@ def _signed(n: int) -> str:
 
 class MemoryStats(dict[str, Any]):
     """The dict ``memory_stats()`` returns: a plain dict, except that reading the
-    deprecated key ``pending_free_bytes`` (``d[key]`` or ``d.get(key)``) warns once per
-    call site.  It was renamed ``freed_since_gc_bytes``: the bytes are frees since the
+    deprecated key ``pending_free_bytes`` (``d[key]``, ``get``, ``pop``, ``setdefault``,
+    ``popitem``, and so on a ``copy()``, which is one too) warns once per call site.  It was renamed ``freed_since_gc_bytes``: the bytes are frees since the
     last auto-GC, not frees waiting for a CUDA event (that is ``pending()``)."""
 
     __slots__ = ()
@@ -133,6 +133,25 @@ class MemoryStats(dict[str, Any]):
         if key in _DEPRECATED_STATS:
             _warn_deprecated(key)
         return dict.get(self, key, default)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        if key in _DEPRECATED_STATS and key in self:
+            _warn_deprecated(key)
+        return dict.pop(self, key, *default)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        if key in _DEPRECATED_STATS and key in self:
+            _warn_deprecated(key)
+        return dict.setdefault(self, key, default)
+
+    def popitem(self) -> tuple[Any, Any]:
+        item = dict.popitem(self)
+        if item[0] in _DEPRECATED_STATS:
+            _warn_deprecated(item[0])
+        return item
+
+    def copy(self) -> MemoryStats:
+        return MemoryStats(self)
 
 
 _DEPRECATED_STATS = {"pending_free_bytes": "freed_since_gc_bytes"}
