@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime as _dt
+import functools
 import itertools
 import logging
 import math
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import __version__, _oom
+from . import __version__, _core, _oom
 from ._ranks import rank_info, rank_metadata
 from .report import Events, Profile, SampleBuilder, Span, export, format_of
 from .report._lord import (
@@ -205,6 +206,10 @@ class MemoryTracker:
         self._thread: threading.Thread | None = None
         self._stop_event = threading.Event()
         self._prev_handlers: dict[int, Any] = {}
+        # the handler installed for SIGTERM and SIGINT: a builtin (no Python frame) that
+        # calls _on_signal, then the handler installed before, so what that one raises
+        # has the traceback it has without the profiler
+        self._signal_handler = functools.partial(_core._chain_signal, self._on_signal)
         self._atexit_registered = False
         self._written_path: Path | None = None
         self._running = False
@@ -262,7 +267,7 @@ class MemoryTracker:
             for sig in _SIGNALS:
                 try:
                     self._prev_handlers[sig] = signal.getsignal(sig)
-                    signal.signal(sig, self._on_signal)
+                    signal.signal(sig, self._signal_handler)
                 except (ValueError, OSError) as exc:  # pragma: no cover - embedded interpreters
                     log.debug("memlord profiler: cannot handle signal %s: %s", sig, exc)
         return self
@@ -314,7 +319,7 @@ class MemoryTracker:
     def _restore_handlers(self) -> None:
         for sig, prev in self._prev_handlers.items():
             try:
-                if signal.getsignal(sig) == self._on_signal:
+                if signal.getsignal(sig) is self._signal_handler:
                     signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
             except (ValueError, OSError):  # pragma: no cover - not the main thread
                 pass
@@ -327,6 +332,9 @@ class MemoryTracker:
             self.write()
 
     def _on_signal(self, signum: int, frame: Any) -> Any:
+        """Write the files; return the handler installed before, for the caller
+        (``_core._chain_signal``) to call, or None where that was SIG_IGN or SIG_DFL
+        (the default behaviour is delivered again from here)."""
         try:
             if not self._forked():
                 # no join: the snapshot thread may wait for a lock this thread holds
@@ -338,7 +346,7 @@ class MemoryTracker:
             log.exception("memlord profiler: writing the profile on signal %s failed", signum)
         prev = self._prev_handlers.get(signum, signal.SIG_DFL)
         if callable(prev):
-            return prev(signum, frame)
+            return prev
         if prev == signal.SIG_IGN:
             return None
         # the default behaviour: restore it and deliver the signal again
