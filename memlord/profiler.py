@@ -376,7 +376,7 @@ class MemoryTracker:
         now = time.monotonic_ns()
         with self._lock:
             for dev, t in totals.items():
-                self._samples.add(now, dev, t["allocated"], t["pending"], t["reserved"])
+                self._samples._add(now, dev, t["allocated"], t["pending"], t["reserved"])
         return totals
 
     def take_snapshot(

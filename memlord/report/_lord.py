@@ -313,7 +313,7 @@ def profile_from_lord(lord: Any, *, top: int = 10, title: str | None = None) -> 
     totals = lord_totals(lord)
     samples = SampleBuilder()
     for dev, t in totals.items():
-        samples.add(now, dev, t["allocated"], t["pending"], t["reserved"])
+        samples._add(now, dev, t["allocated"], t["pending"], t["reserved"])
     section, origin = _snapshot_section(lord, top)
     snapshot = build_snapshot(totals, section, "export", now)
     starts = [now] + [s.start_ns for s in spans]
