@@ -91,6 +91,10 @@ def _chain_signal(
     /,
 ) -> object: ...
 
+# fn() records the calling thread's name, called once on each thread whose ident an event
+# or a region carries (None: stop)
+def _set_thread_namer(fn: Callable[[], object] | None, /) -> None: ...
+
 # (device, nbytes, storage address or 0) as the hooks size a tensor
 def _tensor_meta(t: torch.Tensor, /) -> tuple[str, int, int]: ...
 

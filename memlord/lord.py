@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import threading
 import types
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -25,6 +26,26 @@ from ._snapshot import SnapshotMixin
 from ._types import AutoGCStrategy
 
 _PressureFn = TypeVar("_PressureFn", bound=Callable[[str, int], object])
+
+#: {thread ident: name} of the threads whose idents memlord's events and regions carry,
+#: recorded on each thread the first time (the C core asks at the thread's next safe
+#: point), so an export names a thread that has ended since.  A later thread given the
+#: same ident (the system reuses them) replaces the name.  At most THREAD_NAMES_MAX.
+THREAD_NAMES: dict[int, str] = {}
+THREAD_NAMES_MAX = 1 << 16
+
+
+def _name_this_thread() -> None:
+    ident = threading.get_ident()
+    # threading._active, not current_thread() or enumerate(): no lock taken (this may
+    # run between any two bytecodes of the main thread, inside threading's own code)
+    # and no dummy Thread made for a thread threading did not start
+    thread = getattr(threading, "_active", {}).get(ident)
+    if thread is not None and (ident in THREAD_NAMES or len(THREAD_NAMES) < THREAD_NAMES_MAX):
+        THREAD_NAMES[ident] = str(thread.name)
+
+
+_core._set_thread_namer(_name_this_thread)
 
 _NOT_GIVEN: Any = ...
 

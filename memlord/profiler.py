@@ -51,6 +51,7 @@ from .report._lord import (
     region_spans,
     ring_events,
     site_frames_table,
+    thread_names,
 )
 from .report._source import FROM_GC_SCAN, LedgerSource, build_snapshot
 from .report._util import MiB
@@ -633,8 +634,10 @@ class MemoryTracker:
                 ring_meta.update({"regions_kept": kept, "regions_closed": seen})
             except Exception:  # noqa: BLE001 - never raises into the caller
                 log.exception("memlord profiler: reading the closed regions failed")
-            for s in regions:
-                threads.setdefault(str(s.thread), f"thread {s.thread}")
+            # a region's thread, alive or ended, by its name (thread_names)
+            threads.update(
+                thread_names({s.thread for s in regions if str(s.thread) not in threads})
+            )
         metadata = {
             "generated_at": _dt.datetime.now().isoformat(timespec="seconds"),
             "operation_tracking_enabled": True,

@@ -307,6 +307,20 @@ static PyObject *core_chain_signal(PyObject *Py_UNUSED(module), PyObject *const 
     return result;
 }
 
+/* _set_thread_namer(fn): fn() records the calling thread's name, called once
+ * on each thread whose ident an event or a region carries (None: stop). */
+static PyObject *core_set_thread_namer(PyObject *Py_UNUSED(module), PyObject *fn)
+{
+    if (fn != Py_None && !PyCallable_Check(fn)) {
+        PyErr_Format(PyExc_TypeError,
+                     "_set_thread_namer(): argument 'fn' must be callable or None, not %.100s",
+                     Py_TYPE(fn)->tp_name);
+        return NULL;
+    }
+    ml_thread_set_namer(fn);
+    Py_RETURN_NONE;
+}
+
 /* _tensor_meta(t): (device str, nbytes, storage address or 0) as the hooks
  * size t. */
 static PyObject *core_tensor_meta(PyObject *module, PyObject *t)
@@ -557,6 +571,9 @@ static PyMethodDef core_methods[] = {
     {"_chain_signal", (PyCFunction)(void (*)(void))core_chain_signal, METH_FASTCALL,
      "_chain_signal(first, signum, frame)\n--\n\nfirst(signum, frame), then the callable it "
      "returns (if any) with the same arguments, with no Python frame between."},
+    {"_set_thread_namer", (PyCFunction)core_set_thread_namer, METH_O,
+     "_set_thread_namer(fn)\n--\n\nfn() records the calling thread's name, once per thread "
+     "an event or a region names (None: stop)."},
     {"_tensor_meta", (PyCFunction)core_tensor_meta, METH_O,
      "(device, nbytes) of a tensor as the hooks size it: its storage bytes."},
     {NULL, NULL, 0, NULL},
