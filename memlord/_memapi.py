@@ -119,8 +119,9 @@ def _signed(n: int) -> str:
 class MemoryStats(dict[str, Any]):
     """The dict ``memory_stats()`` returns: a plain dict, except that reading the
     deprecated key ``pending_free_bytes`` (``d[key]``, ``get``, ``pop``, ``setdefault``,
-    ``popitem``, and so on a ``copy()``, which is one too) warns once per call site.  It was renamed ``freed_since_gc_bytes``: the bytes are frees since the
-    last auto-GC, not frees waiting for a CUDA event (that is ``pending()``)."""
+    ``popitem``, and so on a ``copy()``, which is one too) warns once per call site.  It
+    was renamed ``freed_since_gc_bytes``: the bytes are frees since the last auto-GC,
+    not frees waiting for a CUDA event (that is ``pending()``)."""
 
     __slots__ = ()
 

@@ -210,9 +210,7 @@ def _check_int64(name: str, value: Any, what: str = "an int") -> None:
             f"SampleBuilder.add(): argument '{name}' must be {what}, not {type(value).__name__}"
         )
     if not -(2**63) <= value < 2**63:
-        raise ValueError(
-            f"SampleBuilder.add(): argument '{name}' must fit in 64 bits, not {value}"
-        )
+        raise ValueError(f"SampleBuilder.add(): argument '{name}' must fit in 64 bits, not {value}")
 
 
 def _device_name(device: Any) -> str:

@@ -101,9 +101,7 @@ def test_a_profiles_names_show_as_themselves_in_the_reports_tooltips(browser, tm
     assert any(t.startswith("allocated cpu") for t in timeline), timeline
 
 
-def test_a_merged_reports_category_names_show_as_themselves_in_its_tooltips(
-    browser, tmp_path
-):
+def test_a_merged_reports_category_names_show_as_themselves_in_its_tooltips(browser, tmp_path):
     from test_merge_post_mortems import MiB, _documented_post_mortem
 
     doc = _documented_post_mortem(0, MiB, MiB)
