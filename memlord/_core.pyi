@@ -8,7 +8,7 @@
 
 import logging
 from collections.abc import Callable
-from types import ModuleType, TracebackType
+from types import FrameType, ModuleType, TracebackType
 from typing import Any, Literal, TypeVar, final
 
 import torch
@@ -81,6 +81,19 @@ def _after_hook(
 ) -> Callable[..., Any]: ...
 def _jit_builtin_alias(hook: object, original: object, add: bool) -> None: ...
 def _write_unraisable(exc: BaseException, where: str) -> None: ...
+
+# first(signum, frame), then the handler it returns (if any) with the same arguments, with
+# no Python frame between: the profiler's signal handler, bound with functools.partial
+def _chain_signal(
+    first: Callable[[int, FrameType | None], Callable[[int, FrameType | None], object] | None],
+    signum: int,
+    frame: FrameType | None,
+    /,
+) -> object: ...
+
+# fn() records the calling thread's name, called once on each thread whose ident an event
+# or a region carries (None: stop)
+def _set_thread_namer(fn: Callable[[], object] | None, /) -> None: ...
 
 # (device, nbytes, storage address or 0) as the hooks size a tensor
 def _tensor_meta(t: torch.Tensor, /) -> tuple[str, int, int]: ...

@@ -46,10 +46,19 @@ class MemoryProfile:
     def __init__(self, lord: MemoryAPIMixin) -> None:
         self._lord = lord
         self._region = lord.region("profile_memory")
+        self._started = False
 
     def __enter__(self) -> MemoryProfile:
         self._region.__enter__()
+        self._started = True
         return self
+
+    def _check_started(self, what: str) -> None:
+        if not self._started:
+            raise RuntimeError(
+                f"MemoryProfile.{what}(): the profile has not started: it measures its "
+                "block, so read it inside or after `with lord.profile_memory() as p:`"
+            )
 
     def __exit__(self, *exc: object) -> None:
         self._region.__exit__(None, None, None)
@@ -66,7 +75,8 @@ class MemoryProfile:
     def peak_memory(self, device: Any = None) -> int:
         """The highest allocated bytes reached inside the block, summed over the selected
         devices (None: all); a device the block never touched counts its allocated
-        bytes now."""
+        bytes now.  RuntimeError before the block was entered."""
+        self._check_started("peak_memory")
         devs = self._lord._select(device, "peak_memory")
         total = 0
         for dev in devs:
@@ -76,7 +86,9 @@ class MemoryProfile:
 
     def memory_summary(self) -> str:
         """A table of the block: per device delta, peak, peak delta, allocations, frees,
-        then per device its delta and peak delta by category."""
+        then per device its delta and peak delta by category.  RuntimeError before the
+        block was entered."""
+        self._check_started("memory_summary")
         lines = [f"memlord profile_memory: {self._region.duration_s:.6f} s"]
         lines.append(
             f"{'device':<10}{'delta':>14}{'peak':>14}{'peak delta':>14}{'allocs':>9}{'frees':>9}"
@@ -106,9 +118,10 @@ def _signed(n: int) -> str:
 
 class MemoryStats(dict[str, Any]):
     """The dict ``memory_stats()`` returns: a plain dict, except that reading the
-    deprecated key ``pending_free_bytes`` (``d[key]`` or ``d.get(key)``) warns once per
-    call site.  It was renamed ``freed_since_gc_bytes``: the bytes are frees since the
-    last auto-GC, not frees waiting for a CUDA event (that is ``pending()``)."""
+    deprecated key ``pending_free_bytes`` (``d[key]``, ``get``, ``pop``, ``setdefault``,
+    ``popitem``, and so on a ``copy()``, which is one too) warns once per call site.  It
+    was renamed ``freed_since_gc_bytes``: the bytes are frees since the last auto-GC,
+    not frees waiting for a CUDA event (that is ``pending()``)."""
 
     __slots__ = ()
 
@@ -121,6 +134,25 @@ class MemoryStats(dict[str, Any]):
         if key in _DEPRECATED_STATS:
             _warn_deprecated(key)
         return dict.get(self, key, default)
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        if key in _DEPRECATED_STATS and key in self:
+            _warn_deprecated(key)
+        return dict.pop(self, key, *default)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        if key in _DEPRECATED_STATS and key in self:
+            _warn_deprecated(key)
+        return dict.setdefault(self, key, default)
+
+    def popitem(self) -> tuple[Any, Any]:
+        item = dict.popitem(self)
+        if item[0] in _DEPRECATED_STATS:
+            _warn_deprecated(item[0])
+        return item
+
+    def copy(self) -> MemoryStats:
+        return MemoryStats(self)
 
 
 _DEPRECATED_STATS = {"pending_free_bytes": "freed_since_gc_bytes"}

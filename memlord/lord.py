@@ -7,7 +7,10 @@ methods, inherited unchanged.
 
 from __future__ import annotations
 
+import inspect
 import os
+import threading
+import types
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -23,6 +26,26 @@ from ._snapshot import SnapshotMixin
 from ._types import AutoGCStrategy
 
 _PressureFn = TypeVar("_PressureFn", bound=Callable[[str, int], object])
+
+#: {thread ident: name} of the threads whose idents memlord's events and regions carry,
+#: recorded on each thread the first time (the C core asks at the thread's next safe
+#: point), so an export names a thread that has ended since.  A later thread given the
+#: same ident (the system reuses them) replaces the name.  At most THREAD_NAMES_MAX.
+THREAD_NAMES: dict[int, str] = {}
+THREAD_NAMES_MAX = 1 << 16
+
+
+def _name_this_thread() -> None:
+    ident = threading.get_ident()
+    # threading._active, not current_thread() or enumerate(): no lock taken (this may
+    # run between any two bytecodes of the main thread, inside threading's own code)
+    # and no dummy Thread made for a thread threading did not start
+    thread = getattr(threading, "_active", {}).get(ident)
+    if thread is not None and (ident in THREAD_NAMES or len(THREAD_NAMES) < THREAD_NAMES_MAX):
+        THREAD_NAMES[ident] = str(thread.name)
+
+
+_core._set_thread_namer(_name_this_thread)
 
 _NOT_GIVEN: Any = ...
 
@@ -244,3 +267,32 @@ class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, SnapshotMixin, _core.Lo
             raise ValueError(f"export(): argument 'top' must be an int >= 0, not {top!r}")
         format_of(path)  # refuse an unknown name before any work
         return export(profile_from_lord(self, top=top), path)
+
+
+def _qualify(cls: type) -> None:
+    """Name the public methods ``cls`` inherits from memlord's mixins as its own
+    (``MemLord.memory_stats``): CPython's argument errors, ``help()`` and reprs name a
+    function by its ``__qualname__`` (3.10) or its code's ``co_qualname`` (3.11+), and
+    users know MemLord, not the private mixins the methods are written in."""
+    for base in cls.__mro__[1:]:
+        if not base.__module__.startswith("memlord.") or base.__module__ == _core.__name__:
+            continue
+        for name, attr in vars(base).items():
+            if name.startswith("_") or inspect.getattr_static(cls, name) is not attr:
+                continue
+            if isinstance(attr, (staticmethod, classmethod)):
+                functions = [attr.__func__]
+            elif isinstance(attr, property):
+                functions = [f for f in (attr.fget, attr.fset, attr.fdel) if f is not None]
+            else:
+                functions = [attr]
+            for fn in functions:
+                if not isinstance(fn, types.FunctionType):
+                    continue
+                qualname = f"{cls.__name__}.{name}"
+                fn.__qualname__ = qualname
+                if hasattr(fn.__code__, "co_qualname"):
+                    fn.__code__ = fn.__code__.replace(co_qualname=qualname)
+
+
+_qualify(MemLord)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime as _dt
+import functools
 import itertools
 import logging
 import math
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import __version__, _oom
+from . import __version__, _core, _oom
 from ._ranks import rank_info, rank_metadata
 from .report import Events, Profile, SampleBuilder, Span, export, format_of
 from .report._lord import (
@@ -50,6 +51,7 @@ from .report._lord import (
     region_spans,
     ring_events,
     site_frames_table,
+    thread_names,
 )
 from .report._source import FROM_GC_SCAN, LedgerSource, build_snapshot
 from .report._util import MiB
@@ -205,6 +207,10 @@ class MemoryTracker:
         self._thread: threading.Thread | None = None
         self._stop_event = threading.Event()
         self._prev_handlers: dict[int, Any] = {}
+        # the handler installed for SIGTERM and SIGINT: a builtin (no Python frame) that
+        # calls _on_signal, then the handler installed before, so what that one raises
+        # has the traceback it has without the profiler
+        self._signal_handler = functools.partial(_core._chain_signal, self._on_signal)
         self._atexit_registered = False
         self._written_path: Path | None = None
         self._running = False
@@ -262,7 +268,7 @@ class MemoryTracker:
             for sig in _SIGNALS:
                 try:
                     self._prev_handlers[sig] = signal.getsignal(sig)
-                    signal.signal(sig, self._on_signal)
+                    signal.signal(sig, self._signal_handler)
                 except (ValueError, OSError) as exc:  # pragma: no cover - embedded interpreters
                     log.debug("memlord profiler: cannot handle signal %s: %s", sig, exc)
         return self
@@ -314,7 +320,7 @@ class MemoryTracker:
     def _restore_handlers(self) -> None:
         for sig, prev in self._prev_handlers.items():
             try:
-                if signal.getsignal(sig) == self._on_signal:
+                if signal.getsignal(sig) is self._signal_handler:
                     signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
             except (ValueError, OSError):  # pragma: no cover - not the main thread
                 pass
@@ -327,6 +333,9 @@ class MemoryTracker:
             self.write()
 
     def _on_signal(self, signum: int, frame: Any) -> Any:
+        """Write the files; return the handler installed before, for the caller
+        (``_core._chain_signal``) to call, or None where that was SIG_IGN or SIG_DFL
+        (the default behaviour is delivered again from here)."""
         try:
             if not self._forked():
                 # no join: the snapshot thread may wait for a lock this thread holds
@@ -338,7 +347,7 @@ class MemoryTracker:
             log.exception("memlord profiler: writing the profile on signal %s failed", signum)
         prev = self._prev_handlers.get(signum, signal.SIG_DFL)
         if callable(prev):
-            return prev(signum, frame)
+            return prev
         if prev == signal.SIG_IGN:
             return None
         # the default behaviour: restore it and deliver the signal again
@@ -368,7 +377,7 @@ class MemoryTracker:
         now = time.monotonic_ns()
         with self._lock:
             for dev, t in totals.items():
-                self._samples.add(now, dev, t["allocated"], t["pending"], t["reserved"])
+                self._samples._add(now, dev, t["allocated"], t["pending"], t["reserved"])
         return totals
 
     def take_snapshot(
@@ -630,8 +639,10 @@ class MemoryTracker:
                 ring_meta.update({"regions_kept": kept, "regions_closed": seen})
             except Exception:  # noqa: BLE001 - never raises into the caller
                 log.exception("memlord profiler: reading the closed regions failed")
-            for s in regions:
-                threads.setdefault(str(s.thread), f"thread {s.thread}")
+            # a region's thread, alive or ended, by its name (thread_names)
+            threads.update(
+                thread_names({s.thread for s in regions if str(s.thread) not in threads})
+            )
         metadata = {
             "generated_at": _dt.datetime.now().isoformat(timespec="seconds"),
             "operation_tracking_enabled": True,

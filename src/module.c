@@ -284,6 +284,43 @@ static PyObject *core_write_unraisable(PyObject *Py_UNUSED(module), PyObject *co
     Py_RETURN_NONE;
 }
 
+/* _chain_signal(first, signum, frame): the profiler's signal handler, bound to
+ * first with functools.partial.  first(signum, frame) writes the files and returns
+ * the handler installed before (or None); that one is called from here, with the
+ * same arguments, so what it raises (KeyboardInterrupt, the program's own error)
+ * reaches the program with no Python frame of memlord's in its traceback, as it
+ * would without the profiler.  The arguments are the caller's, alive for the call. */
+static PyObject *core_chain_signal(PyObject *Py_UNUSED(module), PyObject *const *args,
+                                   Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError,
+                     "_chain_signal(first, signum, frame) takes 3 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *next = PyObject_Vectorcall(args[0], args + 1, 2, NULL);
+    if (next == NULL || next == Py_None) {
+        return next;
+    }
+    PyObject *result = PyObject_Vectorcall(next, args + 1, 2, NULL);
+    Py_DECREF(next);
+    return result;
+}
+
+/* _set_thread_namer(fn): fn() records the calling thread's name, called once
+ * on each thread whose ident an event or a region carries (None: stop). */
+static PyObject *core_set_thread_namer(PyObject *Py_UNUSED(module), PyObject *fn)
+{
+    if (fn != Py_None && !PyCallable_Check(fn)) {
+        PyErr_Format(PyExc_TypeError,
+                     "_set_thread_namer(): argument 'fn' must be callable or None, not %.100s",
+                     Py_TYPE(fn)->tp_name);
+        return NULL;
+    }
+    ml_thread_set_namer(fn);
+    Py_RETURN_NONE;
+}
+
 /* _tensor_meta(t): (device str, nbytes, storage address or 0) as the hooks
  * size t. */
 static PyObject *core_tensor_meta(PyObject *module, PyObject *t)
@@ -531,6 +568,12 @@ static PyMethodDef core_methods[] = {
      "original's entry in torch.jit's builtin table."},
     {"_write_unraisable", (PyCFunction)(void (*)(void))core_write_unraisable, METH_FASTCALL,
      "_write_unraisable(exc, where)\n--\n\nexc to sys.unraisablehook, as a failure in where."},
+    {"_chain_signal", (PyCFunction)(void (*)(void))core_chain_signal, METH_FASTCALL,
+     "_chain_signal(first, signum, frame)\n--\n\nfirst(signum, frame), then the callable it "
+     "returns (if any) with the same arguments, with no Python frame between."},
+    {"_set_thread_namer", (PyCFunction)core_set_thread_namer, METH_O,
+     "_set_thread_namer(fn)\n--\n\nfn() records the calling thread's name, once per thread "
+     "an event or a region names (None: stop)."},
     {"_tensor_meta", (PyCFunction)core_tensor_meta, METH_O,
      "(device, nbytes) of a tensor as the hooks size it: its storage bytes."},
     {NULL, NULL, 0, NULL},

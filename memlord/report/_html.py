@@ -91,6 +91,13 @@ def _plot_text(value: object) -> str:
     return html.escape(str(value), quote=False)
 
 
+#: A trace's own name in a hovertemplate: user strings (module, region, category and
+#: device names) reach a hovertemplate only through a reference like this one, or
+#: through customdata; plotly substitutes %{...} in the template's own text, once, and
+#: never in what it substitutes.
+HOVER_NAME = "%{fullData.name}"
+
+
 def _json_for_script(obj: str) -> str:
     """JSON text made safe inside a <script> element (no '<', '>', '&', U+2028/9)."""
     return (
@@ -126,7 +133,9 @@ def timeline_traces(series: dict[str, Series], t0: int, buckets: int) -> list[di
                 "x": x,
                 "y": y / MiB,
                 "line": {"shape": "hv", **style},
-                "hovertemplate": f"{name}<br>%{{x:.6f}} s<br>%{{y:.3f}} MiB<extra></extra>",
+                # the name by reference, never in the template's text: plotly would
+                # substitute a %{...} in a user's name (a category of a loaded profile)
+                "hovertemplate": HOVER_NAME + "<br>%{x:.6f} s<br>%{y:.3f} MiB<extra></extra>",
             }
 
         # allocated stacked by category (each storage under its category): the stack's
@@ -189,7 +198,7 @@ def instant_traces(doc: Profile, series: dict[str, Series], t0: int) -> list[dic
                 "y": np.asarray(y),
                 "customdata": [_plot_text(d) for d in devs],
                 "marker": {"symbol": symbol, "size": 10, "color": color},
-                "hovertemplate": f"{label} on %{{customdata}}<br>%{{x:.6f}} s<extra></extra>",
+                "hovertemplate": HOVER_NAME + " on %{customdata}<br>%{x:.6f} s<extra></extra>",
             }
         )
     return traces

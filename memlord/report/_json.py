@@ -187,7 +187,7 @@ def _samples_from_seed(snapshots: list[Any]) -> Samples:
                 if not isinstance(mb, (int, float)) or isinstance(mb, bool) or not mb >= 0:
                     continue
                 total = int(round(mb * 1024 * 1024))
-            builder.add(t_ns, str(dev), total)
+            builder._add(t_ns, str(dev), total)
     return builder.build()
 
 

@@ -264,10 +264,13 @@ def region_spans(lord: Any, exclude: Container[int] = ()) -> tuple[list[Span], i
 
 
 def thread_names(idents: set[int]) -> dict[str, str]:
-    """``{str(ident): name}`` for threads alive now; a thread that ended shows as
-    ``thread <ident>``."""
+    """``{str(ident): name}``: a thread alive now by its name now; one that ended by the
+    name memlord recorded when it first saw it (``memlord.lord.THREAD_NAMES``); else
+    (a thread Python's threading module did not know) ``thread <ident>``."""
+    from memlord.lord import THREAD_NAMES
+
     alive = {t.ident: t.name for t in threading.enumerate()}
-    return {str(i): alive.get(i, f"thread {i}") for i in sorted(idents)}
+    return {str(i): alive.get(i) or THREAD_NAMES.get(i) or f"thread {i}" for i in sorted(idents)}
 
 
 def base_metadata(title: str, start_ns: int) -> dict[str, Any]:
@@ -313,7 +316,7 @@ def profile_from_lord(lord: Any, *, top: int = 10, title: str | None = None) -> 
     totals = lord_totals(lord)
     samples = SampleBuilder()
     for dev, t in totals.items():
-        samples.add(now, dev, t["allocated"], t["pending"], t["reserved"])
+        samples._add(now, dev, t["allocated"], t["pending"], t["reserved"])
     section, origin = _snapshot_section(lord, top)
     snapshot = build_snapshot(totals, section, "export", now)
     starts = [now] + [s.start_ns for s in spans]

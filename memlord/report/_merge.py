@@ -429,6 +429,7 @@ def render_merged_html(doc: dict[str, Any]) -> str:
     the profile's report does."""
     from ._html import (
         CATEGORY_COLORS,
+        HOVER_NAME,
         OTHER_COLOR,
         _esc,
         _plot_text,
@@ -542,7 +543,8 @@ def render_merged_html(doc: dict[str, Any]) -> str:
                 "x": xs,
                 "y": ys,
                 "marker": {"color": CATEGORY_COLORS.get(c, OTHER_COLOR)},
-                "hovertemplate": f"{_plot_text(c)}<br>%{{x}}<br>%{{y:.3f}} MiB<extra></extra>",
+                # the name by reference: plotly substitutes %{...} in the template's text
+                "hovertemplate": HOVER_NAME + "<br>%{x}<br>%{y:.3f} MiB<extra></extra>",
             }
         )
     fig = go.Figure(

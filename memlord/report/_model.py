@@ -204,6 +204,39 @@ class Samples:
         return f"Samples({len(self)} rows, devices={self.devices})"
 
 
+def _check_int64(name: str, value: Any, what: str = "an int") -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"SampleBuilder.add(): argument '{name}' must be {what}, not {type(value).__name__}"
+        )
+    if not -(2**63) <= value < 2**63:
+        raise ValueError(f"SampleBuilder.add(): argument '{name}' must fit in 64 bits, not {value}")
+
+
+def _device_name(device: Any) -> str:
+    """The name torch gives ``device`` (a str or torch.device): ``"cpu"`` for ``"cpu:0"``,
+    as memlord's ledger names it.  TypeError/ValueError naming the argument otherwise."""
+    import torch
+
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(
+            "SampleBuilder.add(): argument 'device' must be a str or torch.device, not "
+            + type(device).__name__
+        )
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(
+            "SampleBuilder.add(): argument 'device' must be a device torch can name, such "
+            f"as 'cpu' or 'cuda:0', not {device!r}"
+        ) from None
+    if dev.index is not None and dev.index > 255:  # a file's device index is 8 bits
+        raise ValueError(
+            f"SampleBuilder.add(): argument 'device' has an index above 255: {device!r}"
+        )
+    return "cpu" if dev.type == "cpu" else str(dev)
+
+
 class SampleBuilder:
     """Appends samples one at a time (lists, turned into arrays by :meth:`build`)."""
 
@@ -211,8 +244,29 @@ class SampleBuilder:
         self._rows: list[tuple[int, str, int, int, int]] = []
 
     def add(
+        self,
+        t_ns: int,
+        device: str | Any,
+        allocated: int,
+        pending: int = 0,
+        reserved: int | None = None,
+    ) -> None:
+        """One sample: at ``t_ns``, ``device`` (a str or torch.device torch can name;
+        kept as torch writes it, ``"cpu"`` for ``"cpu:0"``) held ``allocated`` bytes,
+        ``pending`` of them waiting for a CUDA event, and its allocator ``reserved``
+        (None: unknown).  A wrong value is a TypeError/ValueError naming the argument,
+        and nothing is added."""
+        for name, value in (("t_ns", t_ns), ("allocated", allocated), ("pending", pending)):
+            _check_int64(name, value)
+        if reserved is not None:
+            _check_int64("reserved", reserved, "an int or None")
+        self._add(t_ns, _device_name(device), allocated, pending, reserved)
+
+    def _add(
         self, t_ns: int, device: str, allocated: int, pending: int = 0, reserved: int | None = None
     ) -> None:
+        """add() without the checks: for values memlord read itself (the ledger's
+        devices, a file the validator checked)."""
         self._rows.append((t_ns, device, allocated, pending, -1 if reserved is None else reserved))
 
     def __len__(self) -> int:

@@ -8,6 +8,7 @@ import errno
 import itertools
 import os
 import secrets
+import stat
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -109,6 +110,23 @@ def _create_temp(path: Path) -> tuple[int, Path]:
     raise FileExistsError(errno.EEXIST, "no free temporary name", str(path))  # pragma: no cover
 
 
+def _target(path: str | os.PathLike[str]) -> Path:
+    """The file a write to ``path`` lands in: symbolic links followed (a chain, relative
+    ones, a dangling one to the file it names), as open() follows them."""
+    return Path(os.path.realpath(path))
+
+
+def _keep_mode(fd: int, path: Path) -> None:
+    """Give the temporary file ``fd`` the permission bits of the file it will replace
+    (when there is one), before any data goes in."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return  # a new file: the umask's default, as _create_temp made it
+    if stat.S_ISREG(st.st_mode) and hasattr(os, "fchmod"):
+        os.fchmod(fd, stat.S_IMODE(st.st_mode))
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike[str], binary: bool = False) -> Iterator[IO[Any]]:
     """Write ``path`` all at once: the block writes a temporary file of its own beside it
@@ -118,10 +136,15 @@ def atomic_write(path: str | os.PathLike[str], binary: bool = False) -> Iterator
     held.  Every writer of the same path (threads, processes, a signal handler that
     writes while an interrupted write waits) has its own temporary file, and the last
     rename wins: the file is always one complete write.
-    This is the one write path of every report format."""
-    path = Path(path)
+    This is the one write path of every report format.
+
+    As ``open(path, "w")`` would: a symbolic link at ``path`` (or on the way to it) is
+    followed, and its target replaced, the link kept; a file that exists keeps its
+    permission bits; a new one gets the umask's default."""
+    path = _target(path)
     fd, tmp = _create_temp(path)
     try:
+        _keep_mode(fd, path)
         # text: a string Python could not decode (a non-UTF-8 argument or path, as lone
         # surrogates) is written as its escape, \udcff, never refused half way
         f = (
@@ -141,8 +164,9 @@ def atomic_write(path: str | os.PathLike[str], binary: bool = False) -> Iterator
 def check_writable(path: str | os.PathLike[str]) -> None:
     """Raise ``OSError`` unless a report could be written to ``path`` now: it must not be
     a folder, and its folder must exist (missing folders are created, as the writers
-    would) and take a new file (tried for real: a temporary file is made and removed)."""
-    path = Path(path)
+    would) and take a new file (tried for real: a temporary file is made and removed).
+    A symbolic link is followed, as the writers follow it."""
+    path = _target(path)
     if path.is_dir():
         raise IsADirectoryError(errno.EISDIR, "is a folder", str(path))
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -314,6 +314,7 @@ int ml_emit_with(ml_book *lord, ml_event *ev, int n, const ml_emit_ctx *ctx,
     if (plan->needs & ML_NEED_CLOCK) {
         int64_t now = ml_now_ns();
         uint64_t thread = (uint64_t)PyThread_get_thread_ident();
+        ml_thread_seen();
         for (int i = 0; i < n; i++) {
             ev[i].t_ns = now;
             ev[i].thread = thread;

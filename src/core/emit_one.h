@@ -10,6 +10,7 @@
 #define MEMLORD_EMIT_ONE_H
 
 #include "core/book.h"
+#include "core/safepoint.h"
 
 /* emit.c: the parts of the one-event path that are not inlined */
 /* The ledger slot of dev, made if missing: 1 when it was made now (then the
@@ -55,6 +56,7 @@ static inline int ml_emit_one(ml_book *lord, ml_event *e, const ml_emit_ctx *ctx
     if (p->needs & ML_NEED_CLOCK) {
         e->t_ns = ml_now_ns();
         e->thread = (uint64_t)PyThread_get_thread_ident();
+        ml_thread_seen();
     }
     /* phase 0 */
     ml_ledger *l = &lord->ledger;

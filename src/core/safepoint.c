@@ -32,9 +32,46 @@ static struct {
     int running;   /* a safe point is running (no nesting) */
 } q;
 
+/* ---- thread names ------------------------------------------------------------- */
+
+/* the calling thread: 0 not seen, 1 seen (to be named at its next safe point),
+ * 2 named (or nobody to name it) */
+static _Thread_local int tls_thread_state;
+static PyObject *thread_namer; /* strong, or NULL */
+
+void ml_thread_seen(void)
+{
+    if (tls_thread_state == 0) {
+        tls_thread_state = 1;
+    }
+}
+
+void ml_thread_set_namer(PyObject *namer)
+{
+    Py_XSETREF(thread_namer, namer == Py_None ? NULL : Py_NewRef(namer));
+}
+
+void ml_thread_name_now(void)
+{
+    if (tls_thread_state != 1) {
+        return;
+    }
+    tls_thread_state = 2;
+    if (thread_namer == NULL) {
+        return;
+    }
+    PyObject *namer = Py_NewRef(thread_namer); /* the call may set another */
+    PyObject *res = PyObject_CallNoArgs(namer);
+    Py_DECREF(namer);
+    if (res == NULL) {
+        ml_write_unraisable(NULL);
+    }
+    Py_XDECREF(res);
+}
+
 int ml_safe_point_pending(void)
 {
-    return q.ndeferred > 0 || q.late.n > 0 || q.tasks.n > 0;
+    return q.ndeferred > 0 || q.late.n > 0 || q.tasks.n > 0 || tls_thread_state == 1;
 }
 
 static int pending_call(void *Py_UNUSED(arg))
@@ -132,6 +169,7 @@ void ml_safe_point(void)
     q.running = 1;
     PyObject *exc_type, *exc_value, *exc_tb;
     PyErr_Fetch(&exc_type, &exc_value, &exc_tb);
+    ml_thread_name_now();
     tasks_run(&q.tasks);
     while (q.ndeferred > 0) {
         /* Detach the queue: the sinks may defer more. */
@@ -174,4 +212,5 @@ void ml_safe_point_clear(void)
     PyMem_Free(items);
     q.tasks.n = 0;
     q.late.n = 0;
+    Py_CLEAR(thread_namer);
 }

@@ -29,4 +29,17 @@ void ml_safe_point_add_late(void (*fn)(void));
 /* Drop everything waiting (module teardown). */
 void ml_safe_point_clear(void);
 
+/* Thread names.  An export names each thread by the ident its events and regions
+ * carry; a thread that ended is gone from Python's threading module by then.
+ * So the first time a thread's ident is stamped on an event or a region
+ * (ml_thread_seen, cheap: a thread-local flag), the thread is asked for its
+ * name at its next safe point, on that thread: the namer (set by memlord.MemLord's
+ * module, called with no arguments) records it. */
+void ml_thread_seen(void);
+/* The namer records the calling thread's name, once, when it was seen (the safe
+ * point calls it; a region's exit too).  Call where Python may run. */
+void ml_thread_name_now(void);
+/* namer: a callable, or None to stop asking (a strong reference is kept). */
+void ml_thread_set_namer(PyObject *namer);
+
 #endif

@@ -7,6 +7,7 @@
  * before any Python object is built. */
 #include "sinks/regions.h"
 #include "core/book.h"
+#include "core/safepoint.h"
 
 #include <string.h>
 
@@ -641,6 +642,7 @@ static int region_open(ml_book *lord, int64_t *id_out)
     memset(g, 0, sizeof(*g));
     g->id = r->next_id++;
     g->thread = (uint64_t)PyThread_get_thread_ident();
+    ml_thread_seen();
     g->key = thread_key();
     g->t0_ns = ml_now_ns();
     *id_out = g->id;
@@ -750,6 +752,7 @@ static PyObject *region_exit(RegionObject *self, PyObject *const *Py_UNUSED(args
         }
         Py_XDECREF(res);
     }
+    ml_thread_name_now(); /* a thread whose regions are all it did is named too */
     Py_RETURN_NONE;
 }
 

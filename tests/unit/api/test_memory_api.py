@@ -265,6 +265,25 @@ def test_profile_memory_untouched_device_reports_live_bytes():
     assert "nothing allocated" in prof.memory_summary()
 
 
+def test_profile_memory_read_before_its_block_is_an_error_not_live_bytes():
+    """A profile measures its block: before the block is entered there is no peak to
+    report (the live bytes it gave back were no measurement of anything), so reading it
+    says the profile has not started, and changes nothing."""
+    lord = MemLord()
+    lord.allocate(u8(KiB))
+    prof = lord.profile_memory()
+    for read in (prof.peak_memory, lambda: prof.peak_memory("cpu"), prof.memory_summary):
+        with pytest.raises(RuntimeError, match=r"has not started.*with lord.profile_memory"):
+            read()
+    with prof:
+        t = u8(2 * KiB)
+        lord.allocate(t)
+        assert prof.peak_memory() == 3 * KiB  # inside the block: the peak so far
+        lord.free(t)
+    assert prof.peak_memory() == 3 * KiB
+    assert "2 KiB" in prof.memory_summary()
+
+
 @pytest.mark.parametrize(
     "name",
     [

@@ -57,3 +57,38 @@ def test_result_is_still_a_plain_dict_to_use():
         assert s == plain and {**s} == plain
         with pytest.raises(KeyError):
             s["no such key"]
+
+
+def test_every_read_of_the_old_key_warns_at_the_readers_line():
+    """pop, setdefault and popitem read the key as [] and get do: each warns the same way,
+    pointing at the reader's line, and returns what a plain dict's would."""
+    reads = {
+        "pop": lambda s: s.pop("pending_free_bytes"),
+        "pop with a default": lambda s: s.pop("pending_free_bytes", None),
+        "setdefault": lambda s: s.setdefault("pending_free_bytes", 0),
+        "popitem": lambda s: s.popitem()[1],
+        "a copy's []": lambda s: s.copy()["pending_free_bytes"],
+    }
+    for what, read in reads.items():
+        _, s = _stats()
+        if what == "popitem":  # the last key is the one popitem reads
+            value = dict.pop(s, "pending_free_bytes")
+            dict.__setitem__(s, "pending_free_bytes", value)
+        plain = dict(s)
+        with pytest.warns(DeprecationWarning, match="freed_since_gc_bytes") as rec:
+            value = read(s)
+        assert value == 3 * KiB == plain["pending_free_bytes"], what
+        assert rec[0].filename == __file__, what
+
+
+def test_reads_of_other_keys_do_not_warn():
+    _, s = _stats()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert s.pop("freed_since_gc_bytes") == 3 * KiB
+        assert s.pop("no such key", 5) == 5
+        assert s.setdefault("allocated_bytes", 0) == KiB
+        assert s.copy() == s and isinstance(s.copy(), dict)
+        del s["pending_free_bytes"]  # a removal unread: no warning
+        while s:
+            s.popitem()

@@ -141,6 +141,59 @@ def test_written_files_follow_the_umask(tmp_path):
     assert path.stat().st_mode & 0o777 == 0o666 & ~old
 
 
+def _open_writes(path, text):
+    """The reference: what Python's open() does with the same path."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX symlinks and modes")
+@pytest.mark.parametrize("suffix", SUFFIXES)
+def test_a_write_through_a_symlink_updates_its_target_as_open_does(tmp_path, suffix):
+    """A report written to a symbolic link goes to the link's target (relative, through a
+    chain of links, or dangling), atomically; the link stays a link, as with open()."""
+    doc = synthetic_profile(200, steps=1)
+    for how in ("reference", "memlord"):
+        root = tmp_path / how
+        (root / "real").mkdir(parents=True)
+        (root / "real" / f"target{suffix}").write_text("old")
+        (root / f"hop{suffix}").symlink_to(f"real/target{suffix}")  # relative
+        (root / f"link{suffix}").symlink_to(root / f"hop{suffix}")  # a chain
+        (root / f"dangling{suffix}").symlink_to(f"real/new{suffix}")
+        if how == "reference":
+            _open_writes(root / f"link{suffix}", "x")
+            _open_writes(root / f"dangling{suffix}", "x")
+        else:
+            export(doc, root / f"link{suffix}")
+            export(doc, root / f"dangling{suffix}")
+        for name in (f"hop{suffix}", f"link{suffix}", f"dangling{suffix}"):
+            assert (root / name).is_symlink(), (how, name)
+        assert sorted(os.listdir(root / "real")) == sorted([f"target{suffix}", f"new{suffix}"])
+        assert sorted(os.listdir(root)) == sorted(
+            ["real", f"hop{suffix}", f"link{suffix}", f"dangling{suffix}"]
+        )
+    target = tmp_path / "memlord" / "real" / f"target{suffix}"
+    assert target.read_bytes() != b"old" and (target.parent / f"new{suffix}").stat().st_size
+    if suffix == ".json":
+        assert len(load(target).samples) == len(doc.samples)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX modes")
+@pytest.mark.parametrize("mode", [0o600, 0o640, 0o664, 0o660])
+def test_a_rewritten_file_keeps_its_permissions_as_with_open(tmp_path, mode):
+    """Writing over an existing file keeps its mode (open() truncates, it does not reset
+    the mode); the temporary file takes the mode before the data goes in."""
+    doc = synthetic_profile(200, steps=1)
+    ref, path = tmp_path / "ref.json", tmp_path / "p.json"
+    for p in (ref, path):
+        p.write_text("old")
+        p.chmod(mode)
+    _open_writes(ref, "x")
+    export(doc, path)
+    assert path.stat().st_mode & 0o7777 == ref.stat().st_mode & 0o7777 == mode
+    assert load(path).metadata == load(path).metadata  # a whole file
+
+
 def test_check_writable(tmp_path):
     from memlord.report._util import check_writable
 
