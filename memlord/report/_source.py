@@ -257,14 +257,12 @@ class LedgerSource:
     # ---- hooks ------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._want_lifetime and self._python_hooks is None:
-            try:
-                self._python_hooks = self.lord.hook_into_python(ops=self._want_ops)
-            except ValueError:
-                # the lord's own hook_into_python() is on with other options (ops off):
-                # it keeps them, and stays the program's to disable
-                pass
-        if self._want_torch and self._torch_hooks is None:
+        # hooks the program turned on itself are the program's: hook_into_*() would
+        # return its own handle, and stop() would disable them under it
+        torch_on, python_on = self.lord._enabled_hooks()
+        if self._want_lifetime and self._python_hooks is None and python_on is None:
+            self._python_hooks = self.lord.hook_into_python(ops=self._want_ops)
+        if self._want_torch and self._torch_hooks is None and torch_on is None:
             self._torch_hooks = self.lord.hook_into_torch()
 
     def stop(self) -> None:

@@ -606,6 +606,21 @@ static PyObject *lord_hook_into_torch(MemLordObject *self, PyObject *Py_UNUSED(i
     return ml_handle_enable_torch(&self->book);
 }
 
+/* lord._enabled_hooks() -> (the enabled hook_into_torch() handle or None, the
+ * enabled hook_into_python() handle or None): what a second hook_into_*() call
+ * would return, so a caller can tell the program's own handle from one it makes. */
+static PyObject *lord_enabled_hooks(MemLordObject *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *th = self->book.torch_handle, *ph = self->book.py_handle;
+    if (th == NULL || !((ml_handle *)th)->enabled) {
+        th = Py_None;
+    }
+    if (ph == NULL || !((ml_handle *)ph)->enabled) {
+        ph = Py_None;
+    }
+    return PyTuple_Pack(2, th, ph);
+}
+
 static int parse_bool(PyObject *v, const char *name, int *out)
 {
     if (!PyBool_Check(v)) {
@@ -881,6 +896,9 @@ static PyMethodDef lord_methods[] = {
      "torch factories and Tensor.clone; gradients, torch.load and optimizer state by category.  "
      "ops=True also counts every tensor an aten operator creates (a dispatch mode on this "
      "thread).  Returns a handle (disable(), enabled, ops, tracked; context manager)."},
+    {"_enabled_hooks", (PyCFunction)lord_enabled_hooks, METH_NOARGS,
+     "_enabled_hooks($self, /)\n--\n\n(the enabled hook_into_torch() handle or None, the enabled "
+     "hook_into_python() handle or None)."},
     {"region", (PyCFunction)ml_lord_region, METH_O,
      "region($self, name, /)\n--\n\nA named region: a context manager and a decorator; after exit "
      "its stats (per device: delta, peak, peak_delta, allocs, frees) and duration_s."},

@@ -512,3 +512,38 @@ def test_a_source_lord_with_its_own_hooks_keeps_them(tmp_path):
         assert hooks.enabled and not hooks.ops
     finally:
         hooks.disable()
+
+
+@pytest.mark.parametrize("torch_hooks", [False, True], ids=["python", "python+torch"])
+def test_a_source_lord_whose_hooks_match_the_trackers_keeps_them_on_after_stop(
+    tmp_path, torch_hooks
+):
+    """A lord given through ``source`` whose program turned on the very hooks the tracker
+    wants (``hook_into_python(ops=True)``, and ``hook_into_torch()``) gets them back
+    enabled at stop: ``hook_into_*`` returns the program's own handle, which is the
+    program's to disable, not the tracker's."""
+    lord = MemLord()
+    py = lord.hook_into_python(ops=True)
+    th = lord.hook_into_torch() if torch_hooks else None
+    try:
+        tracker = initialize_memory_tracker(
+            output_dir=tmp_path,
+            interval=None,
+            json_path=False,
+            source=LedgerSource(lord, torch_hooks=torch_hooks),
+        )
+        with tracker.track_operation("make"):
+            x = torch.zeros(1000) * 2  # an op output: the program's ops hooks count it
+        stop_memory_tracker()
+        (op,) = tracker.profile().operations
+        assert op.delta["cpu"] == x.untyped_storage().nbytes()
+        assert py.enabled and py.ops
+        assert th is None or th.enabled
+        before = lord.memory_allocated("cpu")
+        y = torch.ones(500) + 1  # the program's hooks still count after the tracker (the
+        # temporary ones(500) was counted and credited)
+        assert lord.memory_allocated("cpu") - before == y.untyped_storage().nbytes()
+    finally:
+        py.disable()
+        if th is not None:
+            th.disable()
