@@ -797,7 +797,23 @@ _ANY_GLOBAL_HOOK_FRAMES = (
 )
 
 
-@row(xfail={m: _ANY_GLOBAL_HOOK_FRAMES for m in MODES})
+def _fullgraph_lists_skipped_frames() -> bool:
+    """Whether this torch's model.compile(fullgraph=True) raises 'found no compiled frames'
+    with the frames it skipped (torch 2.13; torch 2.11 compiles nothing and raises
+    nothing, bare and tracked alike), read from dynamo's source without importing it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch._dynamo.eval_frame")
+    try:
+        with open(spec.origin, encoding="utf-8") as f:
+            return "found no compiled frames" in f.read()
+    except (AttributeError, TypeError, OSError):
+        return False
+
+
+@row(
+    xfail={m: _ANY_GLOBAL_HOOK_FRAMES for m in MODES} if _fullgraph_lists_skipped_frames() else None
+)
 def track_modules_module_compile_fullgraph_no_frames():
     return _module_compiled(fullgraph=True)
 
