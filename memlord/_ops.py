@@ -205,7 +205,8 @@ def _pop_mode() -> None:
 # ---- higher-order operators ---------------------------------------------------------------
 
 #: the higher-order operators whose dense kernel calls subgraphs given as arguments: the
-#: positions of those arguments.  Each is called with memlord's mode back on the stack.
+#: positions of those arguments.  Each is called with memlord's mode back on the stack;
+#: so is the subgraph of a ``BaseHOP`` (its first argument: foreach_map, invoke_quant).
 #: Another higher-order operator runs as it is; its outputs are counted.
 _SUBGRAPH_ARGS: dict[str, tuple[int, ...]] = {
     "cond": (1, 2),
@@ -245,6 +246,16 @@ def _take_off(mode: Any) -> None:
         above.append(m)
     for m in reversed(above):
         torch._C._push_on_torch_dispatch_stack(m)
+
+
+def _is_base_hop(hop: Any) -> bool:
+    """Whether hop is a ``torch._higher_order_ops.base_hop.BaseHOP``: its dense kernel
+    calls its first argument, the subgraph, with the operands."""
+    try:
+        from torch._higher_order_ops.base_hop import BaseHOP
+    except ImportError:  # a torch without it
+        return False
+    return isinstance(hop, BaseHOP)
 
 
 def _is_subgraph(obj: Any) -> bool:
@@ -295,9 +306,9 @@ def _hop_prepare(
                 kernel = hop.py_kernels.get(torch._C.DispatchKey.CompositeExplicitAutograd)
                 if kernel is not None:
                     call = _core._in_mode(kernel, mode)
-            elif mode is not None and name in _SUBGRAPH_ARGS:
+            elif mode is not None and (name in _SUBGRAPH_ARGS or _is_base_hop(hop)):
                 wrapped = list(args)
-                for i in _SUBGRAPH_ARGS[name]:
+                for i in _SUBGRAPH_ARGS.get(name, (0,)):
                     if i < len(wrapped) and _is_subgraph(wrapped[i]):
                         wrapped[i] = _core._in_mode(wrapped[i], mode)
                 args = tuple(wrapped)

@@ -234,6 +234,30 @@ def test_flex_attention_in_eager_peak_matches_torchs_profiler(ops_lord):
     assert ledger(ops_lord) == storage_bytes(q, out)
 
 
+def test_a_base_hop_counts_its_outputs_and_the_peak_inside(ops_lord):
+    """foreach_map, a BaseHOP (its subgraph is its first argument): the outputs are
+    counted, and the products its function makes and drops inside are seen (the peak is
+    the profiler's)."""
+    from torch._higher_order_ops.foreach_map import foreach_map
+
+    xs = [torch.randn(10_000) for _ in range(3)]
+    ys = [torch.randn(10_000) for _ in range(3)]
+
+    def run():
+        return foreach_map(lambda a, b: (a * b).sin(), xs, ys)
+
+    run()  # compiled once (foreach_map's function is traced), outside the profile
+    gc.collect()
+    base = ledger(ops_lord)
+    ops_lord.reset_peak_memory_stats("cpu")
+    out, theirs = profiled_peak(run)
+    ours = ops_lord.stats()["cpu"]["peak_allocated"] - base
+    assert len(out) == 3
+    assert ledger(ops_lord) - base == storage_bytes(*out) == 120_000
+    assert theirs > 120_000  # a product lives beside the sines
+    assert ours == theirs
+
+
 def test_invoke_subgraph_counts_its_outputs(ops_lord):
     from torch._higher_order_ops.invoke_subgraph import invoke_subgraph
 

@@ -1726,6 +1726,14 @@ def hop_map_while_loop_scan():
 
 
 @row
+def hop_foreach_map():
+    from torch._higher_order_ops.foreach_map import foreach_map
+
+    xs = [torch.randn(5), torch.randn(3, 2)]
+    return foreach_map(lambda a, b: (a * b).sin() + 1, xs, [x.cos() for x in xs])
+
+
+@row
 def hop_flex_attention_eager():
     from torch.nn.attention.flex_attention import flex_attention
 
