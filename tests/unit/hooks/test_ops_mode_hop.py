@@ -346,3 +346,42 @@ def test_subgraph_wrapper_checks_its_arguments_and_forwards_attributes():
     assert w.__name__ == "sub"
     with pytest.raises(AttributeError):
         w.no_such_attribute  # noqa: B018
+
+
+def test_a_users_mode_above_sees_what_it_sees_bare():
+    """A user's dispatch mode that lets higher-order operators through (entered after
+    memlord's, so above it) sees the same operators as without memlord: memlord's mode
+    goes back on the stack only below it, for the subgraphs torch runs after both."""
+    from torch._higher_order_ops.map import map as hop_map
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Seen(TorchDispatchMode):
+        supports_higher_order_operators = True
+
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    xs = torch.randn(4, 100)
+
+    def run():
+        with Seen() as mode:
+            out = hop_map(lambda x: (x * 2).sin(), xs)
+        return mode.seen, out
+
+    bare_seen, bare_out = run()
+    lord = MemLord(auto_gc_bytes=None)
+    h = lord.hook_into_python(ops=True)
+    try:
+        seen, out = run()
+        assert seen == bare_seen
+        assert "map_impl" in seen
+        assert torch.equal(out, bare_out)
+        del bare_out
+        assert ledger(lord) == storage_bytes(out)
+    finally:
+        h.disable()
