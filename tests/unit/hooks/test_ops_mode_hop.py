@@ -194,6 +194,17 @@ def test_scan_counts_its_outputs(ops_lord):
     assert ledger(ops_lord) == storage_bytes(xs, carry, ys)
 
 
+def test_associative_scan_counts_its_outputs(ops_lord):
+    from torch._higher_order_ops.associative_scan import associative_scan
+
+    xs = torch.randn(16, 1000)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = associative_scan(lambda a, b: a + b, xs, dim=0, combine_mode="generic")
+    assert torch.allclose(out, xs.cumsum(0), atol=1e-5)
+    assert ledger(ops_lord) == storage_bytes(xs, out)
+
+
 def test_flex_attention_in_eager_counts_its_outputs(ops_lord):
     from torch.nn.attention.flex_attention import flex_attention
 

@@ -1712,7 +1712,8 @@ def hop_cond_both_branches_and_gradients():
 
 
 @row
-def hop_map_while_loop_scan():
+def hop_map_while_loop_scans():
+    from torch._higher_order_ops.associative_scan import associative_scan
     from torch._higher_order_ops.map import map as hop_map
     from torch._higher_order_ops.scan import scan
     from torch._higher_order_ops.while_loop import while_loop
@@ -1722,6 +1723,7 @@ def hop_map_while_loop_scan():
         hop_map(lambda x, y: x * y + 1, xs, torch.arange(6.0)),
         list(while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x * 2), (torch.tensor(0), xs))),
         list(scan(lambda c, x: (c + x, (c * x).sin()), torch.zeros(6), xs)),
+        associative_scan(lambda a, b: a * b, xs, dim=0, combine_mode="generic"),
     ]
 
 
