@@ -17,9 +17,11 @@ leaves (the C core, ``src/hooks/hooks.c``, calls :func:`_install`):
 whose ``__torch_dispatch__`` is the C function ``_core._torch_dispatch``, put on the
 dispatch-mode stack of the thread that turned it on, below that thread's user modes (so
 theirs see every operator first and their exits pop their own mode) and above torch's infra
-modes.  Higher-order operators pass through it as one call: the operators inside their
-subgraphs are not seen.  The autograd engine carries it to
-its own threads for backward.
+modes.  A higher-order operator (torch.cond, map, while_loop, scan, flex_attention,
+invoke_subgraph...) reaches it as one call, with the mode off the stack while torch runs
+its dense kernel: memlord puts the mode back while the operator's subgraphs run
+(the operators inside are counted) and counts the storages of its outputs that no input
+holds.  The autograd engine carries it to its own threads for backward.
 
 Accounting never raises into the caller: a failing source is reported through
 ``sys.unraisablehook``.
@@ -55,7 +57,8 @@ class OpsMode(_core.OpsModeBase, TorchDispatchMode):
     TorchDispatchMode does not wrap it in a Python frame per operator).  Compiled code is
     left to ``torch.compile`` (``ignore_compile_internals``): while
     dynamo and inductor trace, the mode is off; the compiled artifact runs under it.
-    Higher-order operators pass through it unchanged."""
+    Higher-order operators run unchanged, their subgraphs under the mode
+    (:func:`_hop_prepare`)."""
 
     supports_higher_order_operators = True
 
@@ -197,6 +200,135 @@ def _pop_mode() -> None:
         above.append(top)
     for m in reversed(above):
         torch._C._push_on_torch_dispatch_stack(m)
+
+
+# ---- higher-order operators ---------------------------------------------------------------
+
+#: the higher-order operators whose dense kernel calls subgraphs given as arguments: the
+#: positions of those arguments.  Each is called with memlord's mode back on the stack;
+#: so is the subgraph of a ``BaseHOP`` (its first argument: foreach_map, invoke_quant).
+#: Another higher-order operator runs as it is; its outputs are counted.
+_SUBGRAPH_ARGS: dict[str, tuple[int, ...]] = {
+    "cond": (1, 2),
+    "while_loop": (0, 1),
+    "while_loop_stack_output": (0, 1),
+    "map_impl": (0,),
+    "scan": (0,),
+    "associative_scan": (0,),
+    "invoke_subgraph": (0,),
+}
+
+#: the higher-order operators whose dense kernel (the operator's CompositeExplicitAutograd
+#: kernel, which is what torch runs once the mode has it) runs whole under the mode, as
+#: torch's FakeTensorMode runs its own rule for them: the operators it runs (flex
+#: attention's scores matrix), its score_mod's included, are counted.  (Not
+#: flex_attention_backward: it has no CPU kernel in eager to check it against.)
+_KERNEL_UNDER_MODE = frozenset({"flex_attention"})
+
+
+def _take_off(mode: Any) -> None:
+    """Take mode off this thread's dispatch stack (the top, as a rule); the modes above it
+    go back in their order.  Nothing when it is not there (a ``disable()`` inside the
+    subgraph took it off)."""
+    if torch._C._len_torch_dispatch_stack() == 0:
+        return
+    top = torch._C._get_dispatch_stack_at(torch._C._len_torch_dispatch_stack() - 1)
+    if top is mode:
+        torch._C._pop_torch_dispatch_stack(None)
+        return
+    if not any(m is mode for m in _stack()):
+        return
+    above = []
+    while True:
+        m = torch._C._pop_torch_dispatch_stack(None)
+        if m is mode:
+            break
+        above.append(m)
+    for m in reversed(above):
+        torch._C._push_on_torch_dispatch_stack(m)
+
+
+def _is_base_hop(hop: Any) -> bool:
+    """Whether hop is a ``torch._higher_order_ops.base_hop.BaseHOP``: its dense kernel
+    calls its first argument, the subgraph, with the operands."""
+    try:
+        from torch._higher_order_ops.base_hop import BaseHOP
+    except ImportError:  # a torch without it
+        return False
+    return isinstance(hop, BaseHOP)
+
+
+def _is_subgraph(obj: Any) -> bool:
+    return callable(obj) and not isinstance(
+        obj, (torch.Tensor, type, torch._ops.OperatorBase, torch._ops.OpOverloadPacket)
+    )
+
+
+def _storages_of(obj: Any) -> tuple[dict[int, torch.Tensor], bool]:
+    """The plain tensors in obj (nested containers) by their storage (one tensor each), and
+    whether every tensor in obj is a plain one (none fake, functional, a subclass)."""
+    found: dict[int, torch.Tensor] = {}
+    plain = True
+    for t in torch.utils._pytree.tree_leaves(obj):
+        if type(t) is torch.Tensor or type(t) is torch.nn.Parameter:
+            try:
+                key = t.untyped_storage()._cdata
+            except Exception:  # noqa: BLE001 - no storage (sparse, nested): not counted here
+                plain = False
+                continue
+            found.setdefault(key, t)
+        elif isinstance(t, torch.Tensor):
+            plain = False
+    return found, plain
+
+
+def _hop_prepare(
+    mode: Any, hop: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None
+) -> tuple[Any, tuple[Any, ...], dict[str, Any] | None, dict[int, torch.Tensor]] | None:
+    """Before a higher-order operator runs under memlord's mode (the C
+    ``__torch_dispatch__`` asks, with the mode off the stack, then makes the call itself):
+    what to call and the arguments to call it with, and the inputs' storages
+    (:func:`_hop_count` leaves them out).  What to call is the operator, its subgraphs
+    (:data:`_SUBGRAPH_ARGS`) wrapped to run with the mode back on top of the stack
+    (``_core._in_mode``), or its dense kernel run under the mode
+    (:data:`_KERNEL_UNDER_MODE`).  None when that fails (reported): the operator then
+    runs as it was called."""
+    try:
+        with torch._C.DisableTorchFunction():
+            inputs, plain = _storages_of((args, kwargs))
+            name = getattr(hop, "_name", "")
+            call = hop
+            if not plain or any(torch._C._get_dispatch_mode(k) is not None for k in _INFRA_KEYS):
+                # torch's rule for a fake, functional or traced run (or a subclass's) takes
+                # it, not the dense kernel: nothing memlord counts runs inside
+                pass
+            elif mode is not None and name in _KERNEL_UNDER_MODE:
+                kernel = hop.py_kernels.get(torch._C.DispatchKey.CompositeExplicitAutograd)
+                if kernel is not None:
+                    call = _core._in_mode(kernel, mode)
+            elif mode is not None and (name in _SUBGRAPH_ARGS or _is_base_hop(hop)):
+                wrapped = list(args)
+                for i in _SUBGRAPH_ARGS.get(name, (0,)):
+                    if i < len(wrapped) and _is_subgraph(wrapped[i]):
+                        wrapped[i] = _core._in_mode(wrapped[i], mode)
+                args = tuple(wrapped)
+        return call, args, kwargs, inputs
+    except Exception:  # noqa: BLE001 - accounting never raises into the caller
+        _report(f"the higher-order operator {getattr(hop, '_name', hop)!r}")
+        return None
+
+
+def _hop_count(result: Any, inputs: dict[int, torch.Tensor]) -> None:
+    """After a higher-order operator ran: the storages its outputs hold that none of its
+    inputs held are counted (those tracked already add nothing: the operators inside its
+    subgraphs made them)."""
+    try:
+        with torch._C.DisableTorchFunction():
+            new = [t for key, t in _storages_of(result)[0].items() if key not in inputs]
+        if new:
+            _core._count_new(new)
+    except Exception:  # noqa: BLE001 - accounting never raises into the caller
+        _report("the outputs of a higher-order operator")
 
 
 # ---- the category sources ---------------------------------------------------------------

@@ -558,6 +558,12 @@ static PyMethodDef core_methods[] = {
     {"_storage_resized", (PyCFunction)(void (*)(void))ml_ops_storage_resized, METH_FASTCALL,
      "_storage_resized(storage, nbytes)\n--\n\nUntypedStorage.resize_ ran: a tracked storage "
      "counts its change of size."},
+    {"_count_new", (PyCFunction)ml_ops_count_new, METH_O,
+     "_count_new(tensors)\n--\n\nCount the storages of a higher-order operator's outputs "
+     "that no input holds (storages tracked already add nothing)."},
+    {"_in_mode", (PyCFunction)(void (*)(void))ml_ops_in_mode, METH_FASTCALL,
+     "_in_mode(fn, mode)\n--\n\nfn (a higher-order operator's subgraph), called with mode "
+     "on top of this thread's dispatch stack."},
     {"_optimizer_step", (PyCFunction)ml_ops_optimizer_step, METH_O,
      "_optimizer_step(begin)\n--\n\nThis thread's optimizer.step() begins or ends."},
     {"_after_hook", (PyCFunction)(void (*)(void))ml_hooks_after_hook, METH_FASTCALL,

@@ -1,5 +1,7 @@
 /* Op outputs (hook_into_python(ops=True)) and the category sources. */
 #include "hooks/ops.h"
+#include <structmember.h>
+#include "base/compat.h"
 #include "core/safepoint.h"
 #include "hooks/context.h"
 #include "hooks/dispatch.h"
@@ -19,6 +21,9 @@
  * for a keyword-only one (out=), OP_WRITES_ALL for one beyond the mask. */
 #define OP_WRITES_KW 4
 #define OP_WRITES_ALL 8
+/* a higher-order operator (torch.cond, map, while_loop, flex_attention...):
+ * run_hop runs it */
+#define OP_HOP 16
 #define OP_WRITES_SHIFT 8
 #define OP_WRITES_MAX 20
 #define OP_MUTATES (OP_WRITES_KW | OP_WRITES_ALL | (((1 << OP_WRITES_MAX) - 1) << OP_WRITES_SHIFT))
@@ -26,6 +31,7 @@
 
 static PyObject *op_cache;   /* dict, strong */
 static PyObject *overload_t; /* torch._ops.OpOverload, strong, or NULL */
+static PyObject *hop_t;      /* torch._ops.HigherOrderOperator, strong, or NULL */
 
 /* memlord._ops._install, once imported (strong): at exit, when a lord's
  * death uninstalls a group, nothing can be imported any more. */
@@ -147,9 +153,10 @@ done:
     return mask;
 }
 
-/* func's entry (a new reference): (callable, fresh, flags).  An object
- * without a schema (a higher-order operator) is called as it is and
- * creates nothing memlord counts here. */
+/* func's entry (a new reference): (callable, fresh, flags).  A
+ * higher-order operator is flagged OP_HOP (run_hop runs it);
+ * another object without a schema is called as it is and creates nothing
+ * memlord counts here. */
 static PyObject *op_entry(PyObject *func)
 {
     if (op_cache == NULL) {
@@ -165,15 +172,18 @@ static PyObject *op_entry(PyObject *func)
     if (PyErr_Occurred()) {
         return NULL;
     }
-    if (overload_t == NULL) {
+    if (overload_t == NULL || hop_t == NULL) {
         PyObject *ops = PyImport_ImportModule("torch._ops");
-        if (ops != NULL) {
-            overload_t = PyObject_GetAttrString(ops, "OpOverload");
-            Py_DECREF(ops);
-        }
-        if (overload_t == NULL) {
+        PyObject *o = ops != NULL ? PyObject_GetAttrString(ops, "OpOverload") : NULL;
+        PyObject *h = o != NULL ? PyObject_GetAttrString(ops, "HigherOrderOperator") : NULL;
+        Py_XDECREF(ops);
+        if (h == NULL) {
+            Py_XDECREF(o);
             return NULL;
         }
+        /* the import may have run code that set them */
+        Py_XSETREF(overload_t, o);
+        Py_XSETREF(hop_t, h);
     }
     PyObject *call = NULL;
     long fresh = 0;
@@ -191,7 +201,14 @@ static PyObject *op_entry(PyObject *func)
         }
     } else {
         call = Py_NewRef(func);
-        if (PyObject_HasAttrString(func, "_schema")) {
+        int is_hop = PyObject_IsInstance(func, hop_t);
+        if (is_hop < 0) {
+            Py_DECREF(call);
+            return NULL;
+        }
+        if (is_hop) {
+            flags |= OP_HOP;
+        } else if (PyObject_HasAttrString(func, "_schema")) {
             fresh = fresh_returns(func, &flags);
             if (fresh < 0) {
                 PyErr_Clear();
@@ -732,7 +749,271 @@ static PyObject *op_lookup(PyObject *func, long *fresh, int *flags)
     return call;
 }
 
-PyObject *ml_ops_dispatch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+/* ---- higher-order operators ----------------------------------------------
+ *
+ * torch.cond, map, while_loop, flex_attention... reach the mode as one call,
+ * with the mode off the stack while torch runs the operator's dense kernel.
+ * run_hop asks memlord._ops._hop_prepare what to call (the operator with its
+ * subgraphs wrapped in InMode objects, which put the mode back on the stack
+ * while they run, or its dense kernel in one) and the storages of the inputs,
+ * makes the call, and passes the result to memlord._ops._hop_count (its
+ * outputs' new storages are counted).  The operator, its kernel and its
+ * subgraphs are called from C: an error they raise reaches the caller with no
+ * frame of memlord's in its traceback. */
+
+static PyObject *hop_prepare_fn; /* memlord._ops._hop_prepare, strong, or NULL */
+static PyObject *hop_count_fn;   /* memlord._ops._hop_count, strong, or NULL */
+static PyObject *take_off_fn;    /* memlord._ops._take_off, strong, or NULL */
+static PyObject *push_mode_fn;   /* torch._C._push_on_torch_dispatch_stack, or NULL */
+
+/* The helpers above (strong references), imported once; -1 with an exception set. */
+static int hop_helpers(void)
+{
+    if (hop_prepare_fn != NULL && hop_count_fn != NULL && take_off_fn != NULL &&
+        push_mode_fn != NULL) {
+        return 0;
+    }
+    PyObject *mod = PyImport_ImportModule("memlord._ops");
+    PyObject *prepare = mod != NULL ? PyObject_GetAttrString(mod, "_hop_prepare") : NULL;
+    PyObject *count = prepare != NULL ? PyObject_GetAttrString(mod, "_hop_count") : NULL;
+    PyObject *take_off = count != NULL ? PyObject_GetAttrString(mod, "_take_off") : NULL;
+    Py_XDECREF(mod);
+    PyObject *tc = take_off != NULL ? PyImport_ImportModule("torch._C") : NULL;
+    PyObject *push =
+        tc != NULL ? PyObject_GetAttrString(tc, "_push_on_torch_dispatch_stack") : NULL;
+    Py_XDECREF(tc);
+    if (push == NULL) {
+        Py_XDECREF(prepare);
+        Py_XDECREF(count);
+        Py_XDECREF(take_off);
+        return -1;
+    }
+    /* the imports may have run code that set them */
+    Py_XSETREF(hop_prepare_fn, prepare);
+    Py_XSETREF(hop_count_fn, count);
+    Py_XSETREF(take_off_fn, take_off);
+    Py_XSETREF(push_mode_fn, push);
+    return 0;
+}
+
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *fn;   /* the subgraph, strong */
+    PyObject *mode; /* memlord's mode, strong */
+} InModeObject;
+
+/* Call fn with the mode on top of this thread's dispatch stack, taken off
+ * after (memlord._ops._take_off).  Failing to put it on or take it off is
+ * reported, never raised: fn's result or error is the caller's. */
+static PyObject *in_mode_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf,
+                                    PyObject *kwnames)
+{
+    const InModeObject *o = (const InModeObject *)self;
+    if (o->fn == NULL || o->mode == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "memlord: a cleared subgraph wrapper was called");
+        return NULL;
+    }
+    PyObject *fn = Py_NewRef(o->fn);
+    PyObject *mode = Py_NewRef(o->mode);
+    int pushed = 0;
+    if (hop_helpers() < 0) {
+        ml_write_unraisable(fn);
+    } else {
+        PyObject *push = Py_NewRef(push_mode_fn);
+        PyObject *r = PyObject_CallOneArg(push, mode);
+        Py_DECREF(push);
+        if (r == NULL) {
+            ml_write_unraisable(fn);
+        } else {
+            Py_DECREF(r);
+            pushed = 1;
+        }
+    }
+    PyObject *result = PyObject_Vectorcall(fn, args, nargsf, kwnames);
+    if (pushed) {
+        PyObject *exc = result == NULL ? ml_err_get_raised() : NULL;
+        PyObject *take_off = Py_NewRef(take_off_fn);
+        PyObject *r = PyObject_CallOneArg(take_off, mode);
+        Py_DECREF(take_off);
+        if (r == NULL) {
+            ml_write_unraisable(fn);
+        }
+        Py_XDECREF(r);
+        if (exc != NULL) {
+            ml_err_set_raised(exc);
+        }
+    }
+    Py_DECREF(mode);
+    Py_DECREF(fn);
+    return result;
+}
+
+static PyObject *in_mode_call(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    return PyVectorcall_Call(self, args, kwargs);
+}
+
+/* Any attribute but its own is the subgraph's (invoke_subgraph reads
+ * _boxed_call). */
+static PyObject *in_mode_getattro(PyObject *self, PyObject *name)
+{
+    PyObject *r = PyObject_GenericGetAttr(self, name);
+    PyObject *fn = ((const InModeObject *)self)->fn;
+    if (r != NULL || fn == NULL || !PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        return r;
+    }
+    PyErr_Clear();
+    Py_INCREF(fn);
+    r = PyObject_GetAttr(fn, name);
+    Py_DECREF(fn);
+    return r;
+}
+
+static PyObject *in_mode_repr(PyObject *self)
+{
+    PyObject *fn = ((const InModeObject *)self)->fn;
+    if (fn == NULL) {
+        return PyUnicode_FromString("<memlord in-mode subgraph (cleared)>");
+    }
+    Py_INCREF(fn); /* its repr may run anything */
+    PyObject *r = PyUnicode_FromFormat("<memlord in-mode subgraph %R>", fn);
+    Py_DECREF(fn);
+    return r;
+}
+
+static int in_mode_traverse(InModeObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(self->fn);
+    Py_VISIT(self->mode);
+    return 0;
+}
+
+static int in_mode_clear(InModeObject *self)
+{
+    Py_CLEAR(self->fn);
+    Py_CLEAR(self->mode);
+    return 0;
+}
+
+static void in_mode_dealloc(InModeObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
+    in_mode_clear(self);
+    tp->tp_free(self);
+    Py_DECREF(tp);
+}
+
+static PyMemberDef in_mode_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(InModeObject, vectorcall), READONLY, NULL},
+    {"__wrapped__", T_OBJECT, offsetof(InModeObject, fn), READONLY, "The subgraph."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot in_mode_slots[] = {
+    {Py_tp_doc, "A higher-order operator's subgraph, called with memlord's mode on the stack."},
+    {Py_tp_call, in_mode_call},
+    {Py_tp_getattro, in_mode_getattro},
+    {Py_tp_repr, in_mode_repr},
+    {Py_tp_members, in_mode_members},
+    {Py_tp_traverse, in_mode_traverse},
+    {Py_tp_clear, in_mode_clear},
+    {Py_tp_dealloc, in_mode_dealloc},
+    {0, NULL},
+};
+
+static PyType_Spec in_mode_spec = {
+    .name = "memlord._core.InMode",
+    .basicsize = sizeof(InModeObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+             Py_TPFLAGS_DISALLOW_INSTANTIATION | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = in_mode_slots,
+};
+
+static PyObject *in_mode_type; /* strong, made by the first _in_mode() */
+
+PyObject *ml_ops_in_mode(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "_in_mode() takes 2 arguments (fn, mode), got %zd", nargs);
+        return NULL;
+    }
+    if (!PyCallable_Check(args[0])) {
+        PyErr_Format(PyExc_TypeError, "_in_mode(): fn must be callable, not %.100s",
+                     Py_TYPE(args[0])->tp_name);
+        return NULL;
+    }
+    if (in_mode_type == NULL) {
+        PyObject *t = PyType_FromModuleAndSpec(module, &in_mode_spec, NULL);
+        if (t == NULL) {
+            return NULL;
+        }
+        Py_XSETREF(in_mode_type, t);
+    }
+    InModeObject *o = PyObject_GC_New(InModeObject, (PyTypeObject *)in_mode_type);
+    if (o == NULL) {
+        return NULL;
+    }
+    Py_INCREF(in_mode_type); /* a heap type: each instance holds it */
+    o->fn = Py_NewRef(args[0]);
+    o->mode = Py_NewRef(args[1]);
+    o->vectorcall = in_mode_vectorcall;
+    PyObject_GC_Track(o);
+    return (PyObject *)o;
+}
+
+/* A higher-order operator, with lords to count for (see above); mode: the
+ * dispatch mode, or None when called as _core._torch_dispatch (nothing to
+ * put back: the subgraphs run as they are). */
+static PyObject *run_hop(PyObject *mode, PyObject *func, PyObject *fargs, PyObject *fkwargs)
+{
+    PyObject *prep = NULL;
+    if (hop_helpers() < 0) {
+        ml_write_unraisable(func); /* accounting never raises into the caller */
+    } else {
+        PyObject *prepare = Py_NewRef(hop_prepare_fn);
+        PyObject *pargs[4] = {mode, func, fargs, fkwargs != NULL ? fkwargs : Py_None};
+        prep = PyObject_Vectorcall(prepare, pargs, 4, NULL);
+        Py_DECREF(prepare);
+        if (prep == NULL) {
+            ml_write_unraisable(func);
+        }
+    }
+    /* prep: (callable, args, kwargs, inputs), or None when _hop_prepare failed
+     * (it said so): then the operator runs as it was called */
+    PyObject *call = func;
+    PyObject *cargs = fargs;
+    PyObject *ckwargs = fkwargs;
+    PyObject *inputs = NULL;
+    if (prep != NULL && PyTuple_Check(prep) && PyTuple_GET_SIZE(prep) == 4 &&
+        PyTuple_Check(PyTuple_GET_ITEM(prep, 1)) &&
+        (PyTuple_GET_ITEM(prep, 2) == Py_None || PyDict_Check(PyTuple_GET_ITEM(prep, 2)))) {
+        call = PyTuple_GET_ITEM(prep, 0); /* prep holds them until the end */
+        cargs = PyTuple_GET_ITEM(prep, 1);
+        ckwargs = PyTuple_GET_ITEM(prep, 2) == Py_None ? NULL : PyTuple_GET_ITEM(prep, 2);
+        inputs = PyTuple_GET_ITEM(prep, 3);
+    }
+    ml_hook_call_enter();
+    PyObject *result = PyObject_Call(call, cargs, ckwargs);
+    ml_hook_call_exit(result == NULL, func, ML_SRC_OP);
+    if (result != NULL && inputs != NULL && ml_disp.ops_lord_refs != NULL) {
+        PyObject *count = Py_NewRef(hop_count_fn);
+        PyObject *cargs2[2] = {result, inputs};
+        PyObject *r = PyObject_Vectorcall(count, cargs2, 2, NULL);
+        Py_DECREF(count);
+        if (r == NULL) {
+            ml_write_unraisable(func);
+        }
+        Py_XDECREF(r);
+    }
+    Py_XDECREF(prep);
+    return result;
+}
+
+static PyObject *ops_dispatch(PyObject *module, PyObject *mode, PyObject *const *args,
+                              Py_ssize_t nargs)
 {
     if (nargs < 1 || nargs > 4) {
         PyErr_Format(PyExc_TypeError,
@@ -772,6 +1053,12 @@ PyObject *ml_ops_dispatch(PyObject *module, PyObject *const *args, Py_ssize_t na
         /* accounting never raises into the caller: run the operator as it is */
         ml_write_unraisable(func);
         PyObject *r = PyObject_Call(func, fargs, fkwargs);
+        Py_DECREF(fargs);
+        return r;
+    }
+    if ((flags & OP_HOP) && ml_disp.ops_lord_refs != NULL) {
+        Py_DECREF(call);
+        PyObject *r = run_hop(mode, func, fargs, fkwargs);
         Py_DECREF(fargs);
         return r;
     }
@@ -815,6 +1102,50 @@ PyObject *ml_ops_dispatch(PyObject *module, PyObject *const *args, Py_ssize_t na
         ml_safe_point();
     }
     return result;
+}
+
+PyObject *ml_ops_dispatch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    return ops_dispatch(module, Py_None, args, nargs);
+}
+
+/* _core._count_new(tensors): count the storages of the tensors (a list or
+ * tuple: a higher-order operator's outputs that no input holds) for every
+ * lord of the ops group; storages tracked already add nothing. */
+PyObject *ml_ops_count_new(PyObject *module, PyObject *arg)
+{
+    if (!PyList_Check(arg) && !PyTuple_Check(arg)) {
+        PyErr_Format(PyExc_TypeError, "_count_new(): tensors must be a list or tuple, not %.100s",
+                     Py_TYPE(arg)->tp_name);
+        return NULL;
+    }
+    ml_state *st = PyModule_GetState(module);
+    if (st == NULL || ml_disp.ops_lord_refs == NULL) {
+        Py_RETURN_NONE;
+    }
+    PyObject *holder = PySequence_Tuple(arg); /* a list may change while counted */
+    if (holder == NULL) {
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(holder); i++) {
+        PyObject *t = PyTuple_GET_ITEM(holder, i); /* holder holds it */
+        if (!PyObject_TypeCheck(t, (PyTypeObject *)st->tensor_type)) {
+            continue;
+        }
+        ml_life_item it;
+        int r = item_of(st, t, &it);
+        if (r < 0) {
+            Py_DECREF(holder);
+            return NULL;
+        }
+        if (r > 0) {
+            count_for_ops_lords(st, &it, 1, OPS_COUNT);
+            Py_DECREF(it.key);
+        }
+    }
+    Py_DECREF(holder);
+    ml_safe_point();
+    Py_RETURN_NONE;
 }
 
 /* ---- the category sources -------------------------------------------------- */
@@ -906,7 +1237,7 @@ PyObject *ml_ops_optimizer_step(PyObject *Py_UNUSED(module), PyObject *arg)
  * torch wants the mode's __torch_dispatch__ as a method bound to the mode
  * (not a classmethod, not a bare function), so the C function is a method
  * of a base type the Python mode class derives from (memlord/_ops.py). */
-static PyObject *base_torch_dispatch(PyObject *Py_UNUSED(self), PyTypeObject *defining_class,
+static PyObject *base_torch_dispatch(PyObject *self, PyTypeObject *defining_class,
                                      PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     if (kwnames != NULL && PyTuple_GET_SIZE(kwnames) > 0) {
@@ -954,13 +1285,13 @@ static PyObject *base_torch_dispatch(PyObject *Py_UNUSED(self), PyTypeObject *de
                 return NULL;
             }
             full[2] = empty;
-            PyObject *r = ml_ops_dispatch(PyType_GetModule(defining_class), full, n);
+            PyObject *r = ops_dispatch(PyType_GetModule(defining_class), self, full, n);
             Py_DECREF(empty);
             return r;
         }
-        return ml_ops_dispatch(PyType_GetModule(defining_class), full, n);
+        return ops_dispatch(PyType_GetModule(defining_class), self, full, n);
     }
-    return ml_ops_dispatch(PyType_GetModule(defining_class), args, nargs);
+    return ops_dispatch(PyType_GetModule(defining_class), self, args, nargs);
 }
 
 static PyMethodDef base_methods[] = {

@@ -27,6 +27,12 @@ int ml_ops_install(const char *group, int on);
 /* _core._torch_dispatch(func, types, args=(), kwargs=None): the mode's
  * __torch_dispatch__ (a module function). */
 PyObject *ml_ops_dispatch(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* _core._count_new(tensors): count the storages of a higher-order
+ * operator's outputs that no input holds (memlord/_ops.py's _hop_count). */
+PyObject *ml_ops_count_new(PyObject *module, PyObject *arg);
+/* _core._in_mode(fn, mode): fn (a higher-order operator's subgraph), called
+ * with mode on top of this thread's dispatch stack (memlord/_ops.py). */
+PyObject *ml_ops_in_mode(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* _core.OpsModeBase: a base type whose __torch_dispatch__ method is
  * ml_ops_dispatch (torch wants a method bound to the mode). */
 extern PyType_Spec ml_ops_mode_base_spec;

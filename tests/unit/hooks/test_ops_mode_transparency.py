@@ -1,6 +1,6 @@
 """Where the dispatch mode (``hook_into_python(ops=True)``) cannot be invisible, and what bounds it.
 
-Two rows of the transparency corpus (test_transparency.py) differ from bare torch in its
+Three rows of the transparency corpus (test_transparency.py) differ from bare torch in its
 ``ops`` mode, because torch treats *every* dispatch mode so (the corpus holds such a row to
 what a do-nothing dispatch mode observes, or marks it xfail where even that differs); these
 tests hold memlord to the least that any dispatch mode costs:
@@ -12,6 +12,9 @@ tests hold memlord to the least that any dispatch mode costs:
   (``OpOverload.__hash__``) and calls the mode and the operator through CPython's call
   machinery, each call counting against the recursion limit. memlord's mode costs at most
   4 levels; a do-nothing Python mode costs dozens.
+* ``hop_error_traceback``: an error raised inside a higher-order operator's subgraph (a
+  torch.cond branch) carries the frames torch adds when any dispatch mode runs the
+  operator it was handed (it calls it again); memlord adds none of its own.
 """
 
 from __future__ import annotations
@@ -77,3 +80,19 @@ def test_recursion_cost_of_the_mode_is_a_few_levels():
     for b, o, p in zip(bare, ops, python_mode, strict=True):
         assert b - 4 <= o <= b
         assert p < o  # any Python mode costs more than memlord's
+
+
+#: the frames torch adds when a dispatch mode runs a higher-order operator it was handed
+#: (with the mode off the stack): the operator's call again, down to its dense kernel
+HOP_REDISPATCH = [["__call__", "cond.py"], ["__call__", "_ops.py"], ["dispatch", "_ops.py"]]
+
+
+def test_hop_error_traceback_under_ops_is_torchs_redispatch_and_nothing_of_memlords():
+    """An error raised inside torch.cond's branch, under ops=True: bare torch's traceback
+    with the frames torch adds for any dispatch mode that runs the operator (it calls it
+    again), and none of memlord's: memlord calls the operator and the branch from C."""
+    bare = corpus.hop_error_frames()
+    ops = under_ops(corpus.hop_error_frames)
+    at = bare.index(["cond_op_dense", "cond.py"])
+    assert ops == bare[:at] + HOP_REDISPATCH + bare[at:]
+    assert ops[0] == "IndexError"

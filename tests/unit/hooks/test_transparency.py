@@ -1747,6 +1747,94 @@ def vmap_of_factory_like():
     return torch.vmap(lambda x: torch.zeros_like(x) + x.half())(torch.ones(2, 3))
 
 
+# --------------------------------------------------------------------------- higher-order operators
+# Under ops=True memlord runs a higher-order operator's subgraphs with its mode back on
+# the stack (their operators are counted): values, gradients, errors and their tracebacks
+# stay torch's.
+
+
+@row
+def hop_cond_both_branches_and_gradients():
+    x = torch.randn(50, requires_grad=True)
+    outs = []
+    for sign in (1, -1):
+        pred = (x * sign).sum() > 0
+        o = torch.cond(pred, lambda v: (v * 2).sin(), lambda v: v.cos() + 1, (x,))
+        (g,) = torch.autograd.grad(o.sum(), x)
+        outs += [o.detach(), g]
+    return outs
+
+
+@row
+def hop_map_while_loop_scans():
+    from torch._higher_order_ops.associative_scan import associative_scan
+    from torch._higher_order_ops.map import map as hop_map
+    from torch._higher_order_ops.scan import scan
+    from torch._higher_order_ops.while_loop import while_loop
+
+    xs = torch.randn(4, 6)
+    return [
+        hop_map(lambda x, y: x * y + 1, xs, torch.arange(6.0)),
+        list(while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x * 2), (torch.tensor(0), xs))),
+        list(scan(lambda c, x: (c + x, (c * x).sin()), torch.zeros(6), xs)),
+        associative_scan(lambda a, b: a * b, xs, dim=0, combine_mode="generic"),
+    ]
+
+
+@row
+def hop_foreach_map():
+    from torch._higher_order_ops.foreach_map import foreach_map
+
+    xs = [torch.randn(5), torch.randn(3, 2)]
+    return foreach_map(lambda a, b: (a * b).sin() + 1, xs, [x.cos() for x in xs])
+
+
+@row
+def hop_flex_attention_eager():
+    from torch.nn.attention.flex_attention import flex_attention
+
+    q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
+    return flex_attention(q, k, v, score_mod=lambda s, b, h, qi, kv: s + (qi - kv))
+
+
+def _hop_error_run():
+    """A torch.cond whose branch raises when it runs (the index is data, unknown while
+    torch.cond traces the branch)."""
+    x = torch.randn(10)
+
+    def bad(v):
+        return v.index_select(0, (v.sum() * 0 + 100).long().view(1))
+
+    return lambda: torch.cond(x.sum() > -1e9, bad, lambda v: v.clone(), (x,))
+
+
+def hop_error_frames():
+    frames = _frames_of(_hop_error_run())
+    # the traced branch's file is numbered anew at each trace: "<eval_with_key>.7"
+    frames[1:] = [
+        [n, f.split(".")[0] if f.startswith("<eval_with_key>") else f] for n, f in frames[1:]
+    ]
+    return frames
+
+
+@row
+def hop_error_inside_a_branch():
+    return _error_of(_hop_error_run())
+
+
+_HOP_REDISPATCH = (
+    "torch hands a higher-order operator to a dispatch mode with the mode off the stack; "
+    "the mode runs it by calling it again, and the traceback of an error raised inside has "
+    "torch's frames of that call (HigherOrderOperator.__call__ and dispatch) once more: so "
+    "with any mode (test_ops_mode_transparency.py holds memlord to adding nothing of its own)"
+)
+
+
+@row(xfail={"ops": _HOP_REDISPATCH})
+def hop_error_traceback():
+    return hop_error_frames()
+
+
 # --------------------------------------------------------------------------- inference, autocast
 
 
