@@ -956,7 +956,8 @@ PyObject *ml_ops_in_mode(PyObject *module, PyObject *const *args, Py_ssize_t nar
     if (o == NULL) {
         return NULL;
     }
-    Py_INCREF(in_mode_type); /* a heap type: each instance holds it */
+    /* PyObject_GC_New took the reference each instance of a heap type holds
+     * (in_mode_dealloc gives it back) */
     o->fn = Py_NewRef(args[0]);
     o->mode = Py_NewRef(args[1]);
     o->vectorcall = in_mode_vectorcall;

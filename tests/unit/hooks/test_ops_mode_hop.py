@@ -13,6 +13,7 @@ still holds, and torch's profiler (``profile_memory=True``) for the peak inside 
 from __future__ import annotations
 
 import gc
+import sys
 import warnings
 
 import pytest
@@ -357,6 +358,24 @@ def test_subgraph_wrapper_checks_its_arguments_and_forwards_attributes():
     assert w.__name__ == "sub"
     with pytest.raises(AttributeError):
         w.no_such_attribute  # noqa: B018
+
+
+def test_subgraph_wrappers_hold_their_type_once_each():
+    """A subgraph wrapper holds one reference to its type, given back when it dies (the
+    type's reference count is the same before and after a thousand wrappers)."""
+    from memlord import _core
+
+    def sub(a):
+        return a
+
+    keep = _core._in_mode(sub, None)
+    tp = type(keep)
+    before = (sys.getrefcount(tp), sys.getrefcount(sub))
+    made = [_core._in_mode(sub, None) for _ in range(1000)]
+    del made
+    gc.collect()
+    assert (sys.getrefcount(tp), sys.getrefcount(sub)) == before
+    del keep
 
 
 def test_a_users_mode_above_sees_what_it_sees_bare():
