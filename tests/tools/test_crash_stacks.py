@@ -13,7 +13,9 @@ from support.crash import enable_core_dump, native_stacks
 
 CRASH = (
     "import ctypes, threading\n"
-    "threading.Thread(target=input, daemon=True).start()\n"
+    # a thread that waits for ever (input() returned at once when stdin was at its end,
+    # and the thread could be gone before the crash: one thread in the core)
+    "threading.Thread(target=threading.Event().wait, daemon=True).start()\n"
     "ctypes.string_at(0)\n"
 )
 
