@@ -7,14 +7,16 @@ here (gcc and valgrind's headers), after warm-up casts; the hash seed is fixed. 
 figure is per cast: the whole process's count over the casts, unhooked and hooked
 (``MemLord()`` defaults, ``hook_into_torch()``), and their difference, memlord's part.
 
-    python bench/cg_cast.py [--loop lines|function] [--casts N] [--cache-sim] [--own]
+    python bench/cg_cast.py [--loop lines|function] [--casts N] [--cache-sim] [--own] [--ring N]
 
 ``--loop lines``: ten ``t.half()`` lines in a loop (bench_hooks.py's row); ``function``:
 ``half(t)`` with ``def half(x): return x.half()``, a fresh frame per cast. ``--own`` also
 prints memlord's own instructions per cast: the hook's inclusive count minus torch's
 ``THPVariable_half``'s (the difference of the two processes' totals also moves with what
 differs between them outside the casts, a few tens of instructions). Needs valgrind
-(``callgrind_annotate`` for ``--own``). docs/benchmarks.md quotes its figures.
+(``callgrind_annotate`` for ``--own``). ``--ring N``: the hooked lord records its events
+too (``lord.record_events(N)``, bench_events.py's row): every cast's events carry a time
+and a thread. docs/benchmarks.md quotes its figures.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ void cg_stop(void) { CALLGRIND_STOP_INSTRUMENTATION; CALLGRIND_DUMP_STATS; }
 WARMUP_ROUNDS = 30
 
 
-def child(lib: str, loop: str, hooked: bool, rounds: int) -> None:
+def child(lib: str, loop: str, hooked: bool, rounds: int, ring: int = 0) -> None:
     import ctypes
     import gc
 
@@ -69,6 +71,8 @@ def child(lib: str, loop: str, hooked: bool, rounds: int) -> None:
     if hooked:
         lord = MemLord()
         lord.hook_into_torch()
+        if ring:
+            lord.record_events(ring)
     gc.disable()
     f(WARMUP_ROUNDS)
     cg.cg_start()
@@ -120,12 +124,15 @@ def main() -> int:
         "--own", action="store_true", help="also memlord's own instructions per cast"
     )
     parser.add_argument(
+        "--ring", type=int, default=0, help="the hooked lord records events (ring size)"
+    )
+    parser.add_argument(
         "--child", nargs=3, metavar=("LIB", "HOOKED", "ROUNDS"), help=argparse.SUPPRESS
     )
     args = parser.parse_args()
     if args.child:
         lib, hooked, rounds = args.child
-        child(lib, args.loop, hooked == "1", int(rounds))
+        child(lib, args.loop, hooked == "1", int(rounds), args.ring)
         return 0
     if args.casts <= 0 or args.casts % 10:
         parser.error(f"--casts must be a positive multiple of 10, got {args.casts}")
@@ -154,6 +161,8 @@ def main() -> int:
                 __file__,
                 "--loop",
                 args.loop,
+                "--ring",
+                str(args.ring),
                 "--child",
                 str(lib),
                 str(hooked),
@@ -168,7 +177,8 @@ def main() -> int:
             got[hooked] = totals(dumps[0])
             if hooked and args.own:
                 own = own_per_cast(dumps[0], args.casts)
-    print(f"callgrind, {args.casts} casts ({args.loop}), {sys.version.split()[0]}, per cast:")
+    ring = f", event ring {args.ring:,}" if args.ring else ""
+    print(f"callgrind, {args.casts} casts ({args.loop}{ring}), {sys.version.split()[0]}, per cast:")
     print(f"{'event':>6} {'unhooked':>10} {'hooked':>10} {'memlord':>9}")
     for ev in got[0]:
         a, b = got[0][ev] / args.casts, got[1][ev] / args.casts
