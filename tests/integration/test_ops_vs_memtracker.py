@@ -114,11 +114,13 @@ def workload():
                 break
 
 
-@pytest.mark.parametrize("keep_grads", [False, True], ids=["grads_to_none", "grads_kept"])
-def test_peak_categories_and_block_deltas_match_memtracker(workload, keep_grads):
+def _steps_under_memtracker(workload, modules, keep_grads):
+    """A warm-up step (AdamW makes its state), then two steps under MemTracker, the
+    lord's peak and the module regions reset before them and both sides' module stats
+    before the second: the MemTracker, whose module stats and the regions are the
+    second step's."""
     lord, model, opt, idx, tgt, step = workload
-    modules = lord.track_modules(model, backward=False)
-    step(keep_grads)  # warm-up: AdamW makes its state
+    step(keep_grads)
     gc.collect()
     lord.reset_peak_memory_stats("cpu")
     modules.regions(clear=True)
@@ -130,6 +132,14 @@ def test_peak_categories_and_block_deltas_match_memtracker(workload, keep_grads)
                 mt.reset_mod_stats()
                 modules.regions(clear=True)
             step(keep_grads)
+    return mt
+
+
+@pytest.mark.parametrize("keep_grads", [False, True], ids=["grads_to_none", "grads_kept"])
+def test_peak_categories_and_block_deltas_match_memtracker(workload, keep_grads):
+    lord, model, opt, idx, tgt, _ = workload
+    modules = lord.track_modules(model, backward=False)
+    mt = _steps_under_memtracker(workload, modules, keep_grads)
     stats = lord.stats("cpu")["cpu"]
     theirs = mt.get_tracker_snapshot("peak")[CPU]
 
@@ -196,19 +206,9 @@ def test_module_breakdown_deltas_and_peaks_match_memtracker(workload, keep_grads
     its Post-Forward (Post-Backward) snapshot, and the region's peak_delta is MemTracker's
     Peak-Forward (Peak-Backward) less the Pre snapshot. MemTracker follows the same
     operators' storages on its own, so the two agree to the byte."""
-    lord, model, opt, idx, tgt, step = workload
+    lord, model = workload[:2]
     modules = lord.track_modules(model, backward=True)
-    step(keep_grads)  # warm-up: AdamW makes its state
-    gc.collect()
-    modules.regions(clear=True)
-    mt = MemTracker()
-    mt.track_external(model, opt, idx, tgt)
-    with mt:
-        for i in range(2):
-            if i:
-                mt.reset_mod_stats()
-                modules.regions(clear=True)
-            step(keep_grads)
+    mt = _steps_under_memtracker(workload, modules, keep_grads)
     regions = modules.regions()
     modules.disable()
     checked = 0

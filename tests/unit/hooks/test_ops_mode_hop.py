@@ -18,23 +18,10 @@ import warnings
 
 import pytest
 import torch
+from support.ledger import ledger, storage_bytes
 from torch.profiler import ProfilerActivity, profile
 
 from memlord import MemLord
-
-
-def ledger(lord) -> int:
-    gc.collect()
-    return lord.allocated("cpu")[0]
-
-
-def storage_bytes(*tensors) -> int:
-    """The bytes of the distinct storages the tensors use (torch's own figure)."""
-    seen = {}
-    for t in tensors:
-        s = t.untyped_storage()
-        seen[(s.data_ptr(), s.nbytes())] = s.nbytes()
-    return sum(seen.values())
 
 
 def profiled_peak(fn, *args):

@@ -27,11 +27,11 @@ Python getters (conftest.tensor_abi).
 from __future__ import annotations
 
 import contextlib
-import gc
 import warnings
 
 import pytest
 import torch
+from support.ledger import ledger
 from torch.profiler import ProfilerActivity, profile
 
 from memlord import MemLord
@@ -54,11 +54,6 @@ def ops_on():
     lord = MemLord(auto_gc_bytes=None)
     with lord.hook_into_python(ops=True):
         yield lord
-
-
-def ledger(lord) -> int:
-    gc.collect()
-    return lord.allocated("cpu")[0]
 
 
 def parts(t: torch.Tensor) -> list[torch.Tensor]:
