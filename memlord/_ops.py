@@ -190,8 +190,14 @@ def _pop_mode() -> None:
         if _state.mode_thread is not None:
             _state.orphans[_state.mode_thread] = mode
         return
+    _remove_from_stack(mode)  # nothing when a user's mode exit popped it already
+
+
+def _remove_from_stack(mode: Any) -> None:
+    """Take mode off this thread's dispatch stack wherever it is, the modes above it
+    back in their order; nothing when it is not there."""
     if not any(m is mode for m in _stack()):
-        return  # a user's mode exit popped it already
+        return
     above = []
     while True:
         top = torch._C._pop_torch_dispatch_stack(None)
@@ -236,16 +242,7 @@ def _take_off(mode: Any) -> None:
     if top is mode:
         torch._C._pop_torch_dispatch_stack(None)
         return
-    if not any(m is mode for m in _stack()):
-        return
-    above = []
-    while True:
-        m = torch._C._pop_torch_dispatch_stack(None)
-        if m is mode:
-            break
-        above.append(m)
-    for m in reversed(above):
-        torch._C._push_on_torch_dispatch_stack(m)
+    _remove_from_stack(mode)
 
 
 def _is_base_hop(hop: Any) -> bool:
