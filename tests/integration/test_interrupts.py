@@ -26,6 +26,9 @@ PROGRAM = textwrap.dedent(
     from memlord import MemLord
 
     SIG = signal.SIG{sig}
+    # Python's own SIGINT handler, as a program started from a terminal has it (a parent
+    # that ignores SIGINT, such as a shell's background job, leaves it ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if SIG == signal.SIGTERM:
         signal.signal(signal.SIGTERM, lambda s, f: sys.exit(3))  # a program's clean exit
 
