@@ -84,6 +84,54 @@ def test_limit_memory_counts_only_the_call_not_class_or_module_fixtures(
     assert peaks == {"test_small[10]": {"cpu": 40}, "test_small[20000]": {"cpu": 80_000}}
 
 
+def test_a_fixtures_model_stepped_in_the_test_is_not_the_tests_allocation(
+    pytester: pytest.Pytester,
+) -> None:
+    """A model a fixture made, trained for one step in the test: the test's peak is what
+    the step makes (gradients, momentum, activations), never the fixture's parameters
+    that the optimizer's step finds (torch.profiler's memory timeline is the reference,
+    as the plugin's other peak test)."""
+    pytester.makepyfile(
+        test_fixture_model="""
+        import json, pytest, torch
+
+        @pytest.fixture(scope="module")
+        def model():
+            torch.manual_seed(0)
+            return torch.nn.Linear(512, 512)            # 1 MB of parameters, in setup
+
+        @pytest.mark.limit_memory("1 GB")
+        def test_step(model):
+            opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            with torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU],
+                profile_memory=True, record_shapes=True, with_stack=True,
+            ) as prof:
+                model(torch.ones(4, 512)).sum().backward()
+                opt.step()
+            net = peak = 0
+            for _t, action, _key, size in prof._memory_profile().timeline:
+                net += size if action.name == "CREATE" else -size if action.name == "DESTROY" else 0
+                peak = max(peak, net)
+            with open("torch_peak.json", "w") as f:
+                json.dump(peak, f)
+        """
+    )
+    # in a process of its own: the optimizer's step imports torch._dynamo, which pytester
+    # would unload after an in-process run, and a later run's import of it then registers
+    # torch's test operator library twice
+    r = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--memlord", "--memlord-json", "o.json"
+    )
+    r.assert_outcomes(passed=1)
+    doc = json.loads((pytester.path / "o.json").read_text())
+    (test,) = doc["tests"]
+    torch_peak = json.loads((pytester.path / "torch_peak.json").read_text())
+    params = (512 * 512 + 512) * 4
+    assert torch_peak > params  # gradients and momentum: one more copy of the parameters
+    assert test["peak"]["cpu"] == torch_peak
+
+
 def test_a_unittest_case_counts_its_test_method_not_its_setup_or_teardown(
     pytester: pytest.Pytester,
 ) -> None:
