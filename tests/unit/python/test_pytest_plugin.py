@@ -130,6 +130,10 @@ def test_a_fixtures_model_stepped_in_the_test_is_not_the_tests_allocation(
     params = (512 * 512 + 512) * 4
     assert torch_peak > params  # gradients and momentum: one more copy of the parameters
     assert test["peak"]["cpu"] == torch_peak
+    # what the test added at its peak: the gradients and the momentum, no parameter
+    added = test["categories"]["cpu"]
+    assert "parameter" not in added
+    assert added["gradient"] == params and added["optimizer_state"] == params
 
 
 def test_a_unittest_case_counts_its_test_method_not_its_setup_or_teardown(
