@@ -154,7 +154,7 @@ class EventsMixin(_LordBase):
     def event_source(code: int) -> str:
         """The source's name (``EVENT_SOURCES``): ``"explicit"``, ``"convert"``,
         ``"factory"``, ``"death"``, ``"deferred"``, ``"policy"``, ``"param"``, ``"op"``,
-        ``"grad"``, ``"load"``, ``"tensor"`` or ``"allocator"``."""
+        ``"grad"``, ``"load"``, ``"tensor"``, ``"allocator"`` or ``"found"``."""
         return EVENT_SOURCES[_code("event_source", code, len(EVENT_SOURCES))]
 
     def event_device(self, code: int) -> str:

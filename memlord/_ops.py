@@ -392,6 +392,18 @@ def _params_of(optimizer: Any) -> list[Any]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
+def _state_of(optimizer: Any) -> list[torch.Tensor]:
+    """The tensors an optimizer's state holds: a dict per parameter (torch's optimizers),
+    or whatever a custom one keeps."""
+    held: list[torch.Tensor] = []
+    for state in optimizer.state.values():
+        if isinstance(state, torch.Tensor):
+            held.append(state)
+        elif isinstance(state, dict):
+            held.extend(v for v in state.values() if isinstance(v, torch.Tensor))
+    return held
+
+
 @_unseen
 def _optimizer_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
     _core._optimizer_step(True)
@@ -412,10 +424,17 @@ def _optimizer_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
         grads = [p.grad for p in params if p.grad is not None]
         if params:
             # what an optimizer steps is a parameter, however its storage was made (a
-            # Module.to() under ops=True makes it with an operator)
-            _categorize(params, "parameter", "param")
+            # Module.to() under ops=True makes it with an operator); one no source saw
+            # made (a model made before the hooks) is found, not made by this step:
+            # counted, and no allocation of an open region's
+            _categorize(params, "parameter", "found")
         if grads:
             _categorize(grads, "gradient", "grad")
+        held = _state_of(optimizer)
+        if held:
+            # the state the optimizer holds before its step (an earlier step's, made
+            # before the hooks): found too; what the step makes is counted after it
+            _categorize(held, "optimizer_state", "found", _ALL & ~_BIT["parameter"])
     except Exception:  # noqa: BLE001
         _report("an optimizer's step")
 
@@ -424,13 +443,7 @@ def _optimizer_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
 def _optimizer_post(optimizer: Any, args: Any, kwargs: Any) -> None:
     _core._optimizer_step(False)
     try:
-        held = []
-        for state in optimizer.state.values():
-            # a dict per parameter (torch's optimizers), or whatever a custom one keeps
-            if isinstance(state, torch.Tensor):
-                held.append(state)
-            elif isinstance(state, dict):
-                held.extend(v for v in state.values() if isinstance(v, torch.Tensor))
+        held = _state_of(optimizer)
         if held:
             # what the optimizer holds is its state, whatever made it
             _categorize(held, "optimizer_state", "tensor", _ALL & ~_BIT["parameter"])

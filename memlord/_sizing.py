@@ -153,48 +153,30 @@ class _Sample:
         self.torch_allocated: int | None = None
 
 
-def _adopt_untracked(lord: Any, *, held_only: bool = False) -> None:
+def _adopt_untracked(lord: Any) -> None:
     """Track the live tensors' storages ``lord`` does not track yet (found by a scan of
     the objects the cyclic GC knows: the model's parameters and whatever was made before
     the lord), so that their bytes count in its peaks and their deaths are credited;
     parameters, their gradients and the state of live optimizers under their categories,
-    the rest as ``other``.  With ``held_only``, only those three: what a category source
-    would find later (an optimizer's step finds the parameters) and count then; other
-    leftovers stay untracked, and their deaths move nothing.  No call site is recorded
-    (the hotspot tables and the top site name the program's own lines)."""
+    the rest as ``other``."""
     from ._core import _gc_objects_of
     from ._ops import _categorize
     from ._snapshot import _live_tensors, _skipped
 
-    def untracked(t: Any) -> bool:
-        try:
-            return not (_skipped(t) or lord._tracks_storage(t.untyped_storage()))
-        except Exception:  # noqa: BLE001 - a tensor without a readable storage
-            return False
-
     found, params, grads = [], [], []
     for t in _live_tensors():
-        is_param = isinstance(t, torch.nn.Parameter)
-        if is_param and t.grad is not None and untracked(t.grad):
-            grads.append(t.grad)
-        if (is_param or not held_only) and untracked(t):
-            found.append(t)
-            if is_param:
-                params.append(t)
-    state = [
-        v
-        for opt in _gc_objects_of(gc.get_objects, torch.optim.Optimizer, ())
-        for per_param in getattr(opt, "state", {}).values()
-        if isinstance(per_param, dict)
-        for v in per_param.values()
-        if isinstance(v, torch.Tensor)
-    ]
-    if held_only:
-        found += grads + [v for v in state if untracked(v)]
+        try:
+            if _skipped(t) or lord._tracks_storage(t.untyped_storage()):
+                continue
+        except Exception:  # noqa: BLE001 - a tensor without a readable storage
+            continue
+        found.append(t)
+        if isinstance(t, torch.nn.Parameter):
+            params.append(t)
+            if t.grad is not None:
+                grads.append(t.grad)
     if not found:
         return
-    sites = bool(lord.track_callsite)
-    lord.set_callsite_tracking(False)
     try:
         lord.allocate(found)
     except (TypeError, ValueError):
@@ -205,12 +187,18 @@ def _adopt_untracked(lord: Any, *, held_only: bool = False) -> None:
                 lord.allocate(t)
             except (TypeError, ValueError):
                 pass
-    finally:
-        lord.set_callsite_tracking(sites)
     if params:
         _categorize(params, "parameter", None)
     if grads:
         _categorize(grads, "gradient", None)
+    state = [
+        v
+        for opt in _gc_objects_of(gc.get_objects, torch.optim.Optimizer, ())
+        for per_param in getattr(opt, "state", {}).values()
+        if isinstance(per_param, dict)
+        for v in per_param.values()
+        if isinstance(v, torch.Tensor)
+    ]
     if state:
         _categorize(state, "optimizer_state", None)
     del found, params, grads, state

@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from . import MemLord, PythonHooks, TorchHooks
-from ._sizing import _adopt_untracked
 
 #: Events kept per measured test with a ``limit_memory`` marker, to find the sites alive at
 #: the peak (64 bytes each).  A test with more events than this gets the sites that
@@ -96,18 +95,12 @@ class Measurement:
         self.sites: dict[str, list[tuple[str | None, int]]] = {}
         self.sites_exact = False
         self.leaked: list[dict[str, Any]] | None = None
-        self._base: dict[str, dict[str, int]] = {}  # the categories before the call
 
     def start(self) -> None:
         lord = self.lord = MemLord(auto_gc_bytes=None)
         try:
             self._handles.append(lord.hook_into_torch())
             self._handles.append(hook_python(lord))
-            # what is alive already (the fixtures' models, other tests' leftovers) is
-            # counted before the call, not where a category source first finds it in
-            # the call (an optimizer's step finds a fixture model's parameters)
-            _adopt_untracked(lord, held_only=True)
-            self._base = {d: dict(st.get("categories", {})) for d, st in lord.stats().items()}
             if self.want_sites:
                 lord.record_events(EVENT_RING)
             if self.want_leaks:
@@ -136,10 +129,7 @@ class Measurement:
                 top = lord.top_alloc_site(dev)
                 self.top_site[dev] = top[1] if top else None
                 at_peak = stats.get(dev, {}).get("peak_categories", {})
-                base = self._base.get(dev, {})
-                # what the test added, by category (what was alive before is not its)
-                added = {k: int(v) - int(base.get(k, 0)) for k, v in at_peak.items()}
-                self.categories[dev] = {k: v for k, v in added.items() if v > 0}
+                self.categories[dev] = {k: int(v) for k, v in at_peak.items() if v}
             if self.want_sites:
                 self._sites_at_peak(lord)
         finally:

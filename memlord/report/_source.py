@@ -262,22 +262,8 @@ class LedgerSource:
         torch_on, python_on = self.lord._enabled_hooks()
         if self._want_lifetime and self._python_hooks is None and python_on is None:
             self._python_hooks = self.lord.hook_into_python(ops=self._want_ops)
-            # what the program holds already (the model, its optimizer's state) counts
-            # from the start: found later by a category source (the optimizer's first
-            # step finds the parameters), it would count as the open operation's
-            self._adopt_live()
         if self._want_torch and self._torch_hooks is None and torch_on is None:
             self._torch_hooks = self.lord.hook_into_torch()
-
-    def _adopt_live(self) -> None:
-        """Track the live tensors' storages the lord does not track yet, under their
-        categories (parameters, gradients, optimizer state, the rest ``other``)."""
-        from .._sizing import _adopt_untracked
-
-        try:
-            _adopt_untracked(self.lord, held_only=True)
-        except Exception:  # noqa: BLE001 - never raises into the caller
-            log.exception("memlord profiler: counting the tensors live at start failed")
 
     def stop(self) -> None:
         for name in ("_torch_hooks", "_python_hooks"):

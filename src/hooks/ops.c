@@ -1203,13 +1203,15 @@ PyObject *ml_ops_categorize(PyObject *module, PyObject *const *args, Py_ssize_t 
             }
         }
         if (any_new && source >= 0) {
-            if (lord->track_callsite && !captured) {
+            /* what a step found alive is no allocation of the line that stepped */
+            int sited = lord->track_callsite && source != ML_SRC_FOUND;
+            if (sited && !captured) {
                 ml_site_capture(st, &site);
                 captured = 1;
             }
             ml_site none = {0};
             /* storages tracked already add nothing */
-            if (ml_life_count_walk(lord, &w, 0, lord->track_callsite ? &site : &none,
+            if (ml_life_count_walk(lord, &w, 0, sited ? &site : &none,
                                    (enum ml_ev_source)source, NULL, cat) < 0) {
                 ml_write_unraisable((PyObject *)lord);
             }

@@ -410,6 +410,12 @@ static void reg_apply(void *data, ml_book *Py_UNUSED(lord), ml_event *ev, int n)
             if (d == NULL) {
                 continue;
             }
+            if (e->kind == ML_EV_ALLOC && e->source == ML_SRC_FOUND) {
+                /* alive before the step that found it: no allocation of the
+                 * region's, the level it started from was that much higher */
+                d->entry += e->bytes;
+                continue;
+            }
             int c = ml_cat_clamp(e->cat);
             d->touched |= 1u << c;
             if (e->kind == ML_EV_ALLOC) {

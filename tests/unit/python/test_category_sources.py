@@ -184,3 +184,50 @@ def test_sources_are_removed_with_the_last_hooks():
     assert after == before
     assert torch._C._len_torch_dispatch_stack() == 0
     del p
+
+
+def _profiled_net(fn) -> int:
+    """fn() under torch's profiler: the net bytes its memory timeline created (every CPU
+    allocation and free of the call)."""
+    with torch.profiler.profile(
+        activities=[torch.profiler.ProfilerActivity.CPU],
+        profile_memory=True,
+        record_shapes=True,
+        with_stack=True,
+    ) as prof:
+        fn()
+    net = 0
+    for _t, action, _key, size in prof._memory_profile().timeline:
+        net += {"CREATE": size, "DESTROY": -size}.get(action.name, 0)
+    return net
+
+
+@pytest.mark.parametrize("ops", [True, False], ids=["ops", "factories"])
+def test_what_an_optimizers_step_finds_alive_is_no_allocation_of_the_region(ops):
+    """A model trained a step before the hooks (its AdamW state made then): a region
+    around the next step counts what the step makes (its gradients, as torch.profiler's
+    timeline), not the parameters and the state the step's source finds alive; those are
+    counted from then on (source ``found``), the region's entry level raised by them."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 8))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+
+    def step():
+        model(torch.ones(4, 64)).sum().backward()
+        opt.step()
+
+    step()
+    opt.zero_grad(set_to_none=True)
+    held = [*model.parameters(), *(v for s in opt.state.values() for v in s.values())]
+    found = sum(
+        {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held}.values()
+    )
+    expected = _profiled_net(step)  # the same step bare: the gradients it leaves
+    opt.zero_grad(set_to_none=True)
+    lord = MemLord(auto_gc_bytes=None)
+    with lord.hook_into_python(ops=ops), lord.region("step") as r:
+        step()
+    (row,) = r.stats.values()
+    assert row["delta"] == expected
+    assert lord.allocated("cpu")[0] >= found  # counted from the step on
+    assert row["peak"] - row["peak_delta"] >= found  # the level the region started from

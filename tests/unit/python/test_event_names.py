@@ -164,6 +164,7 @@ def test_python_names_are_the_c_cores_for_every_code() -> None:
         "load": " (load)",
         "tensor": " (seen)",
         "allocator": " (allocator)",
+        "found": " (found)",
     }
 
 
