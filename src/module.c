@@ -559,10 +559,12 @@ static PyMethodDef core_methods[] = {
      "_storage_resized(storage, nbytes)\n--\n\nUntypedStorage.resize_ ran: a tracked storage "
      "counts its change of size."},
     {"_count_new", (PyCFunction)ml_ops_count_new, METH_O,
-     "_count_new($module, tensors, /)\n--\n\nCount the storages of a higher-order operator's outputs "
+     "_count_new($module, tensors, /)\n--\n\nCount the storages of a higher-order operator's "
+     "outputs "
      "that no input holds (storages tracked already add nothing)."},
     {"_in_mode", (PyCFunction)(void (*)(void))ml_ops_in_mode, METH_FASTCALL,
-     "_in_mode($module, fn, mode, /)\n--\n\nfn (a higher-order operator's subgraph), called with mode "
+     "_in_mode($module, fn, mode, /)\n--\n\nfn (a higher-order operator's subgraph), called with "
+     "mode "
      "on top of this thread's dispatch stack."},
     {"_optimizer_step", (PyCFunction)ml_ops_optimizer_step, METH_O,
      "_optimizer_step(begin)\n--\n\nThis thread's optimizer.step() begins or ends."},
@@ -575,10 +577,12 @@ static PyMethodDef core_methods[] = {
     {"_write_unraisable", (PyCFunction)(void (*)(void))core_write_unraisable, METH_FASTCALL,
      "_write_unraisable(exc, where)\n--\n\nexc to sys.unraisablehook, as a failure in where."},
     {"_chain_signal", (PyCFunction)(void (*)(void))core_chain_signal, METH_FASTCALL,
-     "_chain_signal($module, first, signum, frame, /)\n--\n\nfirst(signum, frame), then the callable it "
+     "_chain_signal($module, first, signum, frame, /)\n--\n\nfirst(signum, frame), then the "
+     "callable it "
      "returns (if any) with the same arguments, with no Python frame between."},
     {"_set_thread_namer", (PyCFunction)core_set_thread_namer, METH_O,
-     "_set_thread_namer($module, fn, /)\n--\n\nfn() records the calling thread's name, once per thread "
+     "_set_thread_namer($module, fn, /)\n--\n\nfn() records the calling thread's name, once per "
+     "thread "
      "an event or a region names (None: stop)."},
     {"_tensor_meta", (PyCFunction)core_tensor_meta, METH_O,
      "(device, nbytes) of a tensor as the hooks size it: its storage bytes."},

@@ -56,9 +56,9 @@
     X(LOAD, "load", "(load)")     /* what torch.load returned */                                   \
     X(TENSOR, "tensor", "(seen)") /* a storage first seen by a category source (a module's buffer, \
                                    * optimizer state, a model's input) */                          \
-    X(ALLOCATOR, "allocator", "(allocator)") /* torch's CUDA allocator (its OOM observer) */ \
-    X(FOUND, "found", "(found)") /* a storage alive before a step that first finds it (the    \
-                                  * parameters and state an optimizer's step finds): counted,  \
+    X(ALLOCATOR, "allocator", "(allocator)") /* torch's CUDA allocator (its OOM observer) */       \
+    X(FOUND, "found", "(found)") /* a storage alive before a step that first finds it (the         \
+                                  * parameters and state an optimizer's step finds): counted,      \
                                   * and no open region's allocation (it raises their entry) */
 
 #define ML_EV_KIND_ENUM_(e, name) ML_EV_##e,

@@ -1211,8 +1211,8 @@ PyObject *ml_ops_categorize(PyObject *module, PyObject *const *args, Py_ssize_t 
             }
             ml_site none = {0};
             /* storages tracked already add nothing */
-            if (ml_life_count_walk(lord, &w, 0, sited ? &site : &none,
-                                   (enum ml_ev_source)source, NULL, cat) < 0) {
+            if (ml_life_count_walk(lord, &w, 0, sited ? &site : &none, (enum ml_ev_source)source,
+                                   NULL, cat) < 0) {
                 ml_write_unraisable((PyObject *)lord);
             }
         }
