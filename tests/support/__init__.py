@@ -1,7 +1,7 @@
 """Test support, not part of the memlord package: ``browser`` drives a headless Chromium
 over the HTML report, ``synthetic`` builds a profile of any size, ``lord_work`` makes a
 lord after real work, ``trace`` checks the Chrome trace format's rules, ``memory_viz``
-reads a pickle as torch's memory_viz does, ``ledger`` the ops tests' two measures,
+reads a pickle as torch's memory_viz does, ``ledger`` the measures memlord is compared with,
 ``warm`` runs Python code in a child of a warm interpreter that has imported torch once,
 ``cbuild`` builds the C libraries the tests
 load (the fake CUDA driver, ``misbehaving``: two C functions that break CPython's call

@@ -12,6 +12,7 @@ import textwrap
 import pytest
 import torch
 from support import warm
+from support.ledger import torch_memory
 from torch import nn
 
 from memlord import MemLord
@@ -186,22 +187,6 @@ def test_sources_are_removed_with_the_last_hooks():
     del p
 
 
-def _profiled_net(fn) -> int:
-    """fn() under torch's profiler: the net bytes its memory timeline created (every CPU
-    allocation and free of the call)."""
-    with torch.profiler.profile(
-        activities=[torch.profiler.ProfilerActivity.CPU],
-        profile_memory=True,
-        record_shapes=True,
-        with_stack=True,
-    ) as prof:
-        fn()
-    net = 0
-    for _t, action, _key, size in prof._memory_profile().timeline:
-        net += {"CREATE": size, "DESTROY": -size}.get(action.name, 0)
-    return net
-
-
 @pytest.mark.parametrize("ops", [True, False], ids=["ops", "factories"])
 def test_what_an_optimizers_step_finds_alive_is_no_allocation_of_the_region(ops):
     """A model trained a step before the hooks (its AdamW state made then): a region
@@ -222,7 +207,9 @@ def test_what_an_optimizers_step_finds_alive_is_no_allocation_of_the_region(ops)
     found = sum(
         {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held}.values()
     )
-    expected = _profiled_net(step)  # the same step bare: the gradients it leaves
+    with torch_memory() as theirs:  # the same step bare: the gradients it leaves
+        step()
+    expected = theirs.net
     opt.zero_grad(set_to_none=True)
     lord = MemLord(auto_gc_bytes=None)
     with lord.hook_into_python(ops=ops), lord.region("step") as r:

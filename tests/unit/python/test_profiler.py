@@ -15,6 +15,7 @@ import time
 
 import pytest
 import torch
+from support.ledger import torch_memory
 
 import memlord.profiler as profiler
 from memlord import MemLord
@@ -448,19 +449,6 @@ def test_module_state_is_restored():
     assert signal.getsignal(signal.SIGINT) is SIGINT_AT_IMPORT
 
 
-def _torch_profiler_net_and_peak(prof: torch.profiler.profile) -> tuple[int, int]:
-    """The net and the peak of the bytes torch's profiler saw created and destroyed, in
-    its own timeline (torch.profiler._memory_profiler: every CPU allocation and free)."""
-    net = peak = 0
-    for _t, action, _key, size in prof._memory_profile().timeline:
-        if action.name == "CREATE":
-            net += size
-        elif action.name == "DESTROY":
-            net -= size
-        peak = max(peak, net)
-    return net, peak
-
-
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_a_model_made_before_the_tracker_is_no_allocation_of_its_first_step(
     tmp_path, optimizer: str
@@ -479,18 +467,13 @@ def test_a_model_made_before_the_tracker_is_no_allocation_of_its_first_step(
     x = torch.randn(32, 64)
     initialize_memory_tracker(output_dir=tmp_path, interval=None)
     tracker = get_memory_tracker()
-    with torch.profiler.profile(
-        activities=[torch.profiler.ProfilerActivity.CPU],
-        profile_memory=True,
-        record_shapes=True,
-        with_stack=True,
-    ) as prof:
+    with torch_memory() as theirs:
         with tracker.track_operation("step"):
             model(x).square().mean().backward()
             opt.step()
     path = stop_memory_tracker()
     assert path is not None
-    net, peak = _torch_profiler_net_and_peak(prof)
+    net, peak = theirs.net, theirs.peak
     doc = json.loads(path.read_text())["memlord"]
     (op,) = (s for s in doc["operations"] if s["name"] == "step")
     assert op["delta"] == {"cpu": net}
@@ -519,12 +502,7 @@ def test_operation_delta_and_peak_match_torch_profiler(tmp_path, backward: bool)
     x = torch.randn(32, 64)
     initialize_memory_tracker(output_dir=tmp_path, interval=None)
     tracker = get_memory_tracker()
-    with torch.profiler.profile(
-        activities=[torch.profiler.ProfilerActivity.CPU],
-        profile_memory=True,
-        record_shapes=True,
-        with_stack=True,
-    ) as prof:
+    with torch_memory() as theirs:
         with tracker.track_operation("step"):
             y = model(x)
             loss = y.square().mean()
@@ -533,7 +511,7 @@ def test_operation_delta_and_peak_match_torch_profiler(tmp_path, backward: bool)
                 loss.backward()
     path = stop_memory_tracker()
     assert path is not None
-    net, peak = _torch_profiler_net_and_peak(prof)
+    net, peak = theirs.net, theirs.peak
     assert net > 0 and peak > net
     spans = json.loads(path.read_text())["memlord"]["operations"]
     (op,) = (s for s in spans if s["name"] == "step")

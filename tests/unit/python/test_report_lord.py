@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torch.cuda._memory_viz as memory_viz
+from support.ledger import torch_memory
 from support.lord_work import Work
 from support.trace import validate_trace as _validate_trace
 
@@ -273,15 +274,7 @@ def test_trace_and_pickle_timelines_are_torch_profilers(tmp_path):
     every CPU allocation and free): the same peak, the same bytes at the end."""
     lord = MemLord()
     lord.record_events(1 << 16)
-    with (
-        lord.hook_into_python(ops=True),
-        torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CPU],
-            profile_memory=True,
-            record_shapes=True,
-            with_stack=True,
-        ) as prof,
-    ):
+    with lord.hook_into_python(ops=True), torch_memory() as theirs:
         torch.manual_seed(0)
         model = torch.nn.Sequential(
             torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64)
@@ -289,10 +282,7 @@ def test_trace_and_pickle_timelines_are_torch_profilers(tmp_path):
         loss = model(torch.randn(32, 64)).square().mean()
         loss.backward()
         del loss
-    net = peak = 0
-    for _t, action, _key, size in prof._memory_profile().timeline:
-        net += {"CREATE": size, "DESTROY": -size}.get(action.name, 0)
-        peak = max(peak, net)
+    net, peak = theirs.net, theirs.peak
     assert 0 < net < peak
 
     trace = tmp_path / "m.trace.json"
