@@ -70,3 +70,24 @@ def test_a_renamed_live_thread_shows_its_name_now():
     finally:
         me.name = old
         lord.record_events(0)
+
+
+def test_the_namer_must_be_callable_and_a_refused_one_changes_nothing():
+    """``_core._set_thread_namer`` refuses what is not callable (TypeError naming ``fn``),
+    and memlord's namer stays: a thread seen after it is still named."""
+    from memlord import _core
+    from memlord.lord import THREAD_NAMES
+
+    with pytest.raises(TypeError, match="argument 'fn' must be callable or None, not int"):
+        _core._set_thread_namer(3)
+    lord = MemLord(auto_gc_bytes=None)
+    lord.record_events(64)
+    keep = []
+
+    def work():
+        keep.append(torch.empty(8))
+        lord.allocate(keep[-1])  # an event stamped with the thread's ident
+
+    ident, name = _ended_thread("named-after-refusal", work)
+    assert THREAD_NAMES.get(ident) == name
+    lord.record_events(0)

@@ -18,7 +18,7 @@ import torch
 from support.ledger import torch_memory
 
 import memlord.profiler as profiler
-from memlord import MemLord
+from memlord import MemLord, _core
 from memlord.profiler import (
     MemoryTracker,
     get_memory_tracker,
@@ -442,6 +442,22 @@ def test_sigterm_chains_the_previous_handler(tmp_path):
     code, err, _ = _run(tmp_path, "chain", signal.SIGTERM)
     assert code == 7, err
     assert (tmp_path / "previous_handler_ran").exists()
+
+
+def test_the_chained_signal_handler_takes_three_arguments_and_calls_nothing_else():
+    """``_core._chain_signal(first, signum, frame)`` with another count of arguments is a
+    TypeError and calls nothing; with three it calls ``first``, then what it returned."""
+    calls = []
+    with pytest.raises(TypeError, match="takes 3 arguments"):
+        _core._chain_signal(lambda s, f: calls.append("first"), signal.SIGINT)
+    assert calls == []
+
+    def first(signum, frame):
+        calls.append(("first", signum, frame))
+        return lambda s, f: calls.append(("next", s, f))
+
+    assert _core._chain_signal(first, 2, None) is None
+    assert calls == [("first", 2, None), ("next", 2, None)]
 
 
 def test_module_state_is_restored():
