@@ -30,7 +30,7 @@ from typing import Any, cast
 import numpy as np
 
 from .._bytes import human_bytes
-from ._util import MiB, atomic_write
+from ._util import MiB, atomic_write, plain_int
 
 SCHEMA = "memlord.merge/1"
 #: the profile's schema (memlord.report.SCHEMA) and the post-mortem's (docs/oom.md)
@@ -53,10 +53,6 @@ class InputError(ValueError):
 # ---- small readers --------------------------------------------------------------------------
 
 
-def _int(v: Any) -> int | None:
-    return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
-
-
 def _num(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
@@ -72,7 +68,7 @@ def _cats(v: Any) -> dict[str, int]:
     """A ``{category: bytes}`` mapping, keeping the int entries only."""
     if not isinstance(v, dict):
         return {}
-    return {str(k): int(n) for k, n in v.items() if _int(n) is not None}
+    return {str(k): int(n) for k, n in v.items() if plain_int(n) is not None}
 
 
 def _rank_from_name(path: str) -> int | None:
@@ -123,12 +119,12 @@ def row_from_profile(data: dict[str, Any], path: str) -> dict[str, Any]:
         raise InputError(path, "the profile has no per-device counters (memlord.counters)")
     row = _row(path, "profile")
     row["host"] = _str(md.get("host"))
-    row["pid"] = _int(md.get("pid"))
-    row["rank"] = _int(md.get("rank"))
+    row["pid"] = plain_int(md.get("pid"))
+    row["rank"] = plain_int(md.get("rank"))
     if row["rank"] is None:
         row["rank"] = _rank_from_name(path)
-    row["world_size"] = _int(md.get("world_size"))
-    start_ns, start_unix = _int(md.get("start_ns")), _num(md.get("start_unix"))
+    row["world_size"] = plain_int(md.get("world_size"))
+    start_ns, start_unix = plain_int(md.get("start_ns")), _num(md.get("start_unix"))
     row["start_unix"] = start_unix
     try:
         series = memory_series(doc)
@@ -144,15 +140,15 @@ def row_from_profile(data: dict[str, Any], path: str) -> dict[str, Any]:
     for dev, c in sorted(doc.counters.items(), key=lambda kv: (kv[0] != "cpu", kv[0])):
         if not isinstance(c, dict):
             continue
-        peak = _int(c.get("peak_allocated"))
-        live = _int(c.get("allocated"))
+        peak = plain_int(c.get("peak_allocated"))
+        live = plain_int(c.get("allocated"))
         entry: dict[str, Any] = {
             "peak": peak if peak is not None else live,
             "live": live,
             "categories": _cats(c.get("categories")),
             "peak_categories": _cats(c.get("peak_categories")),
             "peak_unix": None,
-            "ooms": _int(c.get("ooms")) or 0,
+            "ooms": plain_int(c.get("ooms")) or 0,
         }
         s = series.get(dev)
         if s is not None and len(s):
@@ -169,7 +165,9 @@ def row_from_profile(data: dict[str, Any], path: str) -> dict[str, Any]:
     sites: list[dict[str, Any]] = [
         {"device": str(h.get("device")), "site": str(h.get("site")), "bytes": int(h["bytes"])}
         for h in doc.hotspots
-        if isinstance(h, dict) and h.get("kind") == "alloc" and _int(h.get("bytes")) is not None
+        if isinstance(h, dict)
+        and h.get("kind") == "alloc"
+        and plain_int(h.get("bytes")) is not None
     ]
     sites.sort(key=lambda h: (-h["bytes"], h["device"], h["site"]))
     row["top_sites"] = sites[:TOP_SITES]
@@ -197,11 +195,11 @@ def row_from_post_mortem(data: dict[str, Any], path: str) -> dict[str, Any]:
         raise InputError(path, "not a readable post-mortem: 'devices' is not an object")
     row = _row(path, "post-mortem")
     row["host"] = _str(data.get("host"))
-    row["pid"] = _int(data.get("pid"))
-    row["rank"] = _int(data.get("rank"))
+    row["pid"] = plain_int(data.get("pid"))
+    row["rank"] = plain_int(data.get("rank"))
     if row["rank"] is None:
         row["rank"] = _rank_from_name(path)
-    row["world_size"] = _int(data.get("world_size"))
+    row["world_size"] = plain_int(data.get("world_size"))
     row["time_unix"] = _num(data.get("time"))
     sites: list[dict[str, Any]] = []
     for dev in sorted(devices, key=lambda d: (d != "cpu", d)):
@@ -211,8 +209,8 @@ def row_from_post_mortem(data: dict[str, Any], path: str) -> dict[str, Any]:
         ledger = cast(
             "dict[str, Any]", d.get("ledger") if isinstance(d.get("ledger"), dict) else {}
         )
-        live = _int(ledger.get("allocated"))
-        peak = _int(ledger.get("peak_allocated"))
+        live = plain_int(ledger.get("allocated"))
+        peak = plain_int(ledger.get("peak_allocated"))
         row["devices"][str(dev)] = {
             "peak": peak if peak is not None else live,
             "live": live,
@@ -223,7 +221,7 @@ def row_from_post_mortem(data: dict[str, Any], path: str) -> dict[str, Any]:
         }
         table = d.get("by_site")
         for entry in table.get("top", []) if isinstance(table, dict) else []:
-            if isinstance(entry, dict) and _int(entry.get("bytes")) is not None:
+            if isinstance(entry, dict) and plain_int(entry.get("bytes")) is not None:
                 sites.append(
                     {
                         "device": str(dev),

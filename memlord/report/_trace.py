@@ -20,7 +20,7 @@ import numpy as np
 
 from ._model import Profile, check_arguments
 from ._series import memory_series
-from ._util import Progress, atomic_write, no_progress
+from ._util import Progress, atomic_write, no_progress, plain_int
 
 PID = 1  # a trace's pid when the profile does not say its process's
 #: the largest pid a trace keeps (Perfetto's JSON importer reads pids as 32-bit integers)
@@ -31,10 +31,8 @@ COUNTER_TID = 0
 def trace_pid(metadata: dict[str, Any]) -> int:
     """The pid a profile's trace uses: the profiled process's (``metadata["pid"]``), or
     :data:`PID` when the metadata has no pid a trace can hold."""
-    pid = metadata.get("pid")
-    if isinstance(pid, bool) or not isinstance(pid, int) or not 0 < pid <= MAX_PID:
-        return PID
-    return pid
+    pid = plain_int(metadata.get("pid"))
+    return pid if pid is not None and 0 < pid <= MAX_PID else PID
 
 
 def process_name(metadata: dict[str, Any]) -> str:
@@ -42,9 +40,9 @@ def process_name(metadata: dict[str, Any]) -> str:
     where the metadata says them: ``train (rank 1 of 8, node-b)``."""
     title = str(metadata.get("title") or "memlord")
     where = []
-    rank, world = metadata.get("rank"), metadata.get("world_size")
-    if isinstance(rank, int) and not isinstance(rank, bool):
-        if isinstance(world, int) and not isinstance(world, bool):
+    rank, world = plain_int(metadata.get("rank")), plain_int(metadata.get("world_size"))
+    if rank is not None:
+        if world is not None:
             where.append(f"rank {rank} of {world}")
         else:
             where.append(f"rank {rank}")
@@ -101,8 +99,8 @@ def _chunks(doc: Profile, progress: Progress) -> Iterator[str]:
             "args": {"name": "memory"},
         },
     ]
-    rank = doc.metadata.get("rank")
-    if isinstance(rank, int) and not isinstance(rank, bool) and 0 <= rank <= MAX_PID:
+    rank = plain_int(doc.metadata.get("rank"))
+    if rank is not None and 0 <= rank <= MAX_PID:
         # the ranks' processes in rank order when several traces are loaded together
         meta.append(
             {

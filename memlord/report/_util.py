@@ -24,6 +24,11 @@ def mb(nbytes: float) -> float:
     return round(nbytes / MiB, 4)
 
 
+def plain_int(v: Any) -> int | None:
+    """v when it is an int and no bool (a JSON document's integer), else None."""
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
+
+
 def iso_from_ns(metadata: dict[str, Any], t_ns: int) -> str:
     """A monotonic time as a local ISO timestamp, using the metadata's clock pair
     (``start_ns`` monotonic, ``start_unix`` wall clock)."""
