@@ -271,27 +271,63 @@ def read_all(directory: Path | None = None, *, clean: bool = True) -> list[dict[
     if clean:
         # a record a killed publisher left half made (before its rename)
         for name in listed:
-            if name.startswith(".") and name.endswith(".tmp") and _stale_file(Path(base, name)):
-                try:
-                    os.unlink(os.path.join(base, name))
-                except OSError:
-                    pass
+            if name.startswith(".") and name.endswith(".tmp"):
+                path = os.path.join(base, name)
+                ident = _ident(path)
+                if ident is not None and _stale_file(Path(path)):
+                    _remove_if_same(path, ident)
     for name in names:
         path = os.path.join(base, name)
+        ident = _ident(path)  # what is judged below, before it is read
         rec = read_record(path)
         if rec is not None and rec["pid"] not in starts:
             starts[rec["pid"]] = proc_start(rec["pid"])
         alive = rec is not None and starts[rec["pid"]] == rec["start"]
         if rec is None or not alive:
-            if clean and (rec is not None or _stale_file(Path(path))):
-                try:
-                    os.unlink(path)
-                except OSError:
-                    pass
+            if clean and ident is not None and (rec is not None or _stale_file(Path(path))):
+                _remove_if_same(path, ident)
             continue
         rec["path"] = path
         out.append(rec)
     return out
+
+
+def _ident(path: str) -> tuple[int, int] | None:
+    """The file at path (device, inode), or None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _remove_if_same(path: str, ident: tuple[int, int]) -> None:
+    """Remove the file at path if it is still the one a reader judged dead (ident).
+
+    A process given the dead one's pid (pids are reused) publishes under the same name,
+    replacing the file by a rename: removing by name after the judgement could remove
+    that live record.  So the file is first renamed to a name of this process's own
+    (atomic), and removed only if it is the one judged; another is linked back (a link
+    never replaces a file that took the name meanwhile)."""
+    grave = os.path.join(
+        os.path.dirname(path), f".{os.getpid()}-grave{next(_serial)}.tmp"
+    )  # readers remove it once this process is gone, should it stay
+    try:
+        os.rename(path, grave)
+    except OSError:
+        return  # already removed, or not ours to move
+    try:
+        same = _ident(grave) == ident
+        if not same:
+            try:
+                os.link(grave, path)
+            except OSError:
+                pass
+    finally:
+        try:
+            os.unlink(grave)
+        except OSError:
+            pass
 
 
 def _stale_file(path: Path) -> bool:
@@ -621,15 +657,17 @@ def _serve_requests_locked() -> None:
         p._serve(requests)
 
 
-def publish(lord: Any, name: str | None = None, *, cooperate: bool = False) -> Publisher:
-    """``lord.publish()``: see :class:`Publisher` and docs/ranks.md."""
+def publish(lord: Any, name: str | None = None, *, cooperate: bool | None = None) -> Publisher:
+    """``lord.publish()``: see :class:`Publisher` and docs/ranks.md.  ``cooperate=None``
+    keeps what the lord's record says (a new record: False)."""
     if name is not None and not isinstance(name, str):
         raise TypeError(
             f"publish(): argument 'name' must be a str or None, not {type(name).__name__}"
         )
-    if not isinstance(cooperate, bool):
+    if cooperate is not None and not isinstance(cooperate, bool):
         raise TypeError(
-            f"publish(): argument 'cooperate' must be a bool, not {type(cooperate).__name__}"
+            "publish(): argument 'cooperate' must be a bool or None, not "
+            f"{type(cooperate).__name__}"
         )
     with _lock:
         for p in _publishers:
@@ -638,12 +676,13 @@ def publish(lord: Any, name: str | None = None, *, cooperate: bool = False) -> P
                     p.name = name
                     with p._state_lock:
                         p._state["name"] = _fit(name, 128)
-                p.cooperate = cooperate
-                with p._state_lock:
-                    p._state["cooperate"] = int(cooperate)
+                if cooperate is not None:  # a rename does not stop it cooperating
+                    p.cooperate = cooperate
+                    with p._state_lock:
+                        p._state["cooperate"] = int(cooperate)
                 p._write()
                 return p
-        p = Publisher(lord, name, cooperate)
+        p = Publisher(lord, name, bool(cooperate))
         _publishers.append(p)
     return p
 

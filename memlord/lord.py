@@ -183,13 +183,16 @@ class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, SnapshotMixin, _core.Lo
 
     # ---- several processes --------------------------------------------------------------
 
-    def publish(self, name: str | None = None, *, cooperate: bool = False) -> _publish.Publisher:
+    def publish(
+        self, name: str | None = None, *, cooperate: bool | None = None
+    ) -> _publish.Publisher:
         """Keep this lord's memory readable by the other processes of this user on the host
         (``python -m memlord top``) while the returned handle is enabled: a fixed-size
         record the C core updates as the ledger changes.  ``name`` defaults to the
         script and its arguments.  ``cooperate=True`` answers other processes'
         ``request_memory`` calls: the cache is released and the ``on_pressure``
-        callbacks run on the main thread.  One record per lord: a second call updates
+        callbacks run on the main thread (``None``: a new record does not; a second
+        call keeps what the record says).  One record per lord: a second call updates
         it.  See docs/ranks.md."""
         return _publish.publish(self, name, cooperate=cooperate)
 

@@ -72,6 +72,33 @@ def test_a_second_publish_updates_the_same_record():
         p1.disable()  # idempotent
 
 
+def test_a_second_publish_keeps_cooperate_unless_it_says_it():
+    """Renaming a cooperating record does not stop it serving requests: a second call
+    changes ``cooperate`` only when it passes it."""
+    lord = MemLord()
+    pub = lord.publish("one", cooperate=True)
+    try:
+        assert lord.publish("two") is pub
+        assert (pub.cooperate, _record(pub)["cooperate"], _record(pub)["name"]) == (
+            True,
+            True,
+            "two",
+        )
+        lord.publish(cooperate=False)
+        assert (pub.cooperate, _record(pub)["cooperate"], _record(pub)["name"]) == (
+            False,
+            False,
+            "two",
+        )
+    finally:
+        pub.disable()
+    fresh = lord.publish()  # a new record: not cooperating unless asked
+    try:
+        assert (fresh.cooperate, _record(fresh)["cooperate"]) == (False, False)
+    finally:
+        fresh.disable()
+
+
 def test_counts_before_publishing_are_in_the_record():
     lord = MemLord()
     lord.allocate(torch.empty(512, dtype=torch.uint8))
@@ -211,3 +238,75 @@ def test_readers_remove_half_made_records_of_dead_processes(rtdir):
     assert not dead.exists()
     assert live.exists()
     assert _publish.read_all(rtdir, clean=False) == [] and live.exists()
+
+
+@pytest.mark.parametrize("left", ["record", "unreadable"])
+def test_a_reader_never_removes_the_record_of_a_process_given_the_dead_ones_pid(
+    rtdir, monkeypatch, left
+):
+    """A reader finds a record of a dead process (a whole one, or one it cannot read) and
+    removes it; a process given that pid (pids are reused) publishes under the same name.
+    If that happens between the reader's judgement and its removal, the live record must
+    stay: the reader removes only the file it judged."""
+    lord = MemLord()
+    with lord.publish("live") as pub:
+        mine = pub.path.read_bytes()
+        dead = _dead_pid()
+        if left == "record":  # the dead process's whole record: its pid in the record
+            py = _publish.LAYOUT["py"]
+            stale = bytearray(mine)
+            stale[py : py + 8] = dead.to_bytes(8, "little", signed=True)
+            assert _publish.decode(bytes(stale))["pid"] == dead
+        else:
+            stale = bytearray(b"torn")
+        path = rtdir / f"{dead}-1.rec"
+        path.write_bytes(stale)
+        real = _publish.proc_start
+        reborn = []
+
+        def proc_start(pid):
+            # the reader asks whether the pid runs; at that moment the pid's new owner
+            # renames its own record into place (the bytes of this process's live one)
+            start = real(pid)
+            if pid == dead and not reborn:
+                tmp = rtdir / f".{dead}-1.tmp"
+                tmp.write_bytes(mine)
+                os.rename(tmp, path)
+                reborn.append(os.stat(path).st_ino)
+            return start
+
+        monkeypatch.setattr(_publish, "proc_start", proc_start)
+        listed = _publish.read_all(rtdir)
+        assert reborn, "the reader never asked about the dead pid"
+        assert path.exists() and path.read_bytes() == mine
+        assert os.stat(path).st_ino == reborn[0]
+        assert [r["name"] for r in listed] == ["live"]
+        assert sorted(p.name for p in rtdir.iterdir()) == sorted([path.name, pub.path.name])
+
+
+def test_a_reader_never_removes_the_half_made_record_of_a_process_given_the_dead_ones_pid(
+    rtdir, monkeypatch
+):
+    """The same for a temporary record: the dead process's `.<pid>-<n>.tmp` is judged,
+    and the pid's new owner creates its own under that name before the removal (its
+    rename to `.rec` would then fail and its publish() raise)."""
+    rtdir.mkdir(mode=0o700)
+    dead = _dead_pid()
+    tmp = rtdir / f".{dead}-1.tmp"
+    tmp.write_bytes(b"half made by the dead one")
+    real = _publish.proc_start
+    reborn = []
+
+    def proc_start(pid):
+        start = real(pid)
+        if pid == dead and not reborn:
+            new = rtdir / "new"
+            new.write_bytes(b"being made by the new one")
+            os.rename(new, tmp)
+            reborn.append(os.stat(tmp).st_ino)
+        return start
+
+    monkeypatch.setattr(_publish, "proc_start", proc_start)
+    assert _publish.read_all(rtdir) == []
+    assert reborn and tmp.exists() and os.stat(tmp).st_ino == reborn[0]
+    assert [p.name for p in rtdir.iterdir()] == [tmp.name]
