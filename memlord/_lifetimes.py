@@ -504,11 +504,13 @@ class LifetimeAnalyzer:
     def _step_of(self, when: np.ndarray) -> np.ndarray:
         numbers, times = self._marks
         if self._unit == "step":
-            return when.copy()
+            same: np.ndarray = when.copy()  # typed: see report/_series.py's peak
+            return same
         if not numbers.shape[0]:
             return np.zeros(when.shape[0], np.int64)
         lut = np.append(numbers, numbers[-1] + 1)
-        return lut[np.searchsorted(times, when, side="left")]
+        steps: np.ndarray = lut[np.searchsorted(times, when, side="left")]
+        return steps
 
     def _columns(self) -> _Columns:
         if self._cols is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 import threading
 import types
 from collections.abc import Callable
@@ -294,7 +295,7 @@ def _qualify(cls: type) -> None:
                     continue
                 qualname = f"{cls.__name__}.{name}"
                 fn.__qualname__ = qualname
-                if hasattr(fn.__code__, "co_qualname"):
+                if sys.version_info >= (3, 11):  # co_qualname is new in 3.11
                     fn.__code__ = fn.__code__.replace(co_qualname=qualname)
 
 

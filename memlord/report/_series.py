@@ -29,9 +29,11 @@ class Series:
     @property
     def peak(self) -> np.ndarray:
         """The running maximum of allocated."""
-        if not len(self):
-            return self.allocated.copy()
-        return np.maximum.accumulate(self.allocated)
+        # typed: numpy's stubs give copy() no type as CPython 3.10 reads them
+        peak: np.ndarray = (
+            self.allocated.copy() if not len(self) else np.maximum.accumulate(self.allocated)
+        )
+        return peak
 
     def take(self, idx: np.ndarray) -> Series:
         return Series(
