@@ -46,11 +46,13 @@ static void deltas_clear(ml_deltas *ds)
 }
 
 /* address and lifetime_ns describe one storage: ml_record keeps them only
- * for a device whose delta stays at one storage. */
+ * for a delta that stays at one storage.  Merged into the delta of its
+ * device and category unless apart (a lord whose sinks record addresses: the
+ * event ring gets an event per storage, as lifetime.c's add_delta). */
 static int deltas_add(ml_deltas *ds, ml_dev dev, int64_t bytes, int64_t count, uintptr_t address,
-                      int64_t lifetime_ns, int cat)
+                      int64_t lifetime_ns, int cat, int apart)
 {
-    for (int i = 0; i < ds->n; i++) {
+    for (int i = 0; !apart && i < ds->n; i++) {
         if (ds->d[i].dev == dev && ds->d[i].cat == cat) {
             ds->d[i].bytes += bytes;
             ds->d[i].count += count;
@@ -106,6 +108,7 @@ static PyObject *record_object(MemLordObject *self, PyObject *obj, int is_free)
         goto done;
     }
     int64_t now = untrack ? ml_now_ns() : 0;
+    int apart = (ml_book_needs(&self->book) & ML_NEED_ADDRESS) != 0;
     for (Py_ssize_t i = 0; i < w.n; i++) {
         /* a tracked storage's free carries its lifetime (no Python runs) */
         int64_t born = untrack ? ml_life_born_ns(&self->book, w.keys[i]) : 0;
@@ -115,7 +118,7 @@ static PyObject *record_object(MemLordObject *self, PyObject *obj, int is_free)
         uintptr_t addr = w.collect_keys && w.keys[i] == NULL ? 0 : b->ptr;
         /* a tracked storage's free is its category's */
         int cat = untrack ? ml_life_category(&self->book, w.keys[i]) : ML_CAT_OTHER;
-        if (deltas_add(&ds, b->dev, b->nbytes, 1, addr, life, cat) < 0) {
+        if (deltas_add(&ds, b->dev, b->nbytes, 1, addr, life, cat, apart) < 0) {
             goto done;
         }
     }

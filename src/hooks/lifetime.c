@@ -457,9 +457,14 @@ static TrackerObject *tracker_new(RegistryObject *reg, PyObject *key, ml_dev dev
 
 enum { IT_COUNT = 0, IT_SKIP = 1, IT_NEW = 2 };
 
-static int add_delta(ml_delta *d, int *nd, ml_dev dev, int64_t bytes, uintptr_t ptr, int cat)
+/* The storage's share in d (n entries, room for one more): merged into the
+ * delta of its device and category unless apart, for a lord whose sinks
+ * record each storage's address (the event ring: each storage its own event,
+ * so a reader of the events can pair its alloc with its free). */
+static int add_delta(ml_delta *d, int *nd, ml_dev dev, int64_t bytes, uintptr_t ptr, int cat,
+                     int apart)
 {
-    for (int i = 0; i < *nd; i++) {
+    for (int i = 0; !apart && i < *nd; i++) {
         if (d[i].dev == dev && d[i].cat == cat) {
             d[i].bytes += bytes;
             d[i].count += 1;
@@ -590,9 +595,10 @@ int ml_life_count(ml_book *lord, const ml_life_item *items, Py_ssize_t n, int fl
      * and shape go into the DEBUG line */
     PyObject *subject = NULL;
     int one_tensor = 1;
+    int apart = (ml_book_needs(lord) & ML_NEED_ADDRESS) != 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (state[i] != IT_SKIP) {
-            add_delta(d, &nd, items[i].dev, items[i].bytes, items[i].ptr, cats[i]);
+            add_delta(d, &nd, items[i].dev, items[i].bytes, items[i].ptr, cats[i], apart);
             if (subject == NULL && one_tensor) {
                 subject = items[i].tensor;
             }

@@ -35,25 +35,27 @@ def test_events_against_a_hand_count():
     lord.allocate(a)
     line_a = here() - 1
     with lord.region("step"):
-        lord.allocate((a, b))  # one call, one event per device: 4 KiB, 2 storages
+        lord.allocate((a, b))  # one call, an event per storage: 1 KiB and 3 KiB
         lord.free(a)
     lord.reset()
     e = lord.events()
-    assert len(e) == 4
-    assert list(e["kind"]) == [0, 0, 1, 3]
-    assert [lord.event_kind(k) for k in e["kind"]] == ["alloc", "alloc", "free", "reset"]
-    assert [lord.event_source(s) for s in e["source"]] == ["explicit"] * 3 + ["policy"]
-    assert list(e["bytes"]) == [KiB, 4 * KiB, KiB, 0]
-    assert list(e["count"]) == [1, 2, 1, 0]
-    assert [lord.event_device(d) for d in e["device"][:3]] == ["cpu"] * 3
-    assert [lord.event_region(r) for r in e["region"]] == ["", "step", "step", ""]
+    assert len(e) == 5
+    assert list(e["kind"]) == [0, 0, 0, 1, 3]
+    assert [lord.event_kind(k) for k in e["kind"]] == ["alloc", "alloc", "alloc", "free", "reset"]
+    assert [lord.event_source(s) for s in e["source"]] == ["explicit"] * 4 + ["policy"]
+    assert list(e["bytes"]) == [KiB, KiB, 3 * KiB, KiB, 0]
+    assert list(e["count"]) == [1, 1, 1, 1, 0]
+    ptr = [t.untyped_storage().data_ptr() for t in (a, a, b, a)]
+    assert list(e["address"][:4]) == ptr
+    assert [lord.event_device(d) for d in e["device"][:4]] == ["cpu"] * 4
+    assert [lord.event_region(r) for r in e["region"]] == ["", "step", "step", "step", ""]
     assert lord.event_site(e["site"][0]).endswith(f"test_event_ring.py:{line_a}")
     assert (np.diff(e["t_ns"]) >= 0).all()
     assert set(e["thread"]) == {threading.get_ident()}
     assert (e["lifetime_ns"] == 0).all()
     decoded = lord.decode_events(e)
     assert decoded[1]["kind"] == "alloc" and decoded[1]["region"] == "step"
-    assert decoded[1]["device"] == "cpu" and decoded[1]["bytes"] == 4 * KiB
+    assert decoded[1]["device"] == "cpu" and decoded[1]["bytes"] == KiB
     assert decoded[0]["site"].endswith(f"test_event_ring.py:{line_a}")
 
 
