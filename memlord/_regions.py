@@ -641,6 +641,17 @@ def _filter_hooks(ids: list[int], on: bool) -> None:
             torch_module._has_any_global_hook = _TORCH_HAS_ANY_GLOBAL_HOOK[0]
 
 
+def _compiled_original(module: Any) -> Any:
+    """The module ``torch.compile(module)`` wrapped, when ``module`` is that wrapper (an
+    ``OptimizedModule``), else None.  Without ``torch._dynamo`` imported there is none
+    (memlord never imports it)."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    wrapper = getattr(eval_frame, "OptimizedModule", None)
+    if wrapper is None or not isinstance(module, wrapper):
+        return None
+    return module.__dict__.get("_modules", {}).get("_orig_mod")
+
+
 #: an open span: (id of the module, or None for a backward span; the token; the nodes of
 #: the inputs whose gradients end the call's backward span, or None; whether the keyword
 #: inputs are still to be added after the call)
@@ -715,9 +726,11 @@ class ModuleSpans:
                     self._post, with_kwargs=True, always_call=True
                 )
             )
-            if model is not None:
-                self._filtered = [h.id for h in self._handles]
-                _filter_hooks(self._filtered, True)
+            # torch warns of global hooks when torch.compile(model)'s wrapper is called:
+            # they would fire for the wrapper and again for the model.  These spans take
+            # the wrapper's call as the model's, and leave out the model's own inside it
+            self._filtered = [h.id for h in self._handles]
+            _filter_hooks(self._filtered, True)
         except BaseException:
             self.disable()
             raise
@@ -730,9 +743,18 @@ class ModuleSpans:
         tracked = self._tracked
         if tracked is not None:
             entry = tracked.get(id(module))
-            return entry[1] if entry is not None and entry[0]() is module else None
+            if entry is not None and entry[0]() is module:
+                return entry[1]
+            # torch.compile(m)'s wrapper, called in m's place: m's name
+            original = _compiled_original(module)
+            return None if original is None else self._name(original)
         name = self._names.get(module)
         if name is None:
+            original = _compiled_original(module)
+            named = None if original is None else self._name(original)
+            if named is not None:
+                self._names[module] = named
+                return named
             name = type(module).__name__
             self._names[module] = name
             for qual, sub in module.named_modules():
@@ -746,6 +768,10 @@ class ModuleSpans:
     # as torch's own ModTracker skips optimized modules. Dynamo never compiles the hooks'
     # own frames (_run_outside_dynamo): a module that a compiled call runs eagerly (one
     # dynamo skips, as torch's own modules under model.compile()) has its spans.
+    # torch.compile(model) returns a wrapper module, always called eagerly: its call is
+    # the model's span (by the model's name); the model's own call inside it, which
+    # torch runs eagerly for some modules and inside the compiled frame for others (an
+    # nn.Sequential), adds none, so a compiled model has one span either way.
 
     def _pre(self, module: Any, args: Any) -> None:
         if _ops._dynamo_compiling():
@@ -754,6 +780,16 @@ class ModuleSpans:
             name = self._name(module)
             if name is None:
                 return
+            wrapping: dict[int, int] | None = getattr(self._local, "wrapping", None)
+            if wrapping and id(module) in wrapping:
+                stack = self._stack()
+                if stack and stack[-1][0] == wrapping[id(module)]:
+                    return  # the wrapped model's own call: its wrapper's span is open
+            original = _compiled_original(module)
+            if original is not None:
+                if wrapping is None:
+                    wrapping = self._local.wrapping = {}
+                wrapping[id(original)] = id(module)
             # torch passes a global pre-hook the positional inputs only
             kwargs = _call_kwargs(sys._getframe(1))
             self._enter(module, name, args if kwargs is None else (args, kwargs), kwargs is None)
@@ -769,6 +805,10 @@ class ModuleSpans:
             name = self._name(module)
             if name is not None:
                 self._exit(module, name, output, kwargs)
+                original = _compiled_original(module)
+                wrapping = getattr(self._local, "wrapping", None)
+                if original is not None and wrapping:
+                    wrapping.pop(id(original), None)
         except Exception:  # noqa: BLE001 - accounting never raises into the caller
             log.exception("memlord module spans: closing a span failed")
 

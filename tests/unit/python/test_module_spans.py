@@ -148,6 +148,89 @@ def test_a_compiled_model_compiles_as_without_module_spans(tmp_path, how: str) -
             tracker.stop()
 
 
+def _compiled_names(how: str, tmp_path, step) -> tuple[list[str], list[str]]:
+    """The span names and the warnings of ``step()`` under the module spans (``how``)."""
+    import warnings
+
+    lord = MemLord()
+    path = tmp_path / "c.json"
+    if how == "track_modules":
+        spans: Any = None
+    else:
+        tracker = MemoryTracker(tmp_path, True, None, json_path=path, install_handlers=False)
+        tracker.start()
+        spans = _module_spans(tracker)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if how == "track_modules":
+                with lord.track_modules(step.model):
+                    step()
+            else:
+                step()
+    finally:
+        if spans is not None:
+            spans._remove_hooks()
+            tracker.stop()
+    if how == "track_modules":
+        names = [name for name, _ in lord._region_history()[0]]
+    else:
+        names = [s.name for s in load(path).operations if s.kind == "module"]
+    return names, [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("how", ["track_modules", "run --modules"])
+@pytest.mark.parametrize("fullgraph", [False, True])
+@pytest.mark.parametrize("kind", ["Model", "Sequential"])
+def test_a_torch_compiled_model_is_one_span_named_as_the_model(tmp_path, how, fullgraph, kind):
+    """torch.compile(model) returns a wrapper module (OptimizedModule) whose call runs the
+    model compiled: the module spans name that call as the model (one span and its
+    backward, as eager gives the model's outermost span), and torch warns of nothing it
+    does not warn of without memlord (torch, bare, is the reference). Before: nothing for
+    track_modules; spans named "OptimizedModule" and torch's warning of global module
+    hooks for run --modules."""
+    import warnings
+
+    torch.manual_seed(0)
+    # torch runs a user module's own call eagerly around its compiled forward, and an
+    # nn.Sequential's inside the compiled frame
+    model = Model() if kind == "Model" else nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+    compiled = torch.compile(model, backend="eager", fullgraph=fullgraph)
+
+    def step() -> None:
+        torch._dynamo.reset()
+        x = torch.randn(2, 8, requires_grad=True)
+        compiled(x).sum().backward()
+        compiled(x).sum().backward()
+
+    step.model = model  # type: ignore[attr-defined]
+    with warnings.catch_warnings(record=True) as bare:
+        warnings.simplefilter("always")
+        step()
+    names, caught = _compiled_names(how, tmp_path, step)
+    assert caught == [str(w.message) for w in bare]
+    assert names == [kind, kind + " (backward)"] * 2
+
+
+@pytest.mark.parametrize("how", ["track_modules", "run --modules"])
+def test_a_compiled_submodule_is_spanned_once_by_its_name(tmp_path, how):
+    """A submodule replaced by its compiled wrapper: one span per call, named by the
+    wrapper's place in the model, none for the wrapper's ``_orig_mod``."""
+    torch.manual_seed(0)
+    model = Model()
+    model.a = torch.compile(model.a, backend="eager")
+
+    def step() -> None:
+        torch._dynamo.reset()
+        model(torch.randn(2, 8, requires_grad=True)).sum().backward()
+
+    step.model = model  # type: ignore[attr-defined]
+    names, caught = _compiled_names(how, tmp_path, step)
+    assert caught == []
+    forward = sorted(n for n in names if not n.endswith("(backward)"))
+    assert forward == ["Model", "a", "b", "inner", "inner.lin"]
+
+
 def test_track_modules_leaves_the_model_as_it_is() -> None:
     """The tracker's hooks are torch's global ones, filtered to the model's modules: none
     on the modules (they would go into pickle.dumps(model) and torch.jit.script(model)),
@@ -203,10 +286,11 @@ def test_disabled_tracker_leaves_no_global_hook() -> None:
 def test_compiled_module_warns_only_of_hooks_other_than_a_trackers(tmp_path) -> None:
     """torch.compile(model)'s module warns at each call that global module hooks fire an
     extra time for it (torch decides by ``_has_any_global_hook()``). A model tracker's
-    hooks pass every module but the model's: torch.compile(model) does not warn of them
-    (bare, it does not), but it still warns of a global hook of the program's own, or of
-    ``run --modules``' hooks, which do see the compiled module (torch is the reference:
-    its warning with the program's hook alone)."""
+    hooks pass every module but the model's, and ``run --modules``' hooks take the
+    compiled module's call as the model's (the model's own inside it adds no span):
+    torch.compile(model) does not warn of them (bare, it does not), but it still warns of
+    a global hook of the program's own (torch is the reference: its warning with the
+    program's hook alone)."""
     import warnings
 
     from torch.nn.modules import module as torch_module
@@ -242,7 +326,12 @@ def test_compiled_module_warns_only_of_hooks_other_than_a_trackers(tmp_path) -> 
         profiler.start()
         spans = _module_spans(profiler)
         try:
-            assert warned(model) == expected
+            assert warned(model) == bare
+            handle = torch_module.register_module_forward_pre_hook({}.get)
+            try:
+                assert warned(model) == expected
+            finally:
+                handle.remove()
         finally:
             spans._remove_hooks()
             profiler.stop()
