@@ -304,22 +304,21 @@ def test_compiled_module_warns_only_of_hooks_other_than_a_trackers(tmp_path) -> 
         # only torch.compile(module)'s (torch 2.13 on CPython 3.13.0 warns of slower guards)
         return [str(w.message) for w in caught if "global hooks" in str(w.message)]
 
+    def warned_with_own_hook(model: nn.Module) -> list[str]:
+        handle = torch_module.register_module_forward_pre_hook({}.get)  # the program's own
+        try:
+            return warned(model)
+        finally:
+            handle.remove()
+
     model = Model()
     bare = warned(model)
-    handle = torch_module.register_module_forward_pre_hook({}.get)  # the program's own
-    try:
-        expected = warned(model)
-    finally:
-        handle.remove()
+    expected = warned_with_own_hook(model)
     assert bare == [] and len(expected) == 1
     lord = MemLord()
     with lord.track_modules(model):
         assert warned(model) == bare
-        handle = torch_module.register_module_forward_pre_hook({}.get)
-        try:
-            assert warned(model) == expected
-        finally:
-            handle.remove()
+        assert warned_with_own_hook(model) == expected
         with lord.track_modules(Model()):  # a second tracker beside it
             assert warned(model) == bare
         profiler = MemoryTracker(tmp_path, True, None, install_handlers=False)
@@ -327,11 +326,7 @@ def test_compiled_module_warns_only_of_hooks_other_than_a_trackers(tmp_path) -> 
         spans = _module_spans(profiler)
         try:
             assert warned(model) == bare
-            handle = torch_module.register_module_forward_pre_hook({}.get)
-            try:
-                assert warned(model) == expected
-            finally:
-                handle.remove()
+            assert warned_with_own_hook(model) == expected
         finally:
             spans._remove_hooks()
             profiler.stop()
