@@ -4,7 +4,7 @@
                           [--interval S] [--events N] script.py [args...]
     python -m memlord report IN.json [-o OUT.html] [--trace F] [--pickle F]
     python -m memlord gantt IN.json OUT.html
-    python -m memlord merge FILES... -o OUT.json|OUT.html [--keep-going]
+    python -m memlord merge FILES... [-o OUT.json|OUT.html] [--trace F] [--keep-going]
 
 ``run`` executes an unmodified script as ``__main__`` with memlord's torch and lifetime
 hooks on and writes the requested reports when the program ends, as ``atexit`` sees it
@@ -114,7 +114,10 @@ def _parser() -> argparse.ArgumentParser:
     gantt.add_argument("output")
     mrg = sub.add_parser("merge", help="one report of several ranks' profiles or post-mortems")
     mrg.add_argument("files", nargs="+", metavar="FILE", help="per-rank profiles, post-mortems")
-    mrg.add_argument("-o", "--output", metavar="OUT", required=True, help="OUT.json or OUT.html")
+    mrg.add_argument("-o", "--output", metavar="OUT", help="OUT.json or OUT.html")
+    mrg.add_argument(
+        "--trace", metavar="F", help="one Perfetto trace of every profile (.trace.json)"
+    )
     mrg.add_argument("--keep-going", action="store_true", help="merge the good files anyway")
     return parser
 
@@ -383,7 +386,7 @@ def top(args: argparse.Namespace) -> int:
 def merge(args: argparse.Namespace) -> int:
     from .report._merge import command
 
-    return command(args.files, args.output, keep_going=args.keep_going, say=_say)
+    return command(args.files, args.output, keep_going=args.keep_going, say=_say, trace=args.trace)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

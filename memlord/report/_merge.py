@@ -391,7 +391,9 @@ def merge_files(paths: Sequence[str]) -> tuple[list[dict[str, Any]], list[InputE
 def output_format(path: str) -> str:
     name = os.fspath(path).lower()
     if name.endswith(".trace.json"):
-        raise ValueError(f"-o {path}: a merged report is .json or .html, not a trace")
+        raise ValueError(
+            f"-o {path}: a merged report is .json or .html, not a trace (--trace writes one)"
+        )
     if name.endswith(".json"):
         return "json"
     if name.endswith((".html", ".htm")):
@@ -615,16 +617,35 @@ _JS = """
 # ---- the command ------------------------------------------------------------------------------
 
 
+def _trace_profiles(rows: Sequence[dict[str, Any]]) -> list[Any]:
+    """The profiles among the merged files, read as documents, in rank order (then
+    path): what ``--trace`` draws.  A post-mortem has no time line."""
+    from ._json import load
+
+    profiles = [r for r in rows if r["kind"] == "profile"]
+    profiles.sort(key=lambda r: (r["rank"] is None, r["rank"] or 0, r["file"]))
+    return [load(r["file"]) for r in profiles]
+
+
 def command(
-    files: Sequence[str], output: str, *, keep_going: bool, say: Callable[[str], None]
+    files: Sequence[str],
+    output: str | None,
+    *,
+    keep_going: bool,
+    say: Callable[[str], None],
+    trace: str | None = None,
 ) -> int:
-    """``python -m memlord merge FILES... -o OUT [--keep-going]``.  Exit status: 0 when
-    every file was merged; 2 when the output name is wrong, the report cannot be
-    written, or a file is bad without ``--keep-going`` (nothing written); 1 when
-    ``--keep-going`` wrote the report of the good files and left bad ones out."""
+    """``python -m memlord merge FILES... [-o OUT] [--trace OUT.trace.json]
+    [--keep-going]``.  Exit status: 0 when every file was merged; 2 when an output name
+    is wrong, an output cannot be written, or a file is bad without ``--keep-going``
+    (nothing written); 1 when ``--keep-going`` wrote the outputs of the good files and
+    left bad ones out."""
     try:
-        fmt = output_format(output)
-        if fmt == "html":
+        if output is None and trace is None:
+            raise ValueError("merge: -o OUT (.json or .html) or --trace F (.trace.json), or both")
+        if trace is not None and not os.fspath(trace).lower().endswith(".trace.json"):
+            raise ValueError(f"--trace {trace}: the name must end in .trace.json")
+        if output is not None and output_format(output) == "html":
             from ._html import _plotly
 
             _plotly()  # the chart needs plotly: say so before reading anything
@@ -640,11 +661,40 @@ def command(
     if not rows:
         say("nothing written: no file could be merged")
         return 2
-    doc = merge_rows(rows, bad)
+    docs: list[Any] = []
+    if trace is not None:
+        try:
+            docs = _trace_profiles(rows)
+        except Exception as exc:  # noqa: BLE001 - read once already: one line, as a bad file
+            say(f"nothing written: --trace: a profile could not be read again: {exc}")
+            return 2
+        if not docs:
+            say(
+                f"nothing written: --trace {trace}: no profile among the files (a post-mortem "
+                "has no time line)"
+            )
+            return 2
+        left = sum(1 for r in rows if r["kind"] != "profile")
+        if left:
+            say(f"--trace: {left} post-mortem(s) have no time line: not in the trace")
+    written = []
     try:
-        write_merged(doc, output)
+        if output is not None:
+            write_merged(merge_rows(rows, bad), output)
+            written.append(output)
+        if trace is not None:
+            from ._trace import merged_chunks
+
+            Path(trace).parent.mkdir(parents=True, exist_ok=True)
+            with atomic_write(trace) as f:
+                for chunk in merged_chunks(docs):
+                    f.write(chunk)
+            written.append(trace)
     except OSError as exc:
-        say(f"cannot write {output}: {exc.strerror or exc}")
+        failed = output if len(written) == 0 and output is not None else trace
+        say(f"cannot write {failed}: {exc.strerror or exc}")
         return 2
-    say(f"wrote {output} ({len(rows)} file(s) merged" + (f", {len(bad)} left out)" if bad else ")"))
+    merged = f"({len(rows)} file(s) merged" + (f", {len(bad)} left out)" if bad else ")")
+    for out in written:
+        say(f"wrote {out} {merged}")
     return 1 if bad else 0

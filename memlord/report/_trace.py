@@ -12,6 +12,7 @@ microseconds since the start of the profile.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -77,10 +78,20 @@ def _base_ns(doc: Profile) -> int:
 
 
 def _chunks(doc: Profile, progress: Progress) -> Iterator[str]:
-    base = _base_ns(doc)
-    dumps = json.dumps
     title = doc.metadata.get("title") or "memlord"
-    pid = trace_pid(doc.metadata)
+    yield '{"displayTimeUnit":"ms","otherData":'
+    yield json.dumps({"memlord_schema_version": doc.schema_version, "title": str(title)})
+    yield ',"traceEvents":[\n'
+    yield from _process(doc, trace_pid(doc.metadata), 0, progress)
+    yield "\n]}\n"
+    progress(1.0, "trace")
+
+
+def _process(doc: Profile, pid: int, shift_ns: int, progress: Progress) -> Iterator[str]:
+    """The events of one profile's process, comma-separated: pid ``pid``, its times
+    ``shift_ns`` (>= 0) after the start of the trace."""
+    base = _base_ns(doc) - shift_ns
+    dumps = json.dumps
     tids = _thread_ids(doc)
     thread_names = doc.metadata.get("threads", {})
     meta: list[dict[str, Any]] = [
@@ -116,9 +127,6 @@ def _chunks(doc: Profile, progress: Progress) -> Iterator[str]:
         meta.append(
             {"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": str(name)}}
         )
-    yield '{"displayTimeUnit":"ms","otherData":'
-    yield dumps({"memlord_schema_version": doc.schema_version, "title": str(title)})
-    yield ',"traceEvents":[\n'
     yield ",\n".join(dumps(m) for m in meta)
 
     # slices
@@ -194,6 +202,66 @@ def _chunks(doc: Profile, progress: Progress) -> Iterator[str]:
             ts = _us(int(ev["t_ns"][i]) - base)
             yield f',\n{head[:-1]},"tid":{COUNTER_TID},"ts":{ts},"args":{instant}}}'
 
+
+def _wall_ns(doc: Profile) -> int | None:
+    """The wall-clock time (ns since the epoch) of the trace's origin for ``doc`` (its
+    earliest time), from the metadata's ``start_ns`` and ``start_unix``; None when the
+    metadata does not say."""
+    start_ns = plain_int(doc.metadata.get("start_ns"))
+    start_unix = doc.metadata.get("start_unix")
+    if start_ns is None or isinstance(start_unix, bool) or not isinstance(start_unix, (int, float)):
+        return None
+    if not math.isfinite(start_unix):
+        return None
+    return round(start_unix * 1e9) + _base_ns(doc) - start_ns
+
+
+def merged_trace_layout(docs: list[Profile]) -> list[tuple[int, int]]:
+    """(pid, shift in ns) of each profile in one trace of them all: its own pid where no
+    earlier profile has it (processes on different hosts, or a reused pid, may share
+    one: the later gets the lowest pid free above every profile's), and its times
+    placed by the wall clock, the earliest profile's start at 0 (a profile whose
+    metadata has no wall clock starts at 0)."""
+    walls = [_wall_ns(d) for d in docs]
+    known = [w for w in walls if w is not None]
+    origin = min(known) if known else 0
+    wanted = [trace_pid(d.metadata) for d in docs]
+    used: set[int] = set()
+    spare = max(wanted, default=PID)
+    out = []
+    for want, wall in zip(wanted, walls, strict=True):
+        pid = want
+        if pid in used:
+            spare += 1
+            while spare in used or spare in wanted:
+                spare += 1
+            pid = spare
+        used.add(pid)
+        out.append((pid, 0 if wall is None else wall - origin))
+    return out
+
+
+def merged_chunks(docs: list[Profile], progress: Progress = no_progress) -> Iterator[str]:
+    """One trace of several profiles (the ranks' of one job): a process per profile, as
+    its own trace has it (its name with rank and host, the rank as its sort index), on
+    one time line (:func:`merged_trace_layout`)."""
+    yield '{"displayTimeUnit":"ms","otherData":'
+    yield json.dumps(
+        {
+            "memlord_schema_version": max(d.schema_version for d in docs),
+            "title": f"memlord merge of {len(docs)} profile(s)",
+        }
+    )
+    yield ',"traceEvents":[\n'
+    n = len(docs)
+    for i, (doc, (pid, shift)) in enumerate(zip(docs, merged_trace_layout(docs), strict=True)):
+        if i:
+            yield ",\n"
+
+        def part(frac: float, what: str, i: int = i) -> None:
+            progress((i + frac) / n, what)
+
+        yield from _process(doc, pid, shift, part)
     yield "\n]}\n"
     progress(1.0, "trace")
 

@@ -173,3 +173,31 @@ def test_a_rank_whose_profile_and_post_mortem_tie_peaked_when_its_profile_says(c
     assert (peaked["file"], peaked["peak"]) == (str(profile), 3 * MiB)
     assert peaked["peak_s"] is not None
     assert doc["imbalance"]["cpu"]["max"]["peak_s"] is not None
+
+
+def test_merge_trace_leaves_a_post_mortem_out_and_says_so(capsys, tmp_path):
+    """A post-mortem has no time line: ``merge --trace`` draws the profiles, says the
+    post-mortem is left out, and ``-o`` beside it still has the post-mortem's row; only
+    post-mortems: nothing written."""
+    from support.trace import validate_trace
+
+    size = _profile(tmp_path / "p_rank0.json", MiB)
+    pm = tmp_path / "memlord-oom-node7-4242-rank3-1.json"
+    pm.write_text(json.dumps(_documented_post_mortem(3, 5 * MiB, 6 * MiB)))
+    trace, out = tmp_path / "all.trace.json", tmp_path / "m.json"
+    files = [str(tmp_path / "p_rank0.json"), str(pm)]
+    assert main(["merge", *files, "-o", str(out), "--trace", str(trace)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "memlord: --trace: 1 post-mortem(s) have no time line: not in the trace",
+        f"memlord: wrote {out} (2 file(s) merged)",
+        f"memlord: wrote {trace} (2 file(s) merged)",
+    ]
+    events = validate_trace(json.loads(trace.read_text()))
+    assert {e["pid"] for e in events} == {os.getpid()}
+    assert max(e["args"]["allocated"] for e in events if e["ph"] == "C") == size
+    assert [r["kind"] for r in json.loads(out.read_text())["ranks"]] == ["profile", "post-mortem"]
+    alone = tmp_path / "alone.trace.json"
+    assert main(["merge", str(pm), "--trace", str(alone)]) == 2
+    assert "no profile among the files" in capsys.readouterr().err
+    assert not alone.exists()
