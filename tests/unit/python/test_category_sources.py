@@ -12,7 +12,7 @@ import textwrap
 import pytest
 import torch
 from support import warm
-from support.ledger import torch_memory
+from support.ledger import ledger, storage_bytes, torch_memory
 from torch import nn
 
 from memlord import MemLord
@@ -218,3 +218,46 @@ def test_what_an_optimizers_step_finds_alive_is_no_allocation_of_the_region(ops)
     assert row["delta"] == expected
     assert lord.allocated("cpu")[0] >= found  # counted from the step on
     assert row["peak"] - row["peak_delta"] >= found  # the level the region started from
+
+
+def _found_lord() -> MemLord:
+    lord = MemLord(auto_gc_bytes=None)
+    lord.record_events(256)
+    return lord
+
+
+def _events(lord: MemLord) -> list[tuple[str, str, int, str | None]]:
+    """(kind, source, bytes, site) of the lord's allocations and frees; site None for
+    none."""
+    return [
+        (e["kind"], e["source"], e["bytes"], None if e["site"] == "<unknown>:0" else e["site"])
+        for e in lord.decode_events(lord.events())
+        if e["kind"] in ("alloc", "free")
+    ]
+
+
+@pytest.mark.parametrize("ops", [True, False], ids=["ops", "factories"])
+def test_a_parameter_made_of_a_tensor_from_before_the_hooks_is_found(ops):
+    """nn.Parameter(data) over a storage made before the hooks: counted from then on as a
+    parameter (its bytes, read from torch), with no call site, and no allocation of the
+    open region's (it raises the level the region started from). A parameter over a
+    storage a factory made under the hooks stays the factory's allocation, counted once."""
+    old = torch.randn(1000)
+    lord = _found_lord()
+    with lord.hook_into_python(ops=ops), lord.region("r") as r:
+        p = nn.Parameter(old)
+        q = nn.Parameter(torch.randn(500))
+    found, made = storage_bytes(p), storage_bytes(q)
+    assert (found, made) == (4000, 2000)
+    (kind, source, nbytes, site), second = _events(lord)
+    assert (kind, source, nbytes, site) == ("alloc", "found", found, None)
+    kind, source, nbytes, site = second  # randn's: the factory, or its operator with ops
+    assert (kind, nbytes, source) == ("alloc", made, "op" if ops else "factory")
+    assert "test_category_sources.py:" in site
+    (row,) = r.stats.values()
+    assert row["delta"] == made
+    assert row["peak"] - row["peak_delta"] == found
+    assert ledger(lord) == found + made
+    assert cats(lord)["parameter"] == found + made
+    top = lord.top_alloc_site("cpu")
+    assert top is not None and top[2] == made  # the found bytes are no site's
