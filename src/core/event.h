@@ -55,8 +55,8 @@
     X(OP, "op", "(op)")           /* hook_into_python(ops=True): an aten operator's new output */  \
     X(GRAD, "grad", "(grad)")     /* a parameter's gradient, once accumulated */                   \
     X(LOAD, "load", "(load)")     /* what torch.load returned */                                   \
-    X(TENSOR, "tensor", "(seen)") /* a storage first seen by a category source (a module's buffer, \
-                                   * optimizer state, a model's input) */                          \
+    X(TENSOR, "tensor", "(seen)") /* a storage first seen by a category source (the optimizer      \
+                                   * state a step made) */                                         \
     X(ALLOCATOR, "allocator", "(allocator)") /* torch's CUDA allocator (its OOM observer) */       \
     X(FOUND, "found", "(found)") /* a storage no source saw made, where a source first finds it    \
                                   * (nn.Parameter(data), a module's registration, an optimizer's   \
