@@ -126,8 +126,11 @@ def categorize_inputs(inputs: Any, module: Any = None) -> None:
         else:
             if params:
                 _categorize(params, "parameter", None)
-                with torch._C.DisableTorchFunction():  # a user's mode sees none of it
-                    _watch_grads(module, params)
+                try:
+                    with torch._C.DisableTorchFunction():  # a user's mode sees none of it
+                        _watch_grads(module, params)
+                except Exception:  # noqa: BLE001 - accounting never raises into the caller
+                    _report("watching a model's gradients")
             if buffers:
                 _categorize(buffers, "buffer", None, _ALL & ~_BIT["parameter"])
     try:
