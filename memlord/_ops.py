@@ -81,8 +81,8 @@ class _State:
         self.handles: list[Any] = []
         self.grad_handles: list[Any] = []
         self.load_patches: list[tuple[Any, str, Any, Any]] = []
-        #: optimizer -> the ids of the parameters memlord's gradient hook was put on at its
-        #: last step: the same parameters again need no look at their hooks
+        #: optimizer or tracked model -> the ids of the parameters memlord's gradient hook
+        #: was put on at its last step or forward: the same again need no look at their hooks
         self.watched: weakref.WeakKeyDictionary[Any, tuple[int, ...]] = weakref.WeakKeyDictionary()
 
 
@@ -112,7 +112,9 @@ def categorize_inputs(inputs: Any, module: Any = None) -> None:
     """The tensors a tracked model's outermost forward receives (args and kwargs, nested):
     those tracked as activation or other become ``input``; nothing new is counted.  The
     module's parameters and buffers are categorised again (``model.cuda()`` made new
-    storages for them)."""
+    storages for them), and memlord's gradient hook is put on its parameters: the
+    gradients the backward of this forward accumulates are counted as made then (source
+    ``grad``), even for a model made before the hooks."""
     if not _state.sources_on:
         return
     if module is not None:
@@ -124,6 +126,11 @@ def categorize_inputs(inputs: Any, module: Any = None) -> None:
         else:
             if params:
                 _categorize(params, "parameter", None)
+                try:
+                    with torch._C.DisableTorchFunction():  # a user's mode sees none of it
+                        _watch_grads(module, params)
+                except Exception:  # noqa: BLE001 - accounting never raises into the caller
+                    _report("watching a model's gradients")
             if buffers:
                 _categorize(buffers, "buffer", None, _ALL & ~_BIT["parameter"])
     try:
@@ -375,17 +382,42 @@ def _watch_grad(param: Any) -> None:
         _report("watching a parameter's gradient")
 
 
+# A storage a source sees that no source saw made (made before the hooks, or by code
+# memlord does not see) is found, not made where it is seen: counted from then on under
+# the source's category, with no call site, and no allocation of an open region's (source
+# ``found``: it raises the region's entry level).  One a source saw made (a factory's, an
+# operator's) is tracked already: only its category changes.
+
+
+def _watch_grads(owner: Any, params: list[Any]) -> None:
+    """Put memlord's gradient hook on every parameter of owner (an optimizer, a tracked
+    model) that has none of it; the same parameters as at owner's last look need no look
+    at their hooks."""
+    ids = tuple(map(id, params))
+    try:
+        seen = _state.watched.get(owner)
+    except TypeError:  # an owner that takes no weak reference
+        seen = None
+    if seen != ids:
+        for p in params:
+            _watch_grad(p)
+        try:
+            _state.watched[owner] = ids
+        except TypeError:
+            pass
+
+
 @_unseen
 def _param_registered(module: Any, name: str, param: Any) -> None:
     if param is not None:
-        _categorize(param, "parameter", "param")
+        _categorize(param, "parameter", "found")
         _watch_grad(param)
 
 
 @_unseen
 def _buffer_registered(module: Any, name: str, buffer: Any) -> None:
     if isinstance(buffer, torch.Tensor):
-        _categorize(buffer, "buffer", "tensor")
+        _categorize(buffer, "buffer", "found")
 
 
 def _params_of(optimizer: Any) -> list[Any]:
@@ -409,18 +441,7 @@ def _optimizer_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
     _core._optimizer_step(True)
     try:
         params = [p for p in _params_of(optimizer) if isinstance(p, torch.Tensor)]
-        ids = tuple(map(id, params))
-        try:
-            seen = _state.watched.get(optimizer)
-        except TypeError:  # an optimizer that takes no weak reference
-            seen = None
-        if seen != ids:
-            for p in params:
-                _watch_grad(p)
-            try:
-                _state.watched[optimizer] = ids
-            except TypeError:
-                pass
+        _watch_grads(optimizer, params)
         grads = [p.grad for p in params if p.grad is not None]
         if params:
             # what an optimizer steps is a parameter, however its storage was made (a
@@ -429,7 +450,11 @@ def _optimizer_pre(optimizer: Any, args: Any, kwargs: Any) -> None:
             # counted, and no allocation of an open region's
             _categorize(params, "parameter", "found")
         if grads:
-            _categorize(grads, "gradient", "grad")
+            # a gradient accumulated while memlord's hook was on its parameter, or made
+            # by an operator under ops=True, is tracked already; one no source saw made
+            # (accumulated before the hooks, or by a backward with ops off before the
+            # parameter was watched) is found
+            _categorize(grads, "gradient", "found")
         held = _state_of(optimizer)
         if held:
             # the state the optimizer holds before its step (an earlier step's, made

@@ -11,7 +11,6 @@ installed imports neither torch nor memlord.  See docs/pytest.md.
 from __future__ import annotations
 
 import gc
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -89,7 +88,7 @@ class Measurement:
         self._region: Any = None
         self._leak_check: Any = None
         self.peak: dict[str, int] = {}
-        # per device: the categories of the lord's ledger at its peak (non-zero ones)
+        # per device: the categories of the test's peak (non-zero ones; they add up to it)
         self.categories: dict[str, dict[str, int]] = {}
         self.top_site: dict[str, str | None] = {}
         self.sites: dict[str, list[tuple[str | None, int]]] = {}
@@ -121,15 +120,18 @@ class Measurement:
                 for dev, st in self._region.stats.items():
                     if st["peak_delta"] > 0:
                         self.peak[dev] = int(st["peak_delta"])
+                        # the region's own split of that peak: what the test made, never
+                        # what it found alive (a fixture's model, counted from then on)
+                        at_peak = {
+                            k: int(v["at_peak"]) for k, v in st.get("categories", {}).items()
+                        }
+                        self.categories[dev] = {k: v for k, v in at_peak.items() if v}
             if self._leak_check is not None:
                 self._leak_check.__exit__(None, None, None)
                 self.leaked = list(self._leak_check.leaked)
-            stats: Mapping[str, Mapping[str, Any]] = lord.stats()
             for dev in self.peak:
                 top = lord.top_alloc_site(dev)
                 self.top_site[dev] = top[1] if top else None
-                at_peak = stats.get(dev, {}).get("peak_categories", {})
-                self.categories[dev] = {k: int(v) for k, v in at_peak.items() if v}
             if self.want_sites:
                 self._sites_at_peak(lord)
         finally:

@@ -50,16 +50,18 @@
     X(DEATH, "death", "(del)")                  /* lifetime tracking: the last reference died */   \
     X(DEFERRED, "deferred", "(hook, deferred)") /* a non_blocking copy's CUDA event completed */   \
     X(POLICY, "policy", "")                     /* auto-GC bookkeeping, reset */                   \
-    X(PARAM, "param", "(param)")  /* nn.Parameter(data) holding a storage nothing counted yet */   \
+    X(PARAM, "param", "(param)")  /* no longer emitted (nn.Parameter(data) finds: FOUND); the      \
+                                   * code stays for older rings and files */                       \
     X(OP, "op", "(op)")           /* hook_into_python(ops=True): an aten operator's new output */  \
     X(GRAD, "grad", "(grad)")     /* a parameter's gradient, once accumulated */                   \
     X(LOAD, "load", "(load)")     /* what torch.load returned */                                   \
-    X(TENSOR, "tensor", "(seen)") /* a storage first seen by a category source (a module's buffer, \
-                                   * optimizer state, a model's input) */                          \
+    X(TENSOR, "tensor", "(seen)") /* a storage first seen by a category source (the optimizer      \
+                                   * state a step made) */                                         \
     X(ALLOCATOR, "allocator", "(allocator)") /* torch's CUDA allocator (its OOM observer) */       \
-    X(FOUND, "found", "(found)") /* a storage alive before a step that first finds it (the         \
-                                  * parameters and state an optimizer's step finds): counted,      \
-                                  * and no open region's allocation (it raises their entry) */
+    X(FOUND, "found", "(found)") /* a storage no source saw made, where a source first finds it    \
+                                  * (nn.Parameter(data), a module's registration, an optimizer's   \
+                                  * step): counted with no call site, and no open region's         \
+                                  * allocation (it raises their entry) */
 
 #define ML_EV_KIND_ENUM_(e, name) ML_EV_##e,
 #define ML_EV_SOURCE_ENUM_(e, name, label) ML_SRC_##e,

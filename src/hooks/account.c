@@ -109,8 +109,9 @@ static void track_items(const ml_lords *lords, const ml_life_item *items, Py_ssi
 
 /* A new tensor seen by a tracked source (a factory, nn.Parameter): count and
  * track its storages for every lord of lords with lifetime tracking on.  A
- * plain tensor's storage is read in C, without a walk.  -1 only when memory
- * runs out. */
+ * plain tensor's storage is read in C, without a walk.  A found storage
+ * (ML_SRC_FOUND: alive before, not made at this call) has no call site.  -1
+ * only when memory runs out. */
 int ml_track_new_tensor(ml_state *st, const ml_lords *lords, PyObject *t, PyObject *src,
                         enum ml_ev_source source)
 {
@@ -132,7 +133,7 @@ int ml_track_new_tensor(ml_state *st, const ml_lords *lords, PyObject *t, PyObje
             return 0;
         }
         ml_site site = {0};
-        if (ml_any_tracks_callsite(lords)) {
+        if (source != ML_SRC_FOUND && ml_any_tracks_callsite(lords)) {
             ml_site_capture(st, &site);
         }
         track_items(lords, &item, 1, &site, source, 0);
@@ -146,7 +147,7 @@ int ml_track_new_tensor(ml_state *st, const ml_lords *lords, PyObject *t, PyObje
     int rc = new_storages_of(st, t, src, &w, &sw);
     if (rc == 0 && w.n > 0) {
         ml_site site = {0};
-        if (ml_any_tracks_callsite(lords)) {
+        if (source != ML_SRC_FOUND && ml_any_tracks_callsite(lords)) {
             ml_site_capture(st, &site);
         }
         ml_track_for(lords, &w, &site, source, 0);

@@ -221,7 +221,7 @@ static PyObject *track_result(PyObject *callable, ml_state *st, PyObject *result
     if (ml_track_new_tensor(st, &lords, result, src, source) < 0) {
         ml_report_failure(callable);
     }
-    if (source == ML_SRC_PARAM) {
+    if (source == ML_SRC_FOUND) {
         /* a storage counted before (an op's output, a conversion's: Module._apply
          * wraps its results in new parameters) is a parameter's now */
         ml_recategorize_tensor(st, &lords, result, ML_CAT_PARAMETER);
@@ -264,8 +264,12 @@ static PyObject *hook_factory(PyObject *callable, PyObject *const *args, size_t 
 
 /* nn.Parameter(data): a parameter is memory the model holds.  Its storage
  * is data's, so a storage already tracked adds nothing (a re-wrapped
- * parameter, weight_norm's weight_v); one not seen yet (weight_norm's
- * weight_g, computed by torch) is counted and tracked from here. */
+ * parameter, weight_norm's weight_v, a factory's result: its allocation
+ * stays where the factory made it).  One no source saw made (data made
+ * before the hooks, or by code memlord does not see: weight_norm's weight_g
+ * without ops=True) is found, not made here: counted and tracked from here
+ * as a parameter, with no call site, and no allocation of an open region's
+ * (it raises the region's entry level). */
 static PyObject *hook_param(PyObject *callable, PyObject *const *args, size_t nargsf,
                             PyObject *kwnames)
 {
@@ -274,7 +278,7 @@ static PyObject *hook_param(PyObject *callable, PyObject *const *args, size_t na
     if (result == NULL || ml_disp.py_lord_refs == NULL || ml_disp.module == NULL) {
         return result;
     }
-    return track_result(callable, ml_disp.st, result, NULL, ML_SRC_PARAM);
+    return track_result(callable, ml_disp.st, result, NULL, ML_SRC_FOUND);
 }
 
 /* Module._apply (to, half, float, double, bfloat16, cuda, cpu, type,

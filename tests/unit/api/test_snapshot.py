@@ -434,11 +434,12 @@ def test_ring_address_of_a_hooked_conversion():
 def test_ring_decodes_a_parameter_event():
     lord = MemLord(auto_gc_bytes=None)
     lord.record_events(4)
-    t = torch.empty(10)  # made before tracking: the Parameter counts it
+    t = torch.empty(10)  # made before tracking: the Parameter finds it
     with lord.hook_into_python():
         p = torch.nn.Parameter(t)
         (e,) = lord.decode_events(lord.events())
-    assert e["source"] == "param" and e["address"] == p.untyped_storage().data_ptr()
+    assert e["source"] == "found" and e["address"] == p.untyped_storage().data_ptr()
+    assert e["category"] == "parameter" and e["bytes"] == p.untyped_storage().nbytes()
 
 
 # ---- threads, reference counts, memory ---------------------------------------------------

@@ -4,6 +4,7 @@ register them. Each figure is checked against torch's own storage sizes."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import textwrap
 import pytest
 import torch
 from support import warm
-from support.ledger import torch_memory
+from support.ledger import ledger, storage_bytes, torch_memory
 from torch import nn
 
 from memlord import MemLord
@@ -187,12 +188,18 @@ def test_sources_are_removed_with_the_last_hooks():
     del p
 
 
-@pytest.mark.parametrize("ops", [True, False], ids=["ops", "factories"])
-def test_what_an_optimizers_step_finds_alive_is_no_allocation_of_the_region(ops):
+@pytest.mark.parametrize(
+    ("ops", "modules"),
+    [(True, False), (False, True), (False, False)],
+    ids=["ops", "factories-track_modules", "factories"],
+)
+def test_what_an_optimizers_step_finds_alive_is_no_allocation_of_the_region(ops, modules):
     """A model trained a step before the hooks (its AdamW state made then): a region
     around the next step counts what the step makes (its gradients, as torch.profiler's
     timeline), not the parameters and the state the step's source finds alive; those are
-    counted from then on (source ``found``), the region's entry level raised by them."""
+    counted from then on (source ``found``), the region's entry level raised by them.
+    With ops off and the model not tracked, no source sees the backward make the
+    gradients: the step finds them too (counted, no allocation of the region's)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 8))
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
@@ -204,17 +211,114 @@ def test_what_an_optimizers_step_finds_alive_is_no_allocation_of_the_region(ops)
     step()
     opt.zero_grad(set_to_none=True)
     held = [*model.parameters(), *(v for s in opt.state.values() for v in s.values())]
-    found = sum(
-        {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held}.values()
-    )
+    found = storage_bytes(*held)
     with torch_memory() as theirs:  # the same step bare: the gradients it leaves
         step()
     expected = theirs.net
+    grads = storage_bytes(*(p.grad for p in model.parameters()))
+    assert expected == grads
     opt.zero_grad(set_to_none=True)
     lord = MemLord(auto_gc_bytes=None)
-    with lord.hook_into_python(ops=ops), lord.region("step") as r:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(lord.hook_into_python(ops=ops))
+        if modules:
+            stack.enter_context(lord.track_modules(model))
+        r = stack.enter_context(lord.region("step"))
         step()
     (row,) = r.stats.values()
+    if not ops and not modules:
+        found += grads
+        expected = 0
     assert row["delta"] == expected
-    assert lord.allocated("cpu")[0] >= found  # counted from the step on
-    assert row["peak"] - row["peak_delta"] >= found  # the level the region started from
+    assert ledger(lord) >= found  # counted from the step on
+    assert row["peak"] - row["peak_delta"] == found  # the level the region started from
+
+
+def _found_lord() -> MemLord:
+    lord = MemLord(auto_gc_bytes=None)
+    lord.record_events(256)
+    return lord
+
+
+def _events(lord: MemLord) -> list[tuple[str, str, int, str | None]]:
+    """(kind, source, bytes, site) of the lord's allocations and frees; site None for
+    none."""
+    return [
+        (e["kind"], e["source"], e["bytes"], None if e["site"] == "<unknown>:0" else e["site"])
+        for e in lord.decode_events(lord.events())
+        if e["kind"] in ("alloc", "free")
+    ]
+
+
+@pytest.mark.parametrize("ops", [True, False], ids=["ops", "factories"])
+def test_a_parameter_made_of_a_tensor_from_before_the_hooks_is_found(ops):
+    """nn.Parameter(data) over a storage made before the hooks: counted from then on as a
+    parameter (its bytes, read from torch), with no call site, and no allocation of the
+    open region's (it raises the level the region started from). A parameter over a
+    storage a factory made under the hooks stays the factory's allocation, counted once."""
+    old = torch.randn(1000)
+    lord = _found_lord()
+    with lord.hook_into_python(ops=ops), lord.region("r") as r:
+        p = nn.Parameter(old)
+        q = nn.Parameter(torch.randn(500))
+    found, made = storage_bytes(p), storage_bytes(q)
+    assert (found, made) == (4000, 2000)
+    (kind, source, nbytes, site), second = _events(lord)
+    assert (kind, source, nbytes, site) == ("alloc", "found", found, None)
+    kind, source, nbytes, site = second  # randn's: the factory, or its operator with ops
+    assert (kind, nbytes, source) == ("alloc", made, "op" if ops else "factory")
+    assert "test_category_sources.py:" in site
+    (row,) = r.stats.values()
+    assert row["delta"] == made
+    assert row["peak"] - row["peak_delta"] == found
+    assert ledger(lord) == found + made
+    assert cats(lord)["parameter"] == found + made
+    top = lord.top_alloc_site("cpu")
+    assert top is not None and top[2] == made  # the found bytes are no site's
+
+
+@pytest.mark.parametrize("ops", [True, False], ids=["ops", "factories"])
+def test_a_buffer_or_parameter_from_before_the_hooks_registered_by_a_module_is_found(ops):
+    """A module registering a buffer, or a parameter, whose storage was made before the
+    hooks: counted from then on under its category, with no call site, and no allocation
+    of the open region's."""
+    buf, weight = torch.randn(300), nn.Parameter(torch.randn(200))
+    lord = _found_lord()
+    with lord.hook_into_python(ops=ops), lord.region("r") as r:
+        m = nn.Module()
+        m.register_buffer("running", buf)
+        m.weight = weight
+    b, w = storage_bytes(buf), storage_bytes(weight)
+    assert _events(lord) == [("alloc", "found", b, None), ("alloc", "found", w, None)]
+    assert r.stats == {}  # the region allocated nothing
+    assert ledger(lord) == b + w
+    assert cats(lord)["buffer"] == b and cats(lord)["parameter"] == w
+    assert lord.top_alloc_site("cpu") is None
+    del m
+
+
+@pytest.mark.parametrize("ops", [True, False], ids=["ops", "factories"])
+def test_gradients_accumulated_before_the_hooks_are_found_at_the_next_step(ops):
+    """Gradients a backward made before the hooks, seen by the optimizer's next step
+    inside a region: found (counted as gradients, no allocation of the region's); the
+    region counts what the step makes (SGD's momentum), as torch.profiler's timeline of
+    the same step does."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(4, 64)).sum().backward()
+    grads = [p.grad for p in model.parameters()]
+    lord = _found_lord()
+    with torch_memory() as theirs:
+        with lord.hook_into_python(ops=ops), lord.region("step") as r:
+            opt.step()
+    (row,) = r.stats.values()
+    assert theirs.net > 0  # the momentum buffers
+    assert row["delta"] == theirs.net
+    found = [(b, site) for _kind, source, b, site in _events(lord) if source == "found"]
+    assert sum(b for b, _site in found) == storage_bytes(*model.parameters(), *grads)
+    assert {site for _b, site in found} == {None}
+    assert cats(lord)["gradient"] == storage_bytes(*grads)
+    opt.zero_grad(set_to_none=True)
+    del grads
+    assert cats(lord)["gradient"] == 0

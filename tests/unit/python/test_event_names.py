@@ -91,7 +91,7 @@ def test_c_log_names_equal_python_names_for_the_ring_codes(c_records, caplog) ->
     with lord.hook_into_torch(), lord.hook_into_python():
         x = torch.zeros(32)  # factory (a tracked storage)
         y = x.to(torch.float16)  # conversion
-        p = nn.Parameter(w)  # param
+        p = nn.Parameter(w)  # found (alive before the hooks)
         del x, y, p, w
         gc.collect()  # deaths
         torch.zeros(1)  # a safe point: the deaths' notifications run
@@ -104,7 +104,7 @@ def test_c_log_names_equal_python_names_for_the_ring_codes(c_records, caplog) ->
     del ring[("gc", "policy")]
     assert Counter(c_records) == ring
     sources = {s for _, s in c_records}
-    assert {"explicit", "factory", "convert", "death", "param", "policy"} <= sources
+    assert {"explicit", "factory", "convert", "death", "found", "policy"} <= sources
     assert {k for k, _ in c_records} == {"alloc", "free", "reset"}
     # every source the log names has its label, and the lines carry it
     assert set(SOURCE_LABELS) == set(EVENT_SOURCES)

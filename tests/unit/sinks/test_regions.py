@@ -7,6 +7,7 @@ import threading
 
 import pytest
 import torch
+from support.ledger import storage_bytes
 from torch import nn
 
 from memlord import MemLord
@@ -301,20 +302,36 @@ def test_track_modules_transformer_forward_backward():
         "max_delta": 0,
         "max_peak_delta": 96,
     }
+
+    def grads(module):  # torch's bytes of the gradients of module's parameters
+        return storage_bytes(*(p.grad for p in module.parameters()))
+
     for i in range(2):
+        layer = model.layers[i]
         attn = cpu(f"layers.{i}.attn")
         assert attn["max_peak_delta"] == 64 and attn["total_delta"] == 0
         assert cpu(f"layers.{i}")["max_peak_delta"] == 64
         assert cpu(f"layers.{i}.attn.qkv") is None  # a Linear allocates nothing memlord sees
-        # backward: the 64 B scratch of _Scale.backward lands in the block, not in its mlp
+        # backward: each Linear's backward makes its parameters' gradients, at the first
+        # call (track_modules watches the model's gradients; the second accumulates into
+        # them in place); the 64 B scratch of _Scale.backward lands in the block, not in
+        # its mlp
+        for name, sub in (("attn.qkv", layer.attn.qkv), ("mlp.2", layer.mlp[2])):
+            assert plain(cpu(f"layers.{i}.{name} (backward)")) == {
+                "total_delta": grads(sub),
+                "avg_delta": grads(sub) / 2,
+                "max_delta": grads(sub),
+                "max_peak_delta": grads(sub),
+            }
         assert plain(cpu(f"layers.{i} (backward)")) == {
-            "total_delta": 0,
-            "avg_delta": 0,
-            "max_delta": 0,
-            "max_peak_delta": 64,
+            "total_delta": grads(layer),
+            "avg_delta": grads(layer) / 2,
+            "max_delta": grads(layer),
+            "max_peak_delta": grads(layer),
         }
-        assert cpu(f"layers.{i}.mlp (backward)") is None
-    assert cpu("TinyTransformer (backward)")["max_peak_delta"] == 64
+        mlp = cpu(f"layers.{i}.mlp (backward)")
+        assert mlp["total_delta"] == mlp["max_peak_delta"] == grads(layer.mlp)
+    assert cpu("TinyTransformer (backward)")["total_delta"] == grads(model) == 2 * 8640
     # the lord's own aggregate saw the same regions
     assert lord.regions()["layers.0.attn"]["count"] == 2
 
