@@ -657,9 +657,9 @@ def render_html(
                 span_rows,
                 {3, 4, 5, 6},
             )
-            + '<p class="note">Each storage counts under the category it had when it was '
-            "allocated and freed: a gradient made in backward counts as temporary in the "
-            "backward regions.</p></section>"
+            + '<p class="note">Each storage counts under its category as it changes: a '
+            "gradient that backward makes is a temporary until it is accumulated into the "
+            "parameter's .grad, and a gradient from then on.</p></section>"
         )
     top = _top_tensors(doc)
     if top:

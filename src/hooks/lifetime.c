@@ -706,6 +706,7 @@ int ml_life_recategorize(ml_book *lord, const PyObject *key, int cat, unsigned f
     cat = ml_cat_clamp(cat);
     if (old != cat && (from_mask & (1u << old))) {
         ml_recategorize(lord, tracker_dev(tr), tracker_bytes(tr), old, cat);
+        ml_regions_recategorize(lord->regions, tracker_dev(tr), tracker_bytes(tr), old, cat);
         tr->meta = with_cat(tr->meta, cat);
     }
     return 1;

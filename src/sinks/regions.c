@@ -440,6 +440,33 @@ static void reg_apply(void *data, ml_book *Py_UNUSED(lord), ml_event *ev, int n)
     }
 }
 
+void ml_regions_recategorize(struct ml_regions *r, ml_dev dev, int64_t bytes, int from, int to)
+{
+    if (r == NULL || r->n == 0 || bytes <= 0 || from == to) {
+        return;
+    }
+    from = ml_cat_clamp(from);
+    to = ml_cat_clamp(to);
+    uint64_t key = thread_key();
+    for (int k = 0; k < r->n; k++) {
+        ml_region *g = &r->open[k];
+        ml_rdev *d = g->key == key ? find_dev(g, dev) : NULL;
+        if (d == NULL) {
+            continue; /* the region has seen nothing of the device: nothing to move */
+        }
+        d->touched |= (1u << from) | (1u << to);
+        d->cat_net[from] -= bytes;
+        d->cat_net[to] += bytes;
+        if (d->cat_net[to] > d->cat_peak[to]) {
+            d->cat_peak[to] = d->cat_net[to];
+        }
+        if (d->net == d->peak_net) {
+            /* at its peak now: the split of the peak is this one */
+            memcpy(d->cat_at_peak, d->cat_net, sizeof(d->cat_net));
+        }
+    }
+}
+
 const ml_sink ml_region_sink_proto = {"regions", reg_reserve, reg_apply,    NULL,
                                       NULL,      NULL,        ML_NEED_CLOCK};
 

@@ -29,6 +29,11 @@ int ml_regions_sweep_names(struct ml_book *lord);
  * (0: none).  Regions are matched by a per-thread key that no later thread
  * gets, not by the thread ident, which the system reuses. */
 uint32_t ml_regions_current(const struct ml_regions *r);
+/* A tracked storage of bytes on dev changed category from one to another on
+ * the calling thread (the ledger's ml_recategorize): its open regions that
+ * have the device move the bytes between their categories too, as their
+ * events would have carried them.  Pure C, no failure. */
+void ml_regions_recategorize(struct ml_regions *r, ml_dev dev, int64_t bytes, int from, int to);
 
 /* Methods of the Lord type (lord.c lists them). */
 struct ml_book;

@@ -130,10 +130,10 @@ def test_a_fixtures_model_stepped_in_the_test_is_not_the_tests_allocation(
     params = (512 * 512 + 512) * 4
     assert torch_peak > params  # gradients and momentum: one more copy of the parameters
     assert test["peak"]["cpu"] == torch_peak
-    # the categories of that peak: the gradients (made by backward, so temporaries when
-    # made) and the momentum the step made, adding up to the peak; not the parameters the
-    # step found (counted from then on, in no peak of the test's)
-    assert test["categories"] == {"cpu": {"temporary": params, "optimizer_state": params}}
+    # the categories of that peak: the gradients (accumulated by then) and the momentum
+    # the step made, adding up to the peak; not the parameters the step found (counted
+    # from then on, in no peak of the test's)
+    assert test["categories"] == {"cpu": {"gradient": params, "optimizer_state": params}}
     assert sum(test["categories"]["cpu"].values()) == test["peak"]["cpu"]
     assert test["top_site"]["cpu"].startswith("test_fixture_model.py:")
 

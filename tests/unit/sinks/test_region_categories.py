@@ -42,7 +42,7 @@ def test_a_forward_region_counts_its_outputs_as_activations():
         assert act["peak_delta"] == act["at_peak"] == 2 * nbytes(hidden) == cpu["peak_delta"]
 
 
-def test_a_backward_region_counts_the_gradients_it_makes_as_temporaries():
+def test_a_backward_region_counts_the_gradients_it_makes_as_gradients():
     lord = MemLord()
     with lord.hook_into_python(ops=True):
         m, x = model(), torch.randn(32, 64)
@@ -51,10 +51,11 @@ def test_a_backward_region_counts_the_gradients_it_makes_as_temporaries():
             loss.backward()
         cpu = r.stats["cpu"]
         check_sums(cpu)
-        # made in backward: temporaries; the gradients are what stays of them (a storage
-        # becoming a gradient afterwards is no event, so the region keeps its category)
+        # made in backward as temporaries, the gradients among them become gradients when
+        # accumulated, in the region as in the ledger; the other temporaries died inside
         grads = sum(nbytes(p.grad) for p in m.parameters())
-        assert cpu["categories"]["temporary"]["delta"] == grads
+        assert cpu["categories"]["gradient"]["delta"] == grads
+        assert cpu["categories"]["temporary"]["delta"] == 0
         assert lord.stats("cpu")["cpu"]["categories"]["gradient"] == grads
         # what backward freed is the activations the forward saved
         assert cpu["categories"]["activation"]["delta"] < 0
