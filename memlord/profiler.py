@@ -504,6 +504,7 @@ class MemoryTracker:
             exact = region_span(item[0], item[1])
             span.start_ns, span.end_ns = exact.start_ns, exact.end_ns
             span.delta, span.peak, span.tensor_delta = exact.delta, exact.peak, exact.tensor_delta
+            span.categories = exact.categories
             self._op_items[id(item)] = item
         span.finished = True
         if record:

@@ -156,6 +156,28 @@ def test_operations_are_lord_regions_and_events_come_from_the_ring(tmp_path):
     del keep
 
 
+def test_operations_carry_their_categories_as_regions_do(tmp_path):
+    """An operation's per-device split by category (what the report's "Modules and
+    regions by category" table and the JSON's ``operations[].categories`` show): the
+    region's, as for ``lord.region``; a ``run --modules`` module span is an operation.
+    It was left out: every operation had ``categories == {}``. The reference is the
+    tensors' own storage bytes."""
+    tracker = initialize_memory_tracker(output_dir=tmp_path, interval=None)
+    model = torch.nn.Linear(64, 64)
+    x = torch.randn(8, 64)
+    with tracker.track_operation("step"):
+        out = model(x)
+        out.sum().backward()
+    stop_memory_tracker()
+    (op,) = [s for s in tracker.profile().operations if s.name == "step"]
+    cats = op.categories["cpu"]
+    grads = sum(p.grad.untyped_storage().nbytes() for p in model.parameters())
+    assert cats["gradient"]["delta"] == grads
+    assert cats["activation"]["delta"] == out.untyped_storage().nbytes()
+    assert sum(c["delta"] for c in cats.values()) == op.delta["cpu"]
+    assert sum(c["at_peak"] for c in cats.values()) == op.peak["cpu"] - op.pre_total
+
+
 def test_event_ring_capacity_option(tmp_path):
     tracker = MemoryTracker(tmp_path, interval=None, json_path=False, events=0).start()
     torch.zeros(10)
