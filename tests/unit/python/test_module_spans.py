@@ -176,7 +176,13 @@ def _compiled_names(how: str, tmp_path, step) -> tuple[list[str], list[str]]:
         names = [name for name, _ in lord._region_history()[0]]
     else:
         names = [s.name for s in load(path).operations if s.kind == "module"]
-    return names, [str(w.message) for w in caught]
+    return names, _warnings(caught)
+
+
+def _warnings(caught: list[Any]) -> list[str]:
+    """The warnings' texts, less torch's "Guards may run slower on Python 3.13.0", which
+    it gives once per dict guard it builds (the hooks add guards: docs/guide.md)."""
+    return [str(w.message) for w in caught if "Guards may run slower" not in str(w.message)]
 
 
 @pytest.mark.parametrize("how", ["track_modules", "run --modules"])
@@ -208,7 +214,7 @@ def test_a_torch_compiled_model_is_one_span_named_as_the_model(tmp_path, how, fu
         warnings.simplefilter("always")
         step()
     names, caught = _compiled_names(how, tmp_path, step)
-    assert caught == [str(w.message) for w in bare]
+    assert caught == _warnings(bare)
     assert names == [kind, kind + " (backward)"] * 2
 
 
