@@ -457,15 +457,20 @@ static TrackerObject *tracker_new(RegistryObject *reg, PyObject *key, ml_dev dev
 
 enum { IT_COUNT = 0, IT_SKIP = 1, IT_NEW = 2 };
 
-static int add_delta(ml_delta *d, int *nd, ml_dev dev, int64_t bytes, uintptr_t ptr, int cat)
+/* Adds one storage's bytes to the deltas of a call: to the delta of its
+ * device and category, or, alone (own), to one of its own, with its data
+ * pointer. */
+static int add_delta(ml_delta *d, unsigned char *owns, int *nd, ml_dev dev, int64_t bytes,
+                     uintptr_t ptr, int cat, int own)
 {
-    for (int i = 0; i < *nd; i++) {
-        if (d[i].dev == dev && d[i].cat == cat) {
+    for (int i = 0; i < *nd && !own; i++) {
+        if (d[i].dev == dev && d[i].cat == cat && !owns[i]) {
             d[i].bytes += bytes;
             d[i].count += 1;
             return 0;
         }
     }
+    owns[*nd] = (unsigned char)own;
     d[(*nd)++] = (ml_delta){dev, bytes, 1, ptr, 0, cat}; /* ml_record keeps ptr at count 1 */
     return 0;
 }
@@ -477,14 +482,16 @@ int ml_life_count(ml_book *lord, const ml_life_item *items, Py_ssize_t n, int fl
     ml_delta d_inline[ML_LIFE_INLINE];
     unsigned char state_inline[ML_LIFE_INLINE];
     unsigned char cat_inline[ML_LIFE_INLINE];
+    unsigned char own_inline[ML_LIFE_INLINE];
     /* trs[i]: a tracker this function holds a reference to, or NULL */
     TrackerObject **trs = tr_inline;
     ml_delta *d = d_inline;
     unsigned char *state = state_inline;
     unsigned char *cats = cat_inline;
+    unsigned char *owns = own_inline; /* owns[k]: delta k is one storage's alone */
     int rc = -1;
     if (n > ML_LIFE_INLINE) {
-        trs = PyMem_Calloc((size_t)n, sizeof(TrackerObject *) + sizeof(ml_delta) + 2);
+        trs = PyMem_Calloc((size_t)n, sizeof(TrackerObject *) + sizeof(ml_delta) + 3);
         if (trs == NULL) {
             PyErr_NoMemory();
             return -1;
@@ -492,6 +499,7 @@ int ml_life_count(ml_book *lord, const ml_life_item *items, Py_ssize_t n, int fl
         d = (ml_delta *)(trs + n);
         state = (unsigned char *)(d + n);
         cats = state + n;
+        owns = cats + n;
     }
     /* 0. The items' categories, before any table is read (the context may
      * call torch: it runs Python). */
@@ -590,9 +598,15 @@ int ml_life_count(ml_book *lord, const ml_life_item *items, Py_ssize_t n, int fl
      * and shape go into the DEBUG line */
     PyObject *subject = NULL;
     int one_tensor = 1;
+    /* A storage tracked from here on is one event of its own, with its data
+     * pointer, as its death will be: readers pair them by address (torch's
+     * memory_viz on a profile's pickle).  allocate() keeps one event per
+     * device. */
+    int alone = source != ML_SRC_EXPLICIT;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (state[i] != IT_SKIP) {
-            add_delta(d, &nd, items[i].dev, items[i].bytes, items[i].ptr, cats[i]);
+            add_delta(d, owns, &nd, items[i].dev, items[i].bytes, items[i].ptr, cats[i],
+                      alone && state[i] == IT_NEW && items[i].ptr != 0);
             if (subject == NULL && one_tensor) {
                 subject = items[i].tensor;
             }
