@@ -424,8 +424,8 @@ void ml_uninstall_torch(void)
     Py_CLEAR(ml_disp.raw_stream);
 }
 
-/* The factories of hook_into_python (torch.<name>), Tensor.clone and
- * nn.Parameter.__new__. */
+/* The factories of hook_into_python (torch.<name>), Tensor.clone,
+ * Tensor.new_tensor (always a copy) and nn.Parameter.__new__. */
 int ml_install_py(PyObject *module)
 {
     static const char *const factories[] = {
@@ -476,6 +476,7 @@ int ml_install_py(PyObject *module)
         Py_DECREF(guards);
     }
     if (patch_one(st, st->tensor_type, "clone", HK_FACTORY_LIKE) < 0 ||
+        patch_one(st, st->tensor_type, "new_tensor", HK_FACTORY_LIKE) < 0 ||
         patch_one(st, st->parameter_type, "__new__", HK_PARAM) < 0) {
         goto fail;
     }
