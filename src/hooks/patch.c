@@ -424,8 +424,9 @@ void ml_uninstall_torch(void)
     Py_CLEAR(ml_disp.raw_stream);
 }
 
-/* The factories of hook_into_python (torch.<name>), Tensor.clone,
- * Tensor.new_tensor (always a copy) and nn.Parameter.__new__. */
+/* The factories of hook_into_python (torch.<name>, torch.as_tensor of
+ * Python data), Tensor.clone, Tensor.new_tensor (always a copy) and
+ * nn.Parameter.__new__. */
 int ml_install_py(PyObject *module)
 {
     static const char *const factories[] = {
@@ -455,6 +456,10 @@ int ml_install_py(PyObject *module)
             Py_DECREF(torch);
             goto fail;
         }
+    }
+    if (patch_one(st, torch, "as_tensor", HK_FACTORY_DATA) < 0) {
+        Py_DECREF(torch);
+        goto fail;
     }
     Py_DECREF(torch);
     /* the allocations of the code inductor generates (torch.compile): its buffers
