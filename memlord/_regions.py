@@ -28,7 +28,7 @@ import torch
 from torch.autograd.graph import Node
 from torch.utils.hooks import RemovableHandle
 
-from . import _ops
+from . import _core, _ops
 from ._core import CATEGORIES, Region
 
 if TYPE_CHECKING:
@@ -655,7 +655,7 @@ def _compiled_original(module: Any) -> Any:
 #: an open span: (id of the module, or None for a backward span; the token; the nodes of
 #: the inputs whose gradients end the call's backward span, or None; whether the keyword
 #: inputs are still to be added after the call)
-_Span = tuple[int | None, Any, list[Node] | None, bool]
+_Span = tuple[int | None, Any, list[Node] | None, bool, bool]
 
 
 class _Stack(list[_Span]):
@@ -830,8 +830,11 @@ class ModuleSpans:
             # the outermost forward on this thread: what it receives is the model's input
             _ops.categorize_inputs(inputs, module)
         token = self._open_span(name)
+        # a forward that backward runs (activation checkpointing's recomputation) makes
+        # activations, as MemTracker counts them: noted for the categories
+        again = _core._module_forward(True)
         # more_after: the keyword inputs were not seen, the hook after the call adds them
-        stack.append((id(module), token, nodes, more_after))
+        stack.append((id(module), token, nodes, more_after, again))
 
     def _exit(self, module: Any, name: str, output: Any, more_inputs: Any) -> None:
         stack = self._stack()
@@ -840,7 +843,9 @@ class ModuleSpans:
             return
         # close what a failed or re-entered call left open above this one
         while stack:
-            k, token, nodes, more_after = stack.pop()
+            k, token, nodes, more_after, again = stack.pop()
+            if again:
+                _core._module_forward(False)
             self._close_span(token)
             if k == key:
                 break
@@ -856,7 +861,7 @@ class ModuleSpans:
         """Open a backward span on the thread autograd runs the module's backward on."""
         token = self._open_span(bname)
         stack = self._stack()
-        entry: _Span = (None, token, None, False)
+        entry: _Span = (None, token, None, False, False)
         stack.append(entry)
         return stack, entry
 

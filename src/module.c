@@ -568,6 +568,9 @@ static PyMethodDef core_methods[] = {
      "on top of this thread's dispatch stack."},
     {"_optimizer_step", (PyCFunction)ml_ops_optimizer_step, METH_O,
      "_optimizer_step(begin)\n--\n\nThis thread's optimizer.step() begins or ends."},
+    {"_module_forward", (PyCFunction)ml_ops_recompute, METH_O,
+     "_module_forward(begin)\n--\n\nA tracked module's forward begins or ends on this thread; "
+     "True when a begin inside backward was noted."},
     {"_after_hook", (PyCFunction)(void (*)(void))ml_hooks_after_hook, METH_FASTCALL,
      "_after_hook(owner, name, original, after)\n--\n\nA hook (not installed) that calls "
      "original and passes its result to after(result): torch.load's category source."},

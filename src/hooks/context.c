@@ -2,6 +2,10 @@
 #include "hooks/context.h"
 
 static _Thread_local int tls_optimizer_depth;
+/* forwards of tracked modules open on this thread inside graph task
+ * tls_recompute_task (activation checkpointing's recomputation) */
+static _Thread_local int tls_recompute_depth;
+static _Thread_local long tls_recompute_task = -1;
 
 /* torch._C._current_graph_task_id, once looked up (strong), or NULL */
 static PyObject *graph_task_id;
@@ -19,8 +23,8 @@ int ml_context_in_optimizer(void)
     return tls_optimizer_depth > 0;
 }
 
-/* 1 when the autograd engine runs a graph task on this thread. */
-static int in_backward(void)
+/* The graph task the autograd engine runs on this thread, -1 for none. */
+static long graph_task(void)
 {
     if (!graph_task_looked_up) {
         graph_task_looked_up = 1;
@@ -32,19 +36,41 @@ static int in_backward(void)
         PyErr_Clear();
     }
     if (graph_task_id == NULL) {
-        return 0;
+        return -1;
     }
     PyObject *r = PyObject_CallNoArgs(graph_task_id);
     if (r == NULL) {
         PyErr_Clear();
-        return 0;
+        return -1;
     }
     long id = PyLong_AsLong(r);
     Py_DECREF(r);
     if (id == -1 && PyErr_Occurred()) {
         PyErr_Clear();
     }
-    return id != -1;
+    return id;
+}
+
+int ml_context_recompute(int begin)
+{
+    if (!begin) {
+        if (tls_recompute_depth > 0) {
+            tls_recompute_depth--;
+        }
+        return 0;
+    }
+    long task = graph_task();
+    if (task == -1) {
+        return 0; /* a forward outside backward: nothing to note */
+    }
+    if (tls_recompute_depth == 0 || tls_recompute_task != task) {
+        /* a forward of another backward (one whose end was never seen) no
+         * longer counts */
+        tls_recompute_task = task;
+        tls_recompute_depth = 0;
+    }
+    tls_recompute_depth++;
+    return 1;
 }
 
 int ml_context_cat(ml_state *st, enum ml_ev_source source, PyObject *tensor)
@@ -71,5 +97,10 @@ int ml_context_cat(ml_state *st, enum ml_ev_source source, PyObject *tensor)
     if (tls_optimizer_depth > 0) {
         return ML_CAT_OPTIMIZER;
     }
-    return in_backward() ? ML_CAT_TEMPORARY : ML_CAT_ACTIVATION; /* no exception is set here */
+    /* no exception is set here */
+    long task = graph_task();
+    if (task == -1 || (tls_recompute_depth > 0 && tls_recompute_task == task)) {
+        return ML_CAT_ACTIVATION;
+    }
+    return ML_CAT_TEMPORARY;
 }

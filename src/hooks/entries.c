@@ -253,6 +253,15 @@ static PyObject *hook_factory(PyObject *callable, PyObject *const *args, size_t 
     if (out != NULL && out != Py_None) {
         return result;
     }
+    if (self->kind == HK_FACTORY_DATA) {
+        /* torch.as_tensor copies Python data (a list, a tuple, a number); a
+         * tensor or an array it shares (their memory is not its own) */
+        const PyObject *data = nargs > 0 ? args[0] : kwarg(args, nargs, kwnames, "data");
+        if (data == NULL || !(PyList_Check(data) || PyTuple_Check(data) || PyLong_Check(data) ||
+                              PyFloat_Check(data) || PyComplex_Check(data))) {
+            return result;
+        }
+    }
     /* a *_like's or clone's source: a composite result (a jagged NestedTensor)
      * may keep some of its component tensors (the offsets) */
     PyObject *src = NULL;
@@ -394,6 +403,7 @@ vectorcallfunc ml_hook_entry(int kind)
         return hook_module_to;
     case HK_FACTORY:
     case HK_FACTORY_LIKE:
+    case HK_FACTORY_DATA:
         return hook_factory;
     case HK_PARAM:
         return hook_param;

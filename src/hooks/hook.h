@@ -17,6 +17,7 @@ enum hook_kind {
     HK_FACTORY_LIKE = 6, /* *_like and Tensor.clone: the layout follows the input */
     HK_MODULE_APPLY = 7, /* Module._apply: lifetime tracking of what a conversion leaves */
     HK_AFTER = 8,        /* a Python function whose result `after` sees (torch.load) */
+    HK_FACTORY_DATA = 9, /* torch.as_tensor: a factory only for Python data (a copy) */
 };
 
 /* What memlord installs in place of a torch attribute.  It behaves as the

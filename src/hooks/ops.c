@@ -1234,6 +1234,15 @@ PyObject *ml_ops_optimizer_step(PyObject *Py_UNUSED(module), PyObject *arg)
     Py_RETURN_NONE;
 }
 
+PyObject *ml_ops_recompute(PyObject *Py_UNUSED(module), PyObject *arg)
+{
+    int begin = PyObject_IsTrue(arg);
+    if (begin < 0) {
+        return NULL;
+    }
+    return PyBool_FromLong(ml_context_recompute(begin));
+}
+
 /* ---- the mode's base type ------------------------------------------------------ */
 
 /* OpsModeBase.__torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -49,5 +49,8 @@ PyObject *ml_ops_storage_resized(PyObject *module, PyObject *const *args, Py_ssi
 /* _core._optimizer_step(begin: bool): this thread's optimizer.step()
  * begins or ends (what a new storage is born as meanwhile). */
 PyObject *ml_ops_optimizer_step(PyObject *module, PyObject *arg);
+/* _core._module_forward(begin: bool) -> bool: a tracked module's forward
+ * begins or ends on this thread (ml_context_recompute). */
+PyObject *ml_ops_recompute(PyObject *module, PyObject *arg);
 
 #endif

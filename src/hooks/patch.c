@@ -424,7 +424,8 @@ void ml_uninstall_torch(void)
     Py_CLEAR(ml_disp.raw_stream);
 }
 
-/* The factories of hook_into_python (torch.<name>), Tensor.clone and
+/* The factories of hook_into_python (torch.<name>, torch.as_tensor of
+ * Python data), Tensor.clone, Tensor.new_tensor (always a copy) and
  * nn.Parameter.__new__. */
 int ml_install_py(PyObject *module)
 {
@@ -456,6 +457,10 @@ int ml_install_py(PyObject *module)
             goto fail;
         }
     }
+    if (patch_one(st, torch, "as_tensor", HK_FACTORY_DATA) < 0) {
+        Py_DECREF(torch);
+        goto fail;
+    }
     Py_DECREF(torch);
     /* the allocations of the code inductor generates (torch.compile): its buffers
      * come from these, not from an operator, so no dispatch mode sees them; the
@@ -476,6 +481,7 @@ int ml_install_py(PyObject *module)
         Py_DECREF(guards);
     }
     if (patch_one(st, st->tensor_type, "clone", HK_FACTORY_LIKE) < 0 ||
+        patch_one(st, st->tensor_type, "new_tensor", HK_FACTORY_LIKE) < 0 ||
         patch_one(st, st->parameter_type, "__new__", HK_PARAM) < 0) {
         goto fail;
     }

@@ -296,3 +296,52 @@ def test_a_module_called_twice_has_memtrackers_largest_delta_and_peak(ckpt):
             assert dev["max_peak_delta"] == max(peaks), name + suffix
     calls = regions["shared"]["count"]
     assert calls == (3 if ckpt else 2)  # the recomputation is a call of its own
+
+
+class Checkpointed(nn.Module):
+    """A block under activation checkpointing between two plain layers."""
+
+    def __init__(self, reentrant: bool) -> None:
+        super().__init__()
+        self.a = nn.Linear(64, 256)
+        self.block = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256))
+        self.b = nn.Linear(256, 8)
+        self.reentrant = reentrant
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = checkpoint(self.block, self.a(x), use_reentrant=self.reentrant)
+        return self.b(h).square().mean()
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+def test_checkpoint_recomputation_is_activation_as_memtracker_counts_it(reentrant):
+    """Under activation checkpointing, the forward that backward runs again makes
+    activations (MemTracker's Pre-Forward-AC to Post-Forward-AC, its ACT), not temporaries:
+    with track_modules on, each category at the step's peak is MemTracker's."""
+    torch.manual_seed(0)
+    lord = MemLord()
+    hooks = lord.hook_into_python(ops=True)
+    model = Checkpointed(reentrant)
+    x = torch.randn(32, 64)
+
+    def step() -> None:
+        model(x).backward()
+        model.zero_grad(set_to_none=True)
+
+    modules = lord.track_modules(model)
+    try:
+        step()  # warm-up
+        gc.collect()
+        lord.reset_peak_memory_stats("cpu")
+        mt = MemTracker()
+        mt.track_external(model, x)
+        with mt:
+            step()
+        ours = lord.stats("cpu")["cpu"]["peak_categories"]
+    finally:
+        modules.disable()
+        hooks.disable()
+    theirs = mt.get_tracker_snapshot("peak")[CPU]
+    assert sum(ours.values()) == theirs["Total"]
+    assert ours["activation"] == theirs[_MemRefType.ACT] > 0
+    assert ours["temporary"] == theirs[_MemRefType.TEMP]

@@ -22,11 +22,13 @@ import threading
 import warnings
 import weakref
 
+import numpy as np
 import pytest
 import torch
 from conftest import here, scaled
 from support import warm
 from support.crash import exit_child_script, native_stacks
+from support.ledger import storage_bytes
 from torch import nn
 
 import memlord
@@ -174,11 +176,13 @@ FACTORIES = {
     "randint_like": (lambda base: torch.randint_like(base, 10), 40),
     "clone": (lambda base: torch.clone(base), 40),
     "Tensor.clone": (lambda base: base.clone(), 40),
+    # always a copy, as torch.tensor (torch's own allocation: torch.profiler sees it)
+    "Tensor.new_tensor": (lambda base: base.new_tensor([[1, 2, 3], [4, 5, 6]]), 24),
 }
 
 
 def test_factory_table_covers_every_wrapped_factory():
-    assert set(FACTORIES) == {*FACTORY_NAMES, "Tensor.clone"}
+    assert set(FACTORIES) == {*FACTORY_NAMES, "Tensor.clone", "Tensor.new_tensor"}
 
 
 @pytest.mark.parametrize("name", sorted(FACTORIES))
@@ -222,6 +226,31 @@ def test_out_argument_not_counted(lord, hooks, call):
     assert lord.stats() == {}
     assert h.tracked == 0
     assert trackers(buf) == []
+
+
+def test_as_tensor_counts_the_copy_it_makes_of_python_data(lord, hooks):
+    """torch.as_tensor of a list, tuple or number makes a tensor of its own (torch's
+    allocation, as torch.tensor); of a tensor or a numpy array it shares their memory
+    (nothing new: the array's memory is numpy's, as with torch.from_numpy)."""
+    base = torch.arange(10, dtype=torch.float32)
+    arr = np.ones(10)
+    h = hooks(lord)
+    shared = [torch.as_tensor(base), torch.as_tensor(arr), torch.as_tensor(data=arr)]
+    assert shared[0] is base and all(np.shares_memory(t.numpy(), arr) for t in shared[1:])
+    assert lord.stats() == {} and h.tracked == 0
+    made = [
+        torch.as_tensor([[1.0, 2.0], [3.0, 4.0]]),
+        torch.as_tensor((1, 2, 3)),
+        torch.as_tensor(7.0),
+        torch.as_tensor(data=[1, 2], dtype=torch.int16),
+    ]
+    expected = storage_bytes(*made)
+    assert expected == 16 + 24 + 4 + 4
+    assert cpu(lord, "allocated") == expected and h.tracked == 4
+    del made
+    gc.collect()
+    assert cpu(lord, "allocated") == 0 and cpu(lord, "freed") == expected
+    del shared
 
 
 def test_out_none_counts(lord, hooks):

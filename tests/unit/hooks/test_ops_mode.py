@@ -39,6 +39,23 @@ def test_op_outputs_are_counted_once_per_storage(ops_lord):
     assert ledger(ops_lord) == storage_bytes(a, indices)
 
 
+def test_each_new_output_storage_is_one_event_with_its_address(ops_lord):
+    """An operator with several new outputs (torch.sort: values and indices) records one
+    alloc event per storage, with the storage's data pointer, as each storage's death
+    does: a reader that pairs allocations with frees by address (torch's memory_viz on
+    the profile's pickle) finds every free's allocation."""
+    a = torch.randn(1000)
+    ops_lord.record_events(64)
+    values, indices = torch.sort(a)
+    born = [e for e in ops_lord.decode_events(ops_lord.events(clear=True)) if e["source"] == "op"]
+    expect = {values.untyped_storage().data_ptr(): 4000, indices.untyped_storage().data_ptr(): 8000}
+    assert {e["address"]: e["bytes"] for e in born} == expect
+    assert [e["count"] for e in born] == [1, 1]
+    del values, indices
+    died = [e for e in ops_lord.decode_events(ops_lord.events()) if e["source"] == "death"]
+    assert {e["address"]: e["bytes"] for e in died} == expect
+
+
 def test_views_in_place_and_out_add_nothing(ops_lord):
     a = torch.randn(64, 64)
     b = a + 1

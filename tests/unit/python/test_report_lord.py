@@ -4,6 +4,7 @@ in every format, checked against the lord's own numbers."""
 
 from __future__ import annotations
 
+import gc
 import json
 import pickle
 from collections import Counter
@@ -12,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 import torch.cuda._memory_viz as memory_viz
-from support.ledger import torch_memory
+from support.ledger import storage_bytes, torch_memory
 from support.lord_work import Work
+from support.memory_viz import page_live_bytes, trace_live_allocations
 from support.trace import validate_trace as _validate_trace
 
 import memlord.lord
@@ -301,3 +303,27 @@ def test_trace_and_pickle_timelines_are_torch_profilers(tmp_path):
     assert (high, level) == (peak, net)
     assert f"total_allocated: {memory_viz.Bytes(net)}" in memory_viz.segsum(snap)
     del model
+
+
+def test_pickle_pairs_every_allocation_of_a_training_step_with_its_free(tmp_path):
+    """A training step counted with ops=True (LayerNorm's operator has three new outputs,
+    its backward several): in the pickle, torch's memory_viz keeps as never freed exactly
+    the allocations still alive (the parameters and the gradients), and its page shows
+    the ledger's bytes live."""
+    lord = MemLord()
+    lord.record_events(1 << 16)
+    with lord.hook_into_python(ops=True):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.LayerNorm(32))
+        model(torch.randn(8, 16)).square().mean().backward()
+    gc.collect()
+    live = [*model.parameters(), *(p.grad for p in model.parameters())]
+    assert lord.allocated("cpu")[0] == storage_bytes(*live)
+    path = tmp_path / "step.pickle"
+    lord.export(path)
+    snap = pickle.loads(path.read_bytes())
+    cpu = snap["memlord_devices"].index("cpu")
+    still = trace_live_allocations(snap, cpu)
+    assert sorted(e["size"] for e in still) == sorted(t.untyped_storage().nbytes() for t in live)
+    assert page_live_bytes(snap, cpu) == storage_bytes(*live)
+    del model, live
