@@ -11,9 +11,11 @@ from memlord import MemLord, _core
 
 
 class _Probe(torch.autograd.Function):
-    """Calls _module_forward in its backward, inside the autograd engine's graph task,
-    and makes a tensor there: the category it is born with says what the core noted."""
+    """Makes a tensor in its backward, inside the autograd engine's graph task, between
+    ``_module_forward(True)`` and ``(False)`` when ``note``: the category the tensor is
+    born with says what the core noted."""
 
+    note = True
     seen: list = []
 
     @staticmethod
@@ -22,28 +24,33 @@ class _Probe(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        began = _core._module_forward(True)
-        made = torch.ones(64)  # inside the "recomputed forward"
+        began = _core._module_forward(True) if _Probe.note else None
+        made = torch.ones(64)  # inside the "recomputed forward" when noted
         _Probe.seen.append((began, made))  # kept alive: its address stays its own
-        _core._module_forward(False)
+        if _Probe.note:
+            _core._module_forward(False)
         return g
 
 
-def test_a_forward_in_backward_is_noted_and_what_it_makes_is_activation():
+def _category_made_in_backward(note: bool) -> tuple[object, str]:
+    """(what _module_forward answered in the backward, the made tensor's category)."""
     lord = MemLord()
     lord.record_events(256)
     _Probe.seen.clear()
+    _Probe.note = note
     with lord.hook_into_python(ops=True):
-        assert _core._module_forward(True) is False  # outside backward: nothing noted
-        _core._module_forward(False)
-        x = torch.ones(4, requires_grad=True)
-        _Probe.apply(x).sum().backward()
+        _Probe.apply(torch.ones(4, requires_grad=True)).sum().backward()
         recs = lord.decode_events(lord.events())
     ((began, kept),) = _Probe.seen
     ptr = kept.untyped_storage().data_ptr()
-    assert began is True
     (made,) = [e for e in recs if e["kind"] == "alloc" and e["address"] == ptr]
-    assert made["category"] == "activation"
+    return began, made["category"]
+
+
+def test_a_forward_in_backward_is_noted_and_what_it_makes_is_activation():
+    assert _core._module_forward(True) is False  # outside backward: nothing noted
+    _core._module_forward(False)
+    assert _category_made_in_backward(note=True) == (True, "activation")
 
 
 def test_bad_input_is_refused_and_changes_nothing():
@@ -57,23 +64,5 @@ def test_bad_input_is_refused_and_changes_nothing():
         _core._module_forward(True, False)  # type: ignore[call-arg]
     with pytest.raises(ValueError, match="no truth"):
         _core._module_forward(Bad())  # type: ignore[arg-type]
-    # nothing noted: a tensor made in a backward is a temporary, as without the call
-    lord = MemLord()
-    lord.record_events(256)
-
-    class Make(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x):
-            return x * 1
-
-        @staticmethod
-        def backward(ctx, g):
-            Make.kept = torch.ones(64)  # kept alive: its address stays its own
-            return g
-
-    with lord.hook_into_python(ops=True):
-        Make.apply(torch.ones(4, requires_grad=True)).sum().backward()
-        recs = lord.decode_events(lord.events())
-    ptr = Make.kept.untyped_storage().data_ptr()
-    (made,) = [e for e in recs if e["kind"] == "alloc" and e["address"] == ptr]
-    assert made["category"] == "temporary"
+    # nothing noted: a tensor made in a backward is a temporary, as without the calls
+    assert _category_made_in_backward(note=False) == (None, "temporary")
