@@ -33,6 +33,7 @@ import functools
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -333,6 +334,37 @@ def _hop_count(result: Any, inputs: dict[int, torch.Tensor]) -> None:
             _core._count_new(new)
     except Exception:  # noqa: BLE001 - accounting never raises into the caller
         _report("the outputs of a higher-order operator")
+
+
+def run_outside_dynamo(*fns: Callable[..., Any]) -> None:
+    """Mark the code of memlord's Python that torch or memlord's C core calls (the module
+    spans' hooks, the higher-order operators' helpers) so that dynamo's frame evaluation
+    never compiles a frame of theirs nor any frame they call: they run as plain Python
+    wherever that evaluation is on.  Unmarked, a module hook's frame was a frame dynamo
+    compiles where it skips every frame of torch's (``nn.Sequential``'s
+    ``model.compile(fullgraph=True)`` ran where bare it raises "found no compiled
+    frames"), and ``_hop_prepare``, called by the C dispatch mode inside the evaluation
+    torch turns on for an eager ``torch.cond`` (once a cond failed under another mode),
+    was compiled, failed, and counted nothing.  torch's per-code execution
+    strategy lives in ``torch._C._dynamo`` (loaded with torch): memlord does not import
+    ``torch._dynamo``.  Dynamo still traces a hook that it inlines into a graph it
+    compiles (there the hook folds to nothing, see ModuleSpans).  A torch without that
+    strategy keeps the frames as they were."""
+    eval_frame = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
+    set_strategy = getattr(eval_frame, "set_code_exec_strategy", None)
+    action = getattr(eval_frame, "_FrameAction", None)
+    strategy = getattr(eval_frame, "_FrameExecStrategy", None)
+    if set_strategy is None or action is None or strategy is None:
+        return
+    try:
+        skip = strategy(action.SKIP, action.SKIP)  # this frame, and the frames it calls
+        for fn in fns:
+            set_strategy(fn.__code__, skip)
+    except Exception:  # noqa: BLE001 - an unknown torch: the frames stay as they were
+        return
+
+
+run_outside_dynamo(_hop_prepare, _hop_count)
 
 
 # ---- the category sources ---------------------------------------------------------------

@@ -555,30 +555,6 @@ def _call_kwargs(frame: Any) -> dict[str, Any] | None:
     return kwargs if isinstance(kwargs, dict) else None
 
 
-def _run_outside_dynamo(*fns: Callable[..., Any]) -> None:
-    """Mark the code of the module hooks so that dynamo's frame evaluation never compiles
-    a frame of theirs nor any frame they call: they run as plain Python inside a compiled
-    module's eager parts.  Unmarked, a hook's frame was a frame dynamo compiles where it
-    skips every frame of torch's (``nn.Sequential``'s ``model.compile(fullgraph=True)``
-    ran where bare it raises "found no compiled frames").  torch's per-code execution
-    strategy lives in ``torch._C._dynamo`` (loaded with torch): memlord does not import
-    ``torch._dynamo``.  Dynamo still traces a hook that it inlines into a graph it
-    compiles (there the hook folds to nothing, see ModuleSpans).  A torch without that
-    strategy keeps the frames as they were."""
-    eval_frame = getattr(getattr(torch._C, "_dynamo", None), "eval_frame", None)
-    set_strategy = getattr(eval_frame, "set_code_exec_strategy", None)
-    action = getattr(eval_frame, "_FrameAction", None)
-    strategy = getattr(eval_frame, "_FrameExecStrategy", None)
-    if set_strategy is None or action is None or strategy is None:
-        return
-    try:
-        skip = strategy(action.SKIP, action.SKIP)  # this frame, and the frames it calls
-        for fn in fns:
-            set_strategy(fn.__code__, skip)
-    except Exception:  # noqa: BLE001 - an unknown torch: the frames stay as they were
-        log.debug("memlord module spans: torch's frame strategy is not as expected")
-
-
 #: the ids of the global module hooks of the trackers that follow one model's modules
 #: (no other module sees them): torch.compile(model)'s module does not warn of them
 _FILTERED_HOOKS: set[int] = set()
@@ -716,7 +692,7 @@ class ModuleSpans:
             # it): a tracker never disabled does not outlive its model
             self._model_gone = weakref.finalize(model, self._remove_hooks)
         self._filtered: list[int] = []
-        _run_outside_dynamo(ModuleSpans._pre, ModuleSpans._post)
+        _ops.run_outside_dynamo(ModuleSpans._pre, ModuleSpans._post)
         try:
             from torch.nn.modules import module as torch_module
 
@@ -766,7 +742,7 @@ class ModuleSpans:
     # the spans' C calls and autograd reads add no graph break (torch.compile(model,
     # fullgraph=True) compiles as without memlord); a compiled call has no spans inside,
     # as torch's own ModTracker skips optimized modules. Dynamo never compiles the hooks'
-    # own frames (_run_outside_dynamo): a module that a compiled call runs eagerly (one
+    # own frames (_ops.run_outside_dynamo): a module that a compiled call runs eagerly (one
     # dynamo skips, as torch's own modules under model.compile()) has its spans.
     # torch.compile(model) returns a wrapper module, always called eagerly: its call is
     # the model's span (by the model's name); the model's own call inside it, which

@@ -402,3 +402,55 @@ def test_a_users_mode_above_sees_what_it_sees_bare():
         assert ledger(lord) == storage_bytes(out)
     finally:
         h.disable()
+
+
+_COND_AFTER_A_MODE = """
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from memlord import MemLord
+
+class Identity(TorchDispatchMode):  # no rule for torch.cond: it fails under this mode
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+x = torch.ones(3)
+
+def outcome():
+    try:
+        out = torch.cond(x.sum() > 0, lambda v: v.sin(), lambda v: v.cos(), (x,))
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e).splitlines()[0]}"
+    return repr(out.tolist())
+
+try:
+    with Identity():
+        torch.cond(x.sum() > 0, lambda v: v.sin(), lambda v: v.cos(), (x,))
+except Exception:
+    pass
+print(outcome())
+with MemLord().hook_into_python(ops=True):
+    print(outcome())
+"""
+
+
+def test_cond_after_another_mode_failed_on_it_runs_as_bare_and_reports_nothing(tmp_path):
+    """Once torch.cond has failed under a Python dispatch mode with no rule for it, torch
+    runs later eager conds through dynamo (its frame evaluation on; in torch 2.13 it then
+    raises "torch.* op returned non-Tensor" for a plain cond). memlord's mode called its
+    Python helper (_hop_prepare) inside that evaluation: dynamo compiled the helper's
+    frame and failed ("Non-constant GetAttrVariable hash"), memlord printed "Exception
+    ignored in: CondOp" and ran the cond some other way than bare torch does. The
+    helpers' frames are now never compiled: the cond does what it does bare (torch is
+    the reference). In a process of its own: the failed cond changes torch's state for
+    the rest of the process."""
+    import subprocess
+
+    script = tmp_path / "cond_after_a_mode.py"
+    script.write_text(_COND_AFTER_A_MODE)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Exception ignored" not in proc.stderr, proc.stderr
+    bare, ops = proc.stdout.splitlines()
+    assert ops == bare

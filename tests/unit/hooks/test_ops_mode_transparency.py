@@ -87,12 +87,40 @@ def test_recursion_cost_of_the_mode_is_a_few_levels():
 HOP_REDISPATCH = [["__call__", "cond.py"], ["__call__", "_ops.py"], ["dispatch", "_ops.py"]]
 
 
+_HOP_FRAMES = """
+import json, sys
+sys.path[:0] = [{here!r}]
+import test_transparency as corpus
+from memlord import MemLord
+bare = corpus.hop_error_frames()
+with MemLord(auto_gc_bytes=None).hook_into_python(ops=True):
+    ops = corpus.hop_error_frames()
+print(json.dumps([bare, ops]))
+"""
+
+
 def test_hop_error_traceback_under_ops_is_torchs_redispatch_and_nothing_of_memlords():
     """An error raised inside torch.cond's branch, under ops=True: bare torch's traceback
     with the frames torch adds for any dispatch mode that runs the operator (it calls it
-    again), and none of memlord's: memlord calls the operator and the branch from C."""
-    bare = corpus.hop_error_frames()
-    ops = under_ops(corpus.hop_error_frames)
+    again), and none of memlord's: memlord calls the operator and the branch from C.
+
+    In a process of its own: once a cond has failed under a dispatch mode with no rule
+    for it (the corpus's do-nothing mode, test_transparency.py's reference_under_a_mode),
+    torch runs every later eager cond through dynamo, bare too, with other frames: this
+    test failed after the corpus's ``hop_error_traceback`` row in one process."""
+    import json
+    import os
+    import subprocess
+
+    here = os.path.dirname(os.path.abspath(corpus.__file__))
+    proc = subprocess.run(
+        [sys.executable, "-c", _HOP_FRAMES.format(here=here)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    bare, ops = json.loads(proc.stdout.splitlines()[-1])
     at = bare.index(["cond_op_dense", "cond.py"])
     assert ops == bare[:at] + HOP_REDISPATCH + bare[at:]
     assert ops[0] == "IndexError"
