@@ -23,6 +23,7 @@ write it): ``$MEMLORD_RUNTIME_DIR``, else ``$XDG_RUNTIME_DIR/memlord``, else
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import logging
 import mmap
@@ -316,18 +317,11 @@ def _remove_if_same(path: str, ident: tuple[int, int]) -> None:
         os.rename(path, grave)
     except OSError:
         return  # already removed, or not ours to move
-    try:
-        same = _ident(grave) == ident
-        if not same:
-            try:
-                os.link(grave, path)
-            except OSError:
-                pass
-    finally:
-        try:
-            os.unlink(grave)
-        except OSError:
-            pass
+    with contextlib.suppress(OSError):
+        if _ident(grave) != ident:
+            os.link(grave, path)
+    with contextlib.suppress(OSError):
+        os.unlink(grave)
 
 
 def _stale_file(path: Path) -> bool:

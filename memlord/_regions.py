@@ -630,7 +630,8 @@ def _compiled_original(module: Any) -> Any:
 
 #: an open span: (id of the module, or None for a backward span; the token; the nodes of
 #: the inputs whose gradients end the call's backward span, or None; whether the keyword
-#: inputs are still to be added after the call)
+#: inputs are still to be added after the call; whether its forward began in backward,
+#: noted by _core._module_forward, whose end it must be told)
 _Span = tuple[int | None, Any, list[Node] | None, bool, bool]
 
 
@@ -781,10 +782,11 @@ class ModuleSpans:
             name = self._name(module)
             if name is not None:
                 self._exit(module, name, output, kwargs)
-                original = _compiled_original(module)
                 wrapping = getattr(self._local, "wrapping", None)
-                if original is not None and wrapping:
-                    wrapping.pop(id(original), None)
+                if wrapping:  # a compiled model's wrapper is open on this thread
+                    original = _compiled_original(module)
+                    if original is not None:
+                        wrapping.pop(id(original), None)
         except Exception:  # noqa: BLE001 - accounting never raises into the caller
             log.exception("memlord module spans: closing a span failed")
 

@@ -30,7 +30,7 @@ from typing import Any, cast
 import numpy as np
 
 from .._bytes import human_bytes
-from ._util import MiB, atomic_write, plain_int
+from ._util import MiB, atomic_write, plain_int, unix_s
 
 SCHEMA = "memlord.merge/1"
 #: the profile's schema (memlord.report.SCHEMA) and the post-mortem's (docs/oom.md)
@@ -124,17 +124,11 @@ def row_from_profile(data: dict[str, Any], path: str) -> dict[str, Any]:
     if row["rank"] is None:
         row["rank"] = _rank_from_name(path)
     row["world_size"] = plain_int(md.get("world_size"))
-    start_ns, start_unix = plain_int(md.get("start_ns")), _num(md.get("start_unix"))
-    row["start_unix"] = start_unix
+    row["start_unix"] = _num(md.get("start_unix"))
     try:
         series = memory_series(doc)
     except (ValueError, IndexError, KeyError):  # a document the timeline cannot draw
         series = {}
-
-    def unix(t_ns: int) -> float | None:
-        if start_ns is None or start_unix is None:
-            return None
-        return start_unix + (t_ns - start_ns) / 1e9
 
     ends = []
     for dev, c in sorted(doc.counters.items(), key=lambda kv: (kv[0] != "cpu", kv[0])):
@@ -156,12 +150,12 @@ def row_from_profile(data: dict[str, Any], path: str) -> dict[str, Any]:
             # the moment of the peak where the record reaches the ledger's peak (a ring
             # that dropped it, or a lord without one, does not say when)
             if peak is not None and int(s.allocated[i]) == peak:
-                entry["peak_unix"] = unix(int(s.t_ns[i]))
+                entry["peak_unix"] = unix_s(md, int(s.t_ns[i]))
             ends.append(int(s.t_ns[-1]))
         row["devices"][dev] = entry
     row["ooms"] = sum(d["ooms"] for d in row["devices"].values())
     if ends:
-        row["time_unix"] = unix(max(ends))
+        row["time_unix"] = unix_s(md, max(ends))
     sites: list[dict[str, Any]] = [
         {"device": str(h.get("device")), "site": str(h.get("site")), "bytes": int(h["bytes"])}
         for h in doc.hotspots
@@ -678,22 +672,23 @@ def command(
         if left:
             say(f"--trace: {left} post-mortem(s) have no time line: not in the trace")
     written = []
-    try:
-        if output is not None:
-            write_merged(merge_rows(rows, bad), output)
-            written.append(output)
-        if trace is not None:
-            from ._trace import merged_chunks
+    for what, out in (("report", output), ("trace", trace)):
+        if out is None:
+            continue
+        try:
+            if what == "report":
+                write_merged(merge_rows(rows, bad), out)
+            else:
+                from ._trace import merged_chunks
 
-            Path(trace).parent.mkdir(parents=True, exist_ok=True)
-            with atomic_write(trace) as f:
-                for chunk in merged_chunks(docs):
-                    f.write(chunk)
-            written.append(trace)
-    except OSError as exc:
-        failed = output if len(written) == 0 and output is not None else trace
-        say(f"cannot write {failed}: {exc.strerror or exc}")
-        return 2
+                Path(out).parent.mkdir(parents=True, exist_ok=True)
+                with atomic_write(out) as f:
+                    for chunk in merged_chunks(docs):
+                        f.write(chunk)
+        except OSError as exc:
+            say(f"cannot write {out}: {exc.strerror or exc}")
+            return 2
+        written.append(out)
     merged = f"({len(rows)} file(s) merged" + (f", {len(bad)} left out)" if bad else ")")
     for out in written:
         say(f"wrote {out} {merged}")

@@ -12,7 +12,6 @@ microseconds since the start of the profile.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -21,7 +20,7 @@ import numpy as np
 
 from ._model import Profile, check_arguments
 from ._series import memory_series
-from ._util import Progress, atomic_write, no_progress, plain_int
+from ._util import Progress, atomic_write, no_progress, plain_int, unix_s
 
 PID = 1  # a trace's pid when the profile does not say its process's
 #: the largest pid a trace keeps (Perfetto's JSON importer reads pids as 32-bit integers)
@@ -205,15 +204,9 @@ def _process(doc: Profile, pid: int, shift_ns: int, progress: Progress) -> Itera
 
 def _wall_ns(doc: Profile) -> int | None:
     """The wall-clock time (ns since the epoch) of the trace's origin for ``doc`` (its
-    earliest time), from the metadata's ``start_ns`` and ``start_unix``; None when the
-    metadata does not say."""
-    start_ns = plain_int(doc.metadata.get("start_ns"))
-    start_unix = doc.metadata.get("start_unix")
-    if start_ns is None or isinstance(start_unix, bool) or not isinstance(start_unix, (int, float)):
-        return None
-    if not math.isfinite(start_unix):
-        return None
-    return round(start_unix * 1e9) + _base_ns(doc) - start_ns
+    earliest time); None when the metadata does not say (:func:`unix_s`)."""
+    unix = unix_s(doc.metadata, _base_ns(doc))
+    return None if unix is None else round(unix * 1e9)
 
 
 def merged_trace_layout(docs: list[Profile]) -> list[tuple[int, int]]:

@@ -6,6 +6,7 @@ import contextlib
 import datetime as _dt
 import errno
 import itertools
+import math
 import os
 import secrets
 import stat
@@ -29,14 +30,23 @@ def plain_int(v: Any) -> int | None:
     return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-def iso_from_ns(metadata: dict[str, Any], t_ns: int) -> str:
-    """A monotonic time as a local ISO timestamp, using the metadata's clock pair
-    (``start_ns`` monotonic, ``start_unix`` wall clock)."""
-    start_ns = metadata.get("start_ns")
+def unix_s(metadata: dict[str, Any], t_ns: int) -> float | None:
+    """A monotonic time (ns) as wall-clock seconds since the epoch, using the metadata's
+    clock pair (``start_ns`` monotonic, ``start_unix`` wall clock at the same moment);
+    None when the metadata has no such pair."""
+    start_ns = plain_int(metadata.get("start_ns"))
     start_unix = metadata.get("start_unix")
-    if not isinstance(start_ns, int) or not isinstance(start_unix, (int, float)):
-        return ""
+    if start_ns is None or isinstance(start_unix, bool) or not isinstance(start_unix, (int, float)):
+        return None
     unix = start_unix + (t_ns - start_ns) / 1e9
+    return unix if math.isfinite(unix) else None
+
+
+def iso_from_ns(metadata: dict[str, Any], t_ns: int) -> str:
+    """A monotonic time as a local ISO timestamp (:func:`unix_s`), "" when unknown."""
+    unix = unix_s(metadata, t_ns)
+    if unix is None:
+        return ""
     try:
         return _dt.datetime.fromtimestamp(unix).isoformat(timespec="microseconds")
     except (OverflowError, ValueError, OSError):  # before year 1 or after 9999
