@@ -108,7 +108,7 @@ static PyObject *record_object(MemLordObject *self, PyObject *obj, int is_free)
         goto done;
     }
     int64_t now = untrack ? ml_now_ns() : 0;
-    int apart = (ml_book_needs(&self->book) & ML_NEED_ADDRESS) != 0;
+    int apart = ml_book_records_addresses(&self->book);
     for (Py_ssize_t i = 0; i < w.n; i++) {
         /* a tracked storage's free carries its lifetime (no Python runs) */
         int64_t born = untrack ? ml_life_born_ns(&self->book, w.keys[i]) : 0;

@@ -69,6 +69,14 @@ static inline unsigned ml_book_needs(ml_book *lord)
     return ml_plan_of(lord)->needs;
 }
 
+/* Whether a busy sink of lord records each storage's address (the event
+ * ring): a source then reads data pointers, and gives each storage an event
+ * of its own rather than merging a call's per device and category. */
+static inline int ml_book_records_addresses(ml_book *lord)
+{
+    return (ml_book_needs(lord) & ML_NEED_ADDRESS) != 0;
+}
+
 static inline ml_state *ml_lord_state(const ml_book *self)
 {
     return self->st;

@@ -226,7 +226,7 @@ static inline void walk_clear_if(ml_walk *w, ml_walk *sw, int inited)
 static int want_address(const ml_lords *lords)
 {
     for (Py_ssize_t i = 0; i < lords->n; i++) {
-        if (ml_book_needs((ml_book *)lords->v[i]) & ML_NEED_ADDRESS) {
+        if (ml_book_records_addresses((ml_book *)lords->v[i])) {
             return 1;
         }
     }

@@ -595,7 +595,7 @@ int ml_life_count(ml_book *lord, const ml_life_item *items, Py_ssize_t n, int fl
      * and shape go into the DEBUG line */
     PyObject *subject = NULL;
     int one_tensor = 1;
-    int apart = (ml_book_needs(lord) & ML_NEED_ADDRESS) != 0;
+    int apart = ml_book_records_addresses(lord);
     for (Py_ssize_t i = 0; i < n; i++) {
         if (state[i] != IT_SKIP) {
             add_delta(d, &nd, items[i].dev, items[i].bytes, items[i].ptr, cats[i], apart);
