@@ -765,6 +765,9 @@ static PyObject *hop_prepare_fn; /* memlord._ops._hop_prepare, strong, or NULL *
 static PyObject *hop_count_fn;   /* memlord._ops._hop_count, strong, or NULL */
 static PyObject *take_off_fn;    /* memlord._ops._take_off, strong, or NULL */
 static PyObject *push_mode_fn;   /* torch._C._push_on_torch_dispatch_stack, or NULL */
+/* torch._C._dynamo.eval_frame.get_eval_frame_callback, strong; None where this
+ * torch has none; NULL until looked up */
+static PyObject *eval_frame_callback_fn;
 
 /* The helpers above (strong references), imported once; -1 with an exception set. */
 static int hop_helpers(void)
@@ -965,15 +968,55 @@ PyObject *ml_ops_in_mode(PyObject *module, PyObject *const *args, Py_ssize_t nar
     return (PyObject *)o;
 }
 
+/* 1 when dynamo's frame evaluation is on in this thread (a callback that
+ * compiles the frames it meets), 0 when not or unknown.  Bare torch turns it
+ * on around an eager torch.cond or map once dynamo has skipped the
+ * operator's frame (after the operator ran under a user's dispatch mode): it
+ * then compiles the operator's dense kernel, whose subgraph arguments must be
+ * what torch passed (an InMode wrapper is a call dynamo cannot trace). */
+static int dynamo_evaluating(void)
+{
+    if (eval_frame_callback_fn == NULL) {
+        PyObject *m = PyImport_ImportModule("torch._C._dynamo.eval_frame");
+        PyObject *fn = m != NULL ? PyObject_GetAttrString(m, "get_eval_frame_callback") : NULL;
+        Py_XDECREF(m);
+        if (fn == NULL) {
+            PyErr_Clear(); /* a torch without it: never evaluating */
+            fn = Py_NewRef(Py_None);
+        }
+        Py_XSETREF(eval_frame_callback_fn, fn);
+    }
+    if (eval_frame_callback_fn == Py_None) {
+        return 0;
+    }
+    PyObject *fn = Py_NewRef(eval_frame_callback_fn);
+    PyObject *cb = PyObject_CallNoArgs(fn);
+    Py_DECREF(fn);
+    if (cb == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    /* None: off; False: run compiled code only, compile nothing */
+    int on = cb != Py_None && cb != Py_False;
+    Py_DECREF(cb);
+    return on;
+}
+
 /* A higher-order operator, with lords to count for (see above); mode: the
  * dispatch mode, or None when called as _core._torch_dispatch (nothing to
- * put back: the subgraphs run as they are). */
+ * put back: the subgraphs run as they are).  While dynamo's frame evaluation
+ * is on, the operator runs as torch called it, and only its outputs are
+ * counted: that evaluation compiles the operator's kernel, and it must see
+ * what it sees bare. */
 static PyObject *run_hop(PyObject *mode, PyObject *func, PyObject *fargs, PyObject *fkwargs)
 {
     PyObject *prep = NULL;
     if (hop_helpers() < 0) {
         ml_write_unraisable(func); /* accounting never raises into the caller */
     } else {
+        if (mode != Py_None && dynamo_evaluating()) {
+            mode = Py_None;
+        }
         PyObject *prepare = Py_NewRef(hop_prepare_fn);
         PyObject *pargs[4] = {mode, func, fargs, fkwargs != NULL ? fkwargs : Py_None};
         prep = PyObject_Vectorcall(prepare, pargs, 4, NULL);
