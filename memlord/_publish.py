@@ -752,6 +752,18 @@ def free_bytes(device: torch.device) -> int | None:
     return None
 
 
+def _device_present(device: torch.device) -> bool:
+    """Whether this process has the device (a CUDA one: a driver and that index)."""
+    if device.type != "cuda":
+        return True
+    try:
+        if not torch.cuda.is_available():
+            return False
+        return device.index is None or device.index < torch.cuda.device_count()
+    except Exception:  # noqa: BLE001 - torch could not say: it may be there
+        return True
+
+
 def _bump_pressure() -> None:
     path = runtime_dir() / "pressure"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -808,6 +820,10 @@ def request_memory(lord: Any, device: Any, nbytes: int, *, timeout: float = 10.0
     free = free_bytes(dev)
     if free is not None and free >= nbytes:
         return True
+    if free is None and not _device_present(dev):
+        # its free memory can never be read here, so never seen to reach nbytes: no
+        # request, no process woken for nothing
+        return False
     own = publisher_of(lord)
     temporary = own is None
     if own is None:

@@ -206,7 +206,8 @@ class MemLord(MemoryAPIMixin, RegionsMixin, EventsMixin, SnapshotMixin, _core.Lo
     def request_memory(self, device: Any, nbytes: int, *, timeout: float = 10.0) -> bool:
         """Ask the cooperating processes of this user on the host to give memory back on
         ``device``: True once the device's free memory (the driver's, or ``MemAvailable``
-        for cpu) reaches ``nbytes``, False after ``timeout`` seconds."""
+        for cpu) reaches ``nbytes``, False after ``timeout`` seconds (at once for a CUDA
+        device this process does not have)."""
         return _publish.request_memory(self, device, nbytes, timeout=timeout)
 
     def hook_into_torch(self) -> Any:

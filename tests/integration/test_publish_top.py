@@ -463,3 +463,18 @@ def test_a_request_names_the_cpu_as_the_ledger_does(rtdir):
     finally:
         out, err = _finish(p)
     assert json.loads(out.strip().splitlines()[-1])["released"] == [["cpu", impossible]], err
+
+
+def test_a_request_for_a_device_this_process_lacks_is_refused_at_once(rtdir):
+    """A device whose free memory this process cannot read (no CUDA here, or an index
+    torch does not have) can never be seen to reach ``nbytes``: the request returned False
+    only at its timeout, after publishing and waking every cooperating process for
+    nothing.  It is now False at once, and nothing is written.  The reference is the
+    runtime directory: no record, no pressure file."""
+    if torch.cuda.is_available():
+        device = f"cuda:{torch.cuda.device_count()}"  # one index past the last
+    else:
+        device = "cuda:0"
+    assert _publish.free_bytes(torch.device(device)) is None  # torch cannot read it
+    assert MemLord().request_memory(device, 1, timeout=0.2) is False
+    assert not rtdir.exists() or list(rtdir.iterdir()) == []
