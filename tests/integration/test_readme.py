@@ -22,7 +22,8 @@ clone's root, with the environment's `bin/` first on PATH as after `activate`:
   `tox` with no arguments. The environments themselves are what CI has just run.
 
 The fresh clone needs PyPI (pip installs torch, setuptools, numpy and tox): that test is
-marked `slow` and `network`: `tox -e release` runs it, before a release; `tox` (what CI runs) leaves it out.
+marked `slow` and `network`: `tox -e release` runs it, before a release; `tox` (what CI
+runs) leaves it out.
 """
 
 from __future__ import annotations
