@@ -42,7 +42,6 @@ REPO = Path(__file__).resolve().parents[2]
 STEP_TIMEOUT_S = 1200  # one pip install of torch on a slow, shared machine
 
 
-
 def two_commands(readme: str) -> tuple[str, str]:
     """The demo and the test command, verbatim, from the "Two commands" section."""
     section = readme.split("\n## Two commands\n", 1)
