@@ -11,8 +11,11 @@ What a block shows is checked too:
 * an interactive session (``>>>`` lines) is a doctest: each output is compared with what
   the block prints (``...`` stands for anything, whitespace is not compared);
 * a line of code ending in a comment that names an exception (``lord.allocated(0)  #
-  TypeError: argument 'device': expected ...``) must raise that exception, with that
-  message (up to a ``...``);
+  TypeError: argument 'device': expected ...``), or followed by a comment line that does,
+  must raise that exception, with that message (up to a ``...``);
+* a line whose comment starts with an integer (``fit.predict(32)  # 30417024: ...``)
+  shows its value, or that of the first name it assigns; ``+400 B`` in a comment is how
+  much the lord's ledger grows;
 * a block's code is compiled as the file ``train.py``, at the lines the block shows, so a
   call site the docs print (``'site': 'train.py:3'``) is the one memlord reports.
 
@@ -323,6 +326,9 @@ def run_script(block):
     for stmt in tree.body:
         end = lines[stmt.end_lineno - 1]
         m = _ERR.search(end) if stmt.lineno == stmt.end_lineno else None
+        after = lines[stmt.end_lineno] if stmt.end_lineno < len(lines) else ""
+        if m is None and after.lstrip().startswith("#"):
+            m = _ERR.match(after.strip())  # the error on the comment line after it
         code = compile(ast.Module([stmt], []), "train.py", "exec")
         where = f"{block['id']} line {stmt.lineno}"
         if m:
