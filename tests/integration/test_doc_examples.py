@@ -13,6 +13,8 @@ What a block shows is checked too:
 * a line of code ending in a comment that names an exception (``lord.allocated(0)  #
   TypeError: argument 'device': expected ...``), or followed by a comment line that does,
   must raise that exception, with that message (up to a ``...``);
+* comment lines right after a ``print()`` that start with ``# {``, ``# [`` or ``# (``
+  are what it prints (a doctest's output: ``...`` for anything);
 * a line whose comment starts with an integer (``fit.predict(32)  # 30417024: ...``)
   shows its value, or that of the first name it assigns; ``+400 B`` in a comment is how
   much the lord's ledger grows;
@@ -319,6 +321,28 @@ def _first_name(stmt):
             return t.id
     return None
 
+# the comment lines right after a print() that start with '# {', '# [' or '# (': what it
+# prints (up to the bracket that closes the first)
+def _shown_output(lines, stmt):
+    call = stmt.value if isinstance(stmt, ast.Expr) else None
+    if not (isinstance(call, ast.Call) and getattr(call.func, "id", None) == "print"):
+        return None
+    text = []
+    for ln in lines[stmt.end_lineno :]:
+        if not ln.startswith("#"):
+            break
+        text.append(ln[1:].strip())
+    shown = " ".join(text)
+    if not shown[:1] in ("{", "[", "("):
+        return None
+    depth = 0
+    for k, ch in enumerate(shown):
+        depth += ch in "{[("
+        depth -= ch in "}])"
+        if depth == 0:
+            return shown[: k + 1] + "\n"
+    return None
+
 def run_script(block):
     src = block["code"]
     lines = src.splitlines()
@@ -333,6 +357,18 @@ def run_script(block):
         where = f"{block['id']} line {stmt.lineno}"
         if m:
             check_raise(code, lines, m.group(1), (m.group(2) or "").strip(), where)
+            continue
+        shown = _shown_output(lines, stmt)
+        if shown is not None:
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                exec(code, ns)
+            flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+            if not doctest.OutputChecker().check_output(shown, out.getvalue(), flags):
+                raise AssertionError(
+                    f"{where}: the doc shows {shown.strip()}\n  memlord prints {out.getvalue()}"
+                )
+            sys.stdout.write(out.getvalue())
             continue
         value = _VALUE.search(end) if stmt.lineno == stmt.end_lineno else None
         delta = _DELTA.search(end) if stmt.lineno == stmt.end_lineno else None
