@@ -49,6 +49,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import sys
 import textwrap
 from dataclasses import dataclass
@@ -507,3 +508,51 @@ def test_every_doc_has_its_python_blocks_found():
         )
         assert fences == sum(1 for b in BLOCKS if b.path == p.relative_to(ROOT).as_posix()), p
     assert len(BLOCKS) >= 60
+
+
+def _memlord_commands() -> list[tuple[str, list[str]]]:
+    """Every `python -m memlord ...` (or `torchrun ... -m memlord ...`) command line of the
+    docs' shell blocks: (place, its arguments after `memlord`)."""
+    out = []
+    for p in DOCS:
+        rel = p.relative_to(ROOT).as_posix()
+        fence = None
+        for n, ln in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+            m = _FENCE.match(ln)
+            if m and fence is None:
+                fence = m.group(2)
+                continue
+            if re.match(r"^\s*```\s*$", ln) and fence is not None:
+                fence = None
+                continue
+            if fence not in ("bash", "sh", "console"):
+                continue
+            for part in re.split(r"&&|;|(?<!&)&(?!&)", ln.split(" #")[0]):
+                words = shlex.split(part)
+                for k in range(len(words) - 1):
+                    if words[k] == "-m" and words[k + 1] == "memlord":
+                        out.append((f"{rel}:{n}", words[k + 2 :]))
+    return out
+
+
+COMMANDS = _memlord_commands()
+
+
+@pytest.mark.parametrize("where,args", COMMANDS, ids=[w for w, _ in COMMANDS])
+def test_doc_command_lines_parse(where, args, capsys):
+    """Each documented command line is one memlord's command-line parser accepts: every
+    option it shows exists, with the arguments it shows (the commands themselves run in
+    test_cli_*.py)."""
+    from memlord import cli
+
+    if args and args[0] in ("run", "report", "gantt", "top", "merge"):
+        try:
+            cli._parser().parse_args(args)
+        except SystemExit as e:
+            pytest.fail(f"{where}: memlord {' '.join(args)}: {capsys.readouterr().err}{e}")
+    else:
+        assert set(args) <= {"--info", "--version"} or args[:1] == ["--layers"], (where, args)
+
+
+def test_the_docs_show_memlord_commands():
+    assert len(COMMANDS) >= 10, COMMANDS
