@@ -17,7 +17,8 @@ What a block shows is checked too:
   are what it prints (a doctest's output: ``...`` for anything);
 * a line whose comment starts with an integer (``fit.predict(32)  # 30417024: ...``)
   shows its value, or that of the first name it assigns; ``+400 B`` in a comment is how
-  much the lord's ledger grows;
+  much the lord's ledger grows across that line, ``4 MiB credited`` how much it shrinks,
+  ``nothing credited`` that it stays (at any depth: inside a ``with`` too);
 * a block's code is compiled as the file ``train.py``, at the lines the block shows, so a
   call site the docs print (``'site': 'train.py:3'``) is the one memlord reports.
 
@@ -310,9 +311,60 @@ def check_raise(code, lines, exc_name, msg, where):
         raise AssertionError(f"{where}: expected {exc_name}, nothing raised")
 
 # a line whose comment starts with an integer shows the value of its expression (or of
-# the first name it assigns); a comment with "+<n> B" shows how much the lord's ledger grows
+# the first name it assigns)
 _VALUE = re.compile(r"#\s*(-?\d+)\s*(?::|$)")
-_DELTA = re.compile(r"#.*\+(\d[\d,]*) B\b")
+# a line (at any depth) whose comment says "+<size>", "<size> (is) credited" or "nothing
+# credited" shows how the lord's ledger changes across it
+_SIZE = r"(\d[\d,.]*) ?(B|KiB|MiB|GiB)\b"
+_GROW = re.compile(r"#.*\+" + _SIZE)
+_FREED = re.compile(r"#.*?" + _SIZE + r"(?: is)? credited")
+_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+
+def _claim(line):
+    for rx, sign in ((_GROW, 1), (_FREED, -1)):
+        m = rx.search(line)
+        if m:
+            return sign * round(float(m.group(1).replace(",", "")) * _UNITS[m.group(2)])
+    return 0 if re.search(r"#.*\bnothing credited", line) else None
+
+def _ledger():
+    lord = ns.get("lord")
+    return None if lord is None else lord.allocated()[0]
+
+def _check_ledger(before, want, where):
+    if before is None:
+        raise AssertionError(f"{where}: the comment shows a change of the ledger, no lord")
+    got = _ledger() - before
+    if got != want:
+        raise AssertionError(f"{where}: the doc shows a change of {want:+} B, the ledger {got:+} B")
+
+ns["__ml_ledger"], ns["__ml_check"] = _ledger, _check_ledger
+
+class _LedgerClaims(ast.NodeTransformer):
+    def __init__(self, lines, where):
+        self.lines, self.where = lines, where
+
+    def generic_visit(self, node):
+        super().generic_visit(node)
+        for field in ("body", "orelse", "finalbody"):
+            stmts = getattr(node, field, None)
+            if not isinstance(stmts, list) or not stmts or not isinstance(stmts[0], ast.stmt):
+                continue
+            out = []
+            for st in stmts:
+                want = None
+                if st.lineno == st.end_lineno and not isinstance(st, (ast.With, ast.For, ast.If)):
+                    want = _claim(self.lines[st.lineno - 1])
+                if want is None:
+                    out.append(st)
+                    continue
+                where = f"{self.where} line {st.lineno}"
+                pre = ast.parse("__ml_before = __ml_ledger()").body[0]
+                post = ast.parse(f"__ml_check(__ml_before, {want}, {where!r})").body[0]
+                pre._ml = post._ml = True  # run as they are: no claim of their own
+                out += [ast.copy_location(pre, st), st, ast.copy_location(post, st)]
+            setattr(node, field, out)
+        return node
 
 def _first_name(stmt):
     if isinstance(stmt, ast.Assign):
@@ -348,7 +400,11 @@ def run_script(block):
     src = block["code"]
     lines = src.splitlines()
     tree = ast.parse(src, "train.py")
+    tree = ast.fix_missing_locations(_LedgerClaims(lines, block["id"]).visit(tree))
     for stmt in tree.body:
+        if getattr(stmt, "_ml", False):
+            exec(compile(ast.Module([stmt], []), "train.py", "exec"), ns)
+            continue
         end = lines[stmt.end_lineno - 1]
         m = _ERR.search(end) if stmt.lineno == stmt.end_lineno else None
         after = lines[stmt.end_lineno] if stmt.end_lineno < len(lines) else ""
@@ -372,9 +428,6 @@ def run_script(block):
             sys.stdout.write(out.getvalue())
             continue
         value = _VALUE.search(end) if stmt.lineno == stmt.end_lineno else None
-        delta = _DELTA.search(end) if stmt.lineno == stmt.end_lineno else None
-        lord = ns.get("lord")
-        before = lord.allocated()[0] if delta and lord is not None else None
         if value and isinstance(stmt, ast.Expr):
             got = eval(compile(ast.Expression(stmt.value), "train.py", "eval"), ns)
         else:
@@ -382,11 +435,6 @@ def run_script(block):
             got = ns.get(_first_name(stmt)) if value else None
         if value and got != int(value.group(1)):
             raise AssertionError(f"{where}: the doc shows {value.group(1)}, memlord gives {got!r}")
-        if before is not None:
-            grew = lord.allocated()[0] - before
-            want = int(delta.group(1).replace(",", ""))
-            if grew != want:
-                raise AssertionError(f"{where}: the doc shows +{want} B, the ledger +{grew} B")
 
 def run_doctest(block):
     flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
