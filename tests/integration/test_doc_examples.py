@@ -38,6 +38,8 @@ words of that comment:
   compared as a doctest's output;
 * ``numbers vary``: the doctest outputs are compared without their numbers (a machine's
   memory, an address, a time);
+* ``waits``: the block waits out a timeout here (no GPU): it runs in a process of its
+  own, started with the first test, beside the others;
 * ``pytest``: the block is a test module: it runs under pytest with memlord's plugin and
   its tests must pass;
 * ``skip (why)``: the block cannot run here (it needs a CUDA GPU, or it is a signature
@@ -51,6 +53,7 @@ import json
 import os
 import re
 import shlex
+import subprocess
 import sys
 import textwrap
 from dataclasses import dataclass
@@ -223,7 +226,7 @@ def _parse_directive(text: str) -> tuple[tuple[str, ...], tuple[str, ...], str |
             for s in setups:
                 if s not in SETUPS:
                     raise ValueError(f"unknown setup {s!r} in <!-- example: {text} -->")
-        elif w not in ("continue", "numbers vary", "pytest", "output"):
+        elif w not in ("continue", "numbers vary", "pytest", "output", "waits"):
             raise ValueError(f"unknown word {w!r} in <!-- example: {text} -->")
     return words, setups, skip
 
@@ -512,23 +515,55 @@ def _payload(chain: list[Block]) -> str:
 _WARNING = re.compile(r"^.*\b\w*Warning\b:.*$", re.M)
 
 
-@pytest.mark.parametrize("chain", CASES, ids=[c[0].id for c in CASES])
-def test_doc_example_runs(chain: list[Block], tmp_path):
-    block = chain[0]
-    if block.skip is not None:
-        pytest.skip(block.skip)
+def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = str(MEMLORD_HOME)
     for k in ("DEBUG", "NO_COLOR", "FORCE_COLOR", "MEMLORD_PUBLISH", "MEMLORD_COOPERATE"):
         env.pop(k, None)
-    r = warm.run(
-        [sys.executable, "-c", RUNNER, _payload(chain)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
+    return env
+
+
+@pytest.fixture(scope="module")
+def waiting(tmp_path_factory):
+    """The cases marked ``waits``, started at once in processes of their own (a fresh
+    interpreter each): they wait out a timeout while the others run."""
+    procs = {}
+    for chain in CASES:
+        if "waits" in chain[0].words and chain[0].skip is None:
+            cwd = tmp_path_factory.mktemp("waits")
+            procs[chain[0].id] = subprocess.Popen(
+                [sys.executable, "-c", RUNNER, _payload(chain)],
+                cwd=cwd,
+                env=_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+    yield procs
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@pytest.mark.parametrize("chain", CASES, ids=[c[0].id for c in CASES])
+def test_doc_example_runs(chain: list[Block], tmp_path, waiting):
+    block = chain[0]
+    if block.skip is not None:
+        pytest.skip(block.skip)
+    if block.id in waiting:
+        proc = waiting[block.id]
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+        r = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    else:
+        r = warm.run(
+            [sys.executable, "-c", RUNNER, _payload(chain)],
+            cwd=tmp_path,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=TIMEOUT_S,
+        )
     ran = re.findall(r"^--- example (\S+)$", r.stderr, re.M)
     where = ran[-1] if ran else block.id
     report = f"{where} exited {r.returncode}\n--- stdout\n{r.stdout[-4000:]}\n"
