@@ -232,6 +232,68 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
     return 0;
 }
 
+/* owner.name = the hook of the patch made last, where owner.name is that
+ * patch's original too (torch.random.get_rng_state is torch.get_rng_state):
+ * both names keep naming one object, as bare.  Nothing done where the
+ * attribute is something else or missing. */
+static int patch_alias(PyObject *owner, const char *name)
+{
+    if (ml_disp.npatches == 0 || ml_disp.npatches == ML_MAX_PATCHES) {
+        return 0;
+    }
+    const ml_patch *last = &ml_disp.patches[ml_disp.npatches - 1];
+    PyObject *pname = PyUnicode_InternFromString(name);
+    if (pname == NULL) {
+        return -1;
+    }
+    PyObject *original = PyObject_GetAttr(owner, pname);
+    if (original == NULL) {
+        Py_DECREF(pname);
+        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear();
+            return 0;
+        }
+        return -1;
+    }
+    if (original != last->original || PyType_Check(owner)) {
+        Py_DECREF(original);
+        Py_DECREF(pname);
+        return 0;
+    }
+    PyObject *hook = Py_NewRef(last->hook);
+    PyObject *put = Py_NewRef(last->put);
+    if (PyObject_SetAttr(owner, pname, put) < 0) {
+        Py_DECREF(hook);
+        Py_DECREF(put);
+        Py_DECREF(original);
+        Py_DECREF(pname);
+        return -1;
+    }
+    if (ml_disp.npatches == ML_MAX_PATCHES) { /* filled while Python ran */
+        if (PyObject_SetAttr(owner, pname, original) < 0) {
+            PyErr_Clear();
+        }
+        Py_DECREF(hook);
+        Py_DECREF(put);
+        Py_DECREF(original);
+        Py_DECREF(pname);
+        PyErr_SetString(PyExc_RuntimeError, "memlord: too many patches");
+        return -1;
+    }
+    ml_patch *p = &ml_disp.patches[ml_disp.npatches++];
+    p->owner = Py_NewRef(owner);
+    p->name = pname;
+    p->own = Py_NewRef(original);
+    p->original = original;
+    p->hook = hook;
+    p->put = put;
+    p->alias_type = NULL;
+    p->alias_own = NULL;
+    p->alias_put = NULL;
+    p->group = installing_group;
+    return 0;
+}
+
 PyObject *ml_hook_after_new(ml_state *st, PyObject *owner, PyObject *name, PyObject *original,
                             PyObject *after)
 {
@@ -460,6 +522,36 @@ int ml_install_py(PyObject *module)
     if (patch_one(st, torch, "as_tensor", HK_FACTORY_DATA) < 0) {
         Py_DECREF(torch);
         goto fail;
+    }
+    /* the generators' states: a tensor made in C++ that no dispatch mode sees
+     * (torch.utils.checkpoint and fork_rng call torch.get_rng_state, and
+     * torch.cuda's for each device).  Generator.get_state itself belongs to
+     * an immutable C type and stays as it is. */
+    static const char *const rng_owners[] = {"torch.random", "torch.cuda", "torch.cuda.random"};
+    if (patch_one(st, torch, "get_rng_state", HK_FACTORY) < 0) {
+        Py_DECREF(torch);
+        goto fail;
+    }
+    for (size_t i = 0; i < sizeof(rng_owners) / sizeof(rng_owners[0]); i++) {
+        /* only a module torch has imported (it imports all three) */
+        PyObject *mname = PyUnicode_FromString(rng_owners[i]);
+        PyObject *owner = mname != NULL ? PyImport_GetModule(mname) : NULL;
+        Py_XDECREF(mname);
+        if (owner == NULL) {
+            if (PyErr_Occurred()) {
+                Py_DECREF(torch);
+                goto fail;
+            }
+            continue;
+        }
+        /* torch.random's is torch's; torch.cuda.random's is torch.cuda's */
+        int rc = i == 1 ? patch_one(st, owner, "get_rng_state", HK_FACTORY)
+                        : patch_alias(owner, "get_rng_state");
+        Py_DECREF(owner);
+        if (rc < 0) {
+            Py_DECREF(torch);
+            goto fail;
+        }
     }
     Py_DECREF(torch);
     /* the allocations of the code inductor generates (torch.compile): its buffers

@@ -1,0 +1,87 @@
+"""Ways a program comes to hold a storage that torch allocated, each against the bytes of
+the storages the program holds, found from outside (a walk of the garbage collector's
+tensors and storages, deduplicated by storage) and, where torch's profiler sees the
+allocation, its memory timeline: the random number generator's state
+(``torch.get_rng_state``, which activation checkpointing calls for every checkpointed
+call)."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+import torch.utils.checkpoint as cp
+from support.ledger import torch_memory
+
+from memlord import MemLord
+
+
+def live_storages() -> dict[tuple[int, int], int]:
+    """Every CPU storage a tensor or storage object the garbage collector knows holds, keyed
+    by (data pointer, bytes): torch's figures, nothing of memlord's."""
+    gc.collect()
+    out: dict[tuple[int, int], int] = {}
+    for o in gc.get_objects():
+        if isinstance(o, torch.Tensor) and o.layout == torch.strided and not o.is_nested:
+            s = o.untyped_storage()
+        elif isinstance(o, torch.UntypedStorage):
+            s = o
+        else:
+            continue
+        if s.device.type == "cpu" and s.nbytes():
+            out[(s.data_ptr(), s.nbytes())] = s.nbytes()
+    return out
+
+
+def new_bytes(before: dict[tuple[int, int], int]) -> int:
+    """The bytes of the storages held now that were not held at ``before``."""
+    return sum(v for k, v in live_storages().items() if k not in before)
+
+
+# --------------------------------------------------------------- the generator's state
+
+
+OPS = pytest.mark.parametrize("ops", [False, True], ids=["factories", "ops"])
+
+
+@OPS
+@pytest.mark.parametrize("owner", [torch, torch.random], ids=["torch", "torch.random"])
+def test_rng_state_is_counted_as_torch_allocates_it(owner, ops):
+    """torch.get_rng_state() makes a tensor in C++ that no dispatch mode sees; torch's
+    profiler sees its allocation on the CPU, and memlord counts the same bytes."""
+    lord = MemLord(auto_gc_bytes=None)
+    before = live_storages()
+    with lord.hook_into_torch(), lord.hook_into_python(ops=ops):
+        # one hook under both names, as bare: torch.random's function is torch's
+        assert torch.get_rng_state is torch.random.get_rng_state
+        with torch_memory() as seen:
+            state = owner.get_rng_state()
+        assert state.untyped_storage().nbytes() == seen.net > 0
+        assert lord.allocated("cpu")[0] == new_bytes(before) == seen.net
+        assert lord.categories("cpu")["activation"]["current"] == seen.net
+        del state
+        gc.collect()
+        assert lord.allocated("cpu")[0] == 0  # credited when it dies
+
+
+@OPS
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+def test_checkpoints_saved_rng_state_is_counted_while_held(ops, reentrant):
+    """A checkpointed call keeps the generator's state for its recomputation: counted
+    while the checkpoint holds it; with ``ops=True`` everything the step holds is."""
+    w = torch.randn(32, 32, requires_grad=True)
+    x = torch.randn(8, 32, requires_grad=True)
+    rng = torch.get_rng_state().untyped_storage().nbytes()
+    lord = MemLord(auto_gc_bytes=None)
+    before = live_storages()
+    with lord.hook_into_torch(), lord.hook_into_python(ops=ops):
+        y = cp.checkpoint(lambda a: (a @ w).sin(), x, use_reentrant=reentrant)
+        held = new_bytes(before)
+        ys = y.untyped_storage().nbytes()
+        assert held == rng + ys
+        assert lord.allocated("cpu")[0] == (held if ops else rng)
+        y.sum().backward()
+        del y
+        held = new_bytes(before)  # x.grad and w.grad
+        assert lord.allocated("cpu")[0] == (held if ops else 0)
