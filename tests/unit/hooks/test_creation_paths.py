@@ -3,7 +3,8 @@ the storages the program holds, found from outside (a walk of the garbage collec
 tensors and storages, deduplicated by storage) and, where torch's profiler sees the
 allocation, its memory timeline: the random number generator's state
 (``torch.get_rng_state``, which activation checkpointing calls for every checkpointed
-call)."""
+call), and the category of what checkpointing's recomputation makes in backward with
+``ops=True`` alone (no ``track_modules``)."""
 
 from __future__ import annotations
 
@@ -85,3 +86,32 @@ def test_checkpoints_saved_rng_state_is_counted_while_held(ops, reentrant):
         del y
         held = new_bytes(before)  # x.grad and w.grad
         assert lord.allocated("cpu")[0] == (held if ops else 0)
+
+
+# -------------------------------------------- checkpointing's recomputation, no modules
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+def test_recomputation_is_activation_without_track_modules(reentrant):
+    """What the checkpointed function makes again in backward is an activation (as
+    MemTracker counts a checkpointed module's recomputation), with ``ops=True`` alone;
+    what backward itself makes stays a temporary."""
+    made: list[torch.Tensor] = []
+
+    def fn(a: torch.Tensor) -> torch.Tensor:
+        h = a.sin()
+        made.append(h)  # the forward's h, then the recomputation's
+        return h.cos()
+
+    lord = MemLord(auto_gc_bytes=None)
+    lord.record_events(1024)
+    w = torch.randn(16, 16, requires_grad=True)
+    with lord.hook_into_python(ops=True):
+        y = cp.checkpoint(fn, torch.randn(4, 16) @ w, use_reentrant=reentrant)
+        y.sum().backward()
+        recs = lord.decode_events(lord.events())
+    assert len(made) == 2
+    born = {e["address"]: e["category"] for e in recs if e["kind"] == "alloc"}
+    forward, recomputed = (born[t.untyped_storage().data_ptr()] for t in made)
+    assert forward == recomputed == "activation"
+    assert "temporary" in born.values()  # backward's own (cos' and sin's derivatives)
