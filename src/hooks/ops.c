@@ -14,6 +14,7 @@
  * OpOverload.__call__ calls (its _op), the bit mask of the returns that are
  * new (no alias annotation in the schema), and flags. */
 #define OP_RESIZE 1 /* resize_, resize_as_, set_: the storage may change size */
+#define OP_SET 32   /* set_: the storage it puts in the tensor existed (not made here) */
 #define OP_OUT 2    /* an out= overload: torch resizes an out tensor that is too small */
 /* Written arguments (in-place, out=: a sparse one may get new component
  * tensors): bit OP_WRITES_SHIFT + i for positional argument i (as torch's
@@ -89,9 +90,10 @@ static long fresh_returns(PyObject *func, int *flags)
         mask = -1;
         goto done;
     }
-    if (strcmp(n, "aten::resize_") == 0 || strcmp(n, "aten::resize_as_") == 0 ||
-        strcmp(n, "aten::set_") == 0) {
+    if (strcmp(n, "aten::resize_") == 0 || strcmp(n, "aten::resize_as_") == 0) {
         *flags |= OP_RESIZE;
+    } else if (strcmp(n, "aten::set_") == 0) {
+        *flags |= OP_RESIZE | OP_SET;
     }
     PyObject *arguments = PyObject_GetAttrString(schema, "arguments");
     PyObject *aseq = arguments != NULL ? PySequence_Fast(arguments, "arguments") : NULL;
@@ -280,6 +282,8 @@ enum {
                           * grown in place); the others as OPS_COUNT */
     OPS_RESIZE_ONLY = 2, /* items[0]'s storage counts its change of size when
                           * tracked; nothing else (UntypedStorage.resize_) */
+    OPS_SET = 3,         /* as OPS_RESIZE, but a storage not tracked yet existed
+                          * before (set_ allocates nothing): found, with no site */
 };
 
 /* Count items (n of them; their keys and tensors held by the caller) for
@@ -308,13 +312,14 @@ static void count_for_ops_lords(ml_state *st, const ml_life_item *items, Py_ssiz
         ml_site none = {0};
         const ml_site *s = lord->track_callsite ? &site : &none;
         int r = 0;
-        Py_ssize_t nresize = how == OPS_COUNT ? 0 : how == OPS_RESIZE ? n : 1;
+        Py_ssize_t nresize = how == OPS_COUNT ? 0 : how == OPS_RESIZE_ONLY ? 1 : n;
         for (Py_ssize_t i = 0; r >= 0 && i < nresize; i++) {
             r = ml_life_resize(lord, items[i].key, items[i].bytes, s);
         }
         if (r >= 0 && how != OPS_RESIZE_ONLY) {
             /* storages tracked already (resized above) add nothing */
-            r = ml_life_count(lord, items, n, 0, s, ML_SRC_OP, NULL);
+            r = how == OPS_SET ? ml_life_count(lord, items, n, 0, &none, ML_SRC_FOUND, NULL)
+                               : ml_life_count(lord, items, n, 0, s, ML_SRC_OP, NULL);
         }
         if (r < 0) {
             ml_write_unraisable((PyObject *)lord);
@@ -384,7 +389,10 @@ static void count_outputs(ml_state *st, PyObject *result, long fresh, int flags)
     }
     /* resize_, set_: a tracked storage that changed size counts the change; one
      * not tracked yet is counted whole */
-    count_for_ops_lords(st, items, n, (flags & OP_RESIZE) ? OPS_RESIZE : OPS_COUNT);
+    count_for_ops_lords(st, items, n,
+                        (flags & OP_SET)      ? OPS_SET
+                        : (flags & OP_RESIZE) ? OPS_RESIZE
+                                              : OPS_COUNT);
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_DECREF(items[i].key);
     }

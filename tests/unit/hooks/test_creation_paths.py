@@ -3,8 +3,8 @@ the storages the program holds, found from outside (a walk of the garbage collec
 tensors and storages, deduplicated by storage) and, where torch's profiler sees the
 allocation, its memory timeline: the random number generator's state
 (``torch.get_rng_state``, which activation checkpointing calls for every checkpointed
-call), and the category of what checkpointing's recomputation makes in backward with
-``ops=True`` alone (no ``track_modules``)."""
+call), the category of what checkpointing's recomputation makes in backward with
+``ops=True`` alone (no ``track_modules``), and ``set_`` of a storage that existed."""
 
 from __future__ import annotations
 
@@ -115,3 +115,50 @@ def test_recomputation_is_activation_without_track_modules(reentrant):
     forward, recomputed = (born[t.untyped_storage().data_ptr()] for t in made)
     assert forward == recomputed == "activation"
     assert "temporary" in born.values()  # backward's own (cos' and sin's derivatives)
+
+
+# ------------------------------------------- set_ onto a storage no source saw made
+
+
+@pytest.mark.parametrize(
+    "how", ["set_", "deepcopy", "storage_copy"], ids=["set_", "deepcopy", "storage_copy"]
+)
+def test_an_existing_storage_set_into_a_tensor_is_found_not_made(how):
+    """``set_`` allocates nothing: the storage it puts into a tensor existed. One that no
+    source saw made (a tensor made before the hooks) is found (counted from here, with no
+    call site, category other), never an allocation of the line that called it; what the
+    call really made is (``copy.deepcopy`` and ``UntypedStorage.copy_`` wrap both storages
+    in tensors with ``set_``)."""
+    import copy
+
+    old = torch.randn(64, 64)  # before the hooks: no source saw it made
+    lord = MemLord(auto_gc_bytes=None)
+    lord.record_events(64)
+    before = live_storages()
+    with lord.hook_into_python(ops=True):
+        if how == "set_":
+            t = torch.empty(0)
+            t.set_(old.untyped_storage())
+        elif how == "deepcopy":
+            t = copy.deepcopy(old)
+        else:
+            t = torch.empty(64, 64)
+            t.untyped_storage().copy_(old.untyped_storage())
+        recs = lord.decode_events(lord.events())
+    made = new_bytes(before)
+    allocs = [e for e in recs if e["kind"] == "alloc"]
+    frees = sum(e["bytes"] for e in recs if e["kind"] == "free")  # deepcopy's new_empty([])
+    found = {(e["address"], e["bytes"], e["category"]) for e in allocs if e["source"] == "found"}
+    old_storage = (old.untyped_storage().data_ptr(), old.untyped_storage().nbytes(), "other")
+    if how == "deepcopy":
+        # the copy's storage comes from torch.UntypedStorage(n), which no source sees
+        # (docs/guide.md): found too when set_ puts it in a tensor
+        copied = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes(), "other")
+        assert found == {old_storage, copied}
+        made -= copied[1]
+    else:
+        assert found == {old_storage}
+    assert sum(e["bytes"] for e in allocs if e["source"] != "found") - frees == made
+    assert lord.allocated("cpu")[0] == new_bytes(before) + old.untyped_storage().nbytes()
+    top = lord.top_alloc_site()
+    assert (top[2] if top else 0) == made + frees  # a found storage is no line's
