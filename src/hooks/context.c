@@ -58,7 +58,7 @@ static long graph_task(void)
  * torch._dynamo.disable, its unpack hook is the plain function) and CheckpointFunction's backward
  * node class (use_reentrant=True recomputes inside that node). */
 static PyObject *ckpt_unpack_code, *ckpt_node_type;
-static PyObject *top_saved_hooks, *current_node;
+static PyObject *top_saved_hooks, *current_node, *grad_enabled;
 static int ckpt_looked_up;
 
 /* Find them, once torch.utils.checkpoint is imported (never imports it). */
@@ -111,6 +111,8 @@ static void ckpt_look_up(void)
     PyErr_Clear();
     current_node = ml_import_attr("torch._C", "_current_autograd_node");
     PyErr_Clear();
+    grad_enabled = ml_import_attr("torch._C", "is_grad_enabled");
+    PyErr_Clear();
     Py_DECREF(mod);
 }
 
@@ -120,6 +122,17 @@ static int ckpt_recomputing(void)
 {
     if (!ckpt_looked_up) {
         ckpt_look_up();
+    }
+    /* both variants recompute with grad mode on; backward runs without it
+     * (unless create_graph): the usual backward pays this one call */
+    if (grad_enabled != NULL) {
+        PyObject *on = PyObject_CallNoArgs(grad_enabled);
+        int off = on == Py_False;
+        Py_XDECREF(on);
+        PyErr_Clear();
+        if (off) {
+            return 0;
+        }
     }
     int yes = 0;
     if (ckpt_unpack_code != NULL && top_saved_hooks != NULL) {
