@@ -487,8 +487,8 @@ void ml_uninstall_torch(void)
 }
 
 /* The factories of hook_into_python (torch.<name>, torch.as_tensor of
- * Python data), Tensor.clone, Tensor.new_tensor (always a copy) and
- * nn.Parameter.__new__. */
+ * Python data, torch.get_rng_state), Tensor.clone, Tensor.new_tensor (always
+ * a copy), Tensor.new_empty and its kin, and nn.Parameter.__new__. */
 int ml_install_py(PyObject *module)
 {
     static const char *const factories[] = {
@@ -572,9 +572,15 @@ int ml_install_py(PyObject *module)
         }
         Py_DECREF(guards);
     }
-    if (patch_one(st, st->tensor_type, "clone", HK_FACTORY_LIKE) < 0 ||
-        patch_one(st, st->tensor_type, "new_tensor", HK_FACTORY_LIKE) < 0 ||
-        patch_one(st, st->parameter_type, "__new__", HK_PARAM) < 0) {
+    /* Tensor.new_*: factories taking the tensor's dtype and device */
+    static const char *const news[] = {"clone",    "new_tensor", "new_empty",        "new_zeros",
+                                       "new_ones", "new_full",   "new_empty_strided"};
+    for (size_t i = 0; i < sizeof(news) / sizeof(news[0]); i++) {
+        if (patch_one(st, st->tensor_type, news[i], HK_FACTORY_LIKE) < 0) {
+            goto fail;
+        }
+    }
+    if (patch_one(st, st->parameter_type, "__new__", HK_PARAM) < 0) {
         goto fail;
     }
     return 0;

@@ -162,3 +162,33 @@ def test_an_existing_storage_set_into_a_tensor_is_found_not_made(how):
     assert lord.allocated("cpu")[0] == new_bytes(before) + old.untyped_storage().nbytes()
     top = lord.top_alloc_site()
     assert (top[2] if top else 0) == made + frees  # a found storage is no line's
+
+
+# ------------------------------------------------------------ Tensor.new_* factories
+
+
+@OPS
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda b: b.new_empty(10),
+        lambda b: b.new_zeros(11),
+        lambda b: b.new_ones((3, 4)),
+        lambda b: b.new_full((13,), 2.0),
+        lambda b: b.new_empty_strided((4, 4), (4, 1)),
+        lambda b: b.new_tensor([1.0, 2.0]),
+    ],
+    ids=["new_empty", "new_zeros", "new_ones", "new_full", "new_empty_strided", "new_tensor"],
+)
+def test_tensor_new_methods_are_counted_as_factories(make, ops):
+    """``Tensor.new_*`` are factories (a new storage, the source's dtype and device): counted
+    with the factory wrappers, ``ops`` or not, as torch's profiler sees them allocate."""
+    base = torch.randn(8, 8)
+    lord = MemLord(auto_gc_bytes=None)
+    before = live_storages()
+    with lord.hook_into_python(ops=ops):
+        with torch_memory() as seen:
+            t = make(base)
+        assert t.untyped_storage().nbytes() == seen.net == new_bytes(before) > 0
+        assert lord.allocated("cpu")[0] == seen.net
+        assert lord.categories("cpu")["activation"]["current"] == seen.net
