@@ -4,7 +4,9 @@ tensors and storages, deduplicated by storage) and, where torch's profiler sees 
 allocation, its memory timeline: the random number generator's state
 (``torch.get_rng_state``, which activation checkpointing calls for every checkpointed
 call), the category of what checkpointing's recomputation makes in backward with
-``ops=True`` alone (no ``track_modules``), and ``set_`` of a storage that existed."""
+``ops=True`` alone (no ``track_modules``), ``set_`` of a storage that existed, the
+``Tensor.new_*`` factories, each other creation path docs/guide.md lists as counted, and
+the memory torch did not allocate, which it does not count."""
 
 from __future__ import annotations
 
@@ -18,20 +20,39 @@ from support.ledger import torch_memory
 from memlord import MemLord
 
 
+def _storages_of(t: torch.Tensor, out: dict[tuple[int, int], int]) -> None:
+    """t's storages into out: a sparse tensor's components, a jagged tensor's inner
+    tensors, else its own storage."""
+    if t.is_sparse:
+        parts = [t._indices(), t._values()]
+    elif t.layout == torch.sparse_csr:
+        parts = [t.crow_indices(), t.col_indices(), t.values()]
+    elif t.is_nested and t.layout == torch.jagged:
+        parts = [getattr(t, n) for n in t.__tensor_flatten__()[0]]
+    elif t.layout == torch.strided:
+        parts = []
+        s = t.untyped_storage()
+        if s.device.type == "cpu" and s.nbytes():
+            out[(s.data_ptr(), s.nbytes())] = s.nbytes()
+    else:
+        parts = []
+    for p in parts:
+        _storages_of(p, out)
+
+
 def live_storages() -> dict[tuple[int, int], int]:
     """Every CPU storage a tensor or storage object the garbage collector knows holds, keyed
     by (data pointer, bytes): torch's figures, nothing of memlord's."""
     gc.collect()
     out: dict[tuple[int, int], int] = {}
     for o in gc.get_objects():
-        if isinstance(o, torch.Tensor) and o.layout == torch.strided and not o.is_nested:
-            s = o.untyped_storage()
-        elif isinstance(o, torch.UntypedStorage):
-            s = o
-        else:
-            continue
-        if s.device.type == "cpu" and s.nbytes():
-            out[(s.data_ptr(), s.nbytes())] = s.nbytes()
+        try:
+            if isinstance(o, torch.Tensor):
+                _storages_of(o, out)
+            elif isinstance(o, torch.UntypedStorage) and o.device.type == "cpu" and o.nbytes():
+                out[(o.data_ptr(), o.nbytes())] = o.nbytes()
+        except RuntimeError:
+            continue  # a storage object whose storage is gone
     return out
 
 
@@ -192,3 +213,158 @@ def test_tensor_new_methods_are_counted_as_factories(make, ops):
         assert t.untyped_storage().nbytes() == seen.net == new_bytes(before) > 0
         assert lord.allocated("cpu")[0] == seen.net
         assert lord.categories("cpu")["activation"]["current"] == seen.net
+
+
+# ------------------------------------------------- the creation paths, one by one
+
+
+def _load(tmp_path, **kw):
+    path = tmp_path / "w.pt"
+    torch.save({"w": torch.randn(50, 50)}, path)
+    return lambda keep: keep.append(torch.load(path, **kw))
+
+
+def _in_thread(keep):
+    import threading
+
+    th = threading.Thread(target=lambda: keep.append(torch.zeros(100)))
+    th.start()
+    th.join()
+
+
+def _under(ctx):
+    def make(keep):
+        with ctx():
+            keep.append(torch.zeros(100))
+            keep.append(keep[-1] * 2)
+
+    return make
+
+
+def _share(keep):
+    t = torch.randn(100)
+    t.share_memory_()
+    keep.append(t)
+
+
+def _cat_out(keep):
+    out = torch.empty(0)
+    torch.cat([torch.ones(10), torch.ones(10)], out=out)
+    keep.append(out)
+
+
+def _resize(keep):
+    t = torch.empty(10)
+    t.resize_(1000)
+    keep.append(t)
+
+
+def _storage_resize(keep):
+    t = torch.empty(10)
+    t.untyped_storage().resize_(4000)
+    keep.append(t)
+
+
+def _deepcopy(what):
+    def make(keep):
+        import copy
+
+        keep.append(copy.deepcopy(what()))
+
+    return make
+
+
+def _pickled(keep):
+    import pickle
+
+    keep.append(pickle.loads(pickle.dumps(torch.randn(30, 30))))
+
+
+PATHS = {
+    # name: (make, counted without ops)
+    "load": (None, True),
+    "load_weights_only_false": (None, True),
+    "thread_factory": (_in_thread, True),
+    "share_memory_": (_share, True),
+    "complex": (lambda k: k.append(torch.randn(10, dtype=torch.complex64)), True),
+    "tensor_of_numpy": (lambda k: k.append(torch.tensor(torch.ones(5).numpy())), True),
+    "deepcopy_module": (_deepcopy(lambda: torch.nn.Linear(8, 8)), True),
+    "no_grad": (_under(torch.no_grad), False),
+    "inference_mode": (_under(torch.inference_mode), False),
+    "cat_out": (_cat_out, False),
+    "resize_": (_resize, False),
+    "storage_resize_": (_storage_resize, False),
+    "parameters_to_vector": (
+        lambda k: k.append(torch.nn.utils.parameters_to_vector(torch.nn.Linear(4, 4).parameters())),
+        False,
+    ),
+    "foreach_add": (lambda k: k.append(torch._foreach_add([torch.ones(8)] * 2, 1.0)), False),
+    "to_sparse": (lambda k: k.append(torch.eye(16).to_sparse()), False),
+    "to_sparse_csr": (lambda k: k.append(torch.eye(16).to_sparse_csr()), False),
+    "quantize": (
+        lambda k: k.append(torch.quantize_per_tensor(torch.ones(64), 0.1, 0, torch.qint8)),
+        False,
+    ),
+    "nested_jagged": (
+        lambda k: k.append(
+            torch.nested.nested_tensor([torch.ones(3, 4), torch.ones(5, 4)], layout=torch.jagged)
+        ),
+        False,
+    ),
+    "deepcopy_tensor": (_deepcopy(lambda: torch.randn(16, 16)), False),
+    "pickle_loads": (_pickled, False),
+}
+
+
+@OPS
+@pytest.mark.parametrize("name", list(PATHS))
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")
+def test_each_creation_path_is_counted_exactly(name, ops, tmp_path):
+    """With both hooks on, the ledger equals the bytes of the storages each path leaves the
+    program holding (found from outside); without ``ops`` only the paths a factory,
+    conversion or category source sees count (operators' results do not)."""
+    make, without_ops = PATHS[name]
+    if name.startswith("load"):
+        make = _load(tmp_path, **({"weights_only": False} if "false" in name else {}))
+    keep: list = []
+    lord = MemLord(auto_gc_bytes=None)
+    before = live_storages()
+    with lord.hook_into_torch(), lord.hook_into_python(ops=ops):
+        make(keep)
+        held = new_bytes(before)
+        assert held > 0
+        if ops or without_ops:
+            assert lord.allocated("cpu")[0] == held
+        keep.clear()
+        gc.collect()
+        assert lord.allocated("cpu")[0] == 0  # every one credited as it died
+
+
+@pytest.mark.parametrize(
+    ("view", "memtracker_sees"),
+    [
+        (lambda: torch.from_numpy(torch.ones(64).numpy() * 2), True),
+        (lambda: torch.frombuffer(bytearray(256), dtype=torch.float32), False),
+        (lambda: torch.utils.dlpack.from_dlpack(torch.ones(64).numpy() * 2), False),
+        (lambda: torch.as_tensor(torch.ones(64).numpy() * 2), True),
+    ],
+    ids=["from_numpy", "frombuffer", "from_dlpack", "as_tensor_of_array"],
+)
+def test_memory_torch_did_not_allocate_is_not_counted(view, memtracker_sees):
+    """A tensor over numpy's or a buffer's memory: torch's profiler sees no allocation,
+    and memlord counts nothing (ops or not); torch's MemTracker counts the tensors an
+    operator it sees returns (from_numpy's, as_tensor's of an array), as docs/guide.md
+    says."""
+    mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
+    lord = MemLord(auto_gc_bytes=None)
+    with lord.hook_into_torch(), lord.hook_into_python(ops=True):
+        with torch_memory() as seen:
+            t = view()
+        assert t.numel() == 64
+        assert seen.net == 0
+        assert lord.allocated("cpu")[0] == 0
+    mt = mem_tracker.MemTracker()
+    with mt:
+        t = view()
+    theirs = mt.get_tracker_snapshot().get(torch.device("cpu"), {}).get("Total", 0)
+    assert theirs == (t.untyped_storage().nbytes() if memtracker_sees else 0)
