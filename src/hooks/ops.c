@@ -1335,6 +1335,72 @@ PyType_Spec ml_ops_mode_base_spec = {
     .slots = base_slots,
 };
 
+/* _core._storage_made(storage): torch.UntypedStorage(...) (a typed
+ * storage's too, copy.deepcopy's and pickle's of a tensor) made a storage
+ * with no tensor, which no factory, operator or dispatch mode sees: counted
+ * and tracked like a factory's result for every lord of the python hooks
+ * with lifetime tracking on.  Accounting errors are reported as unraisable. */
+PyObject *ml_ops_storage_made(PyObject *module, PyObject *storage)
+{
+    ml_state *st = PyModule_GetState(module);
+    if (st == NULL || ml_disp.py_lord_refs == NULL) {
+        Py_RETURN_NONE;
+    }
+    ml_life_item item = {0};
+    item.key = Py_NewRef(storage); /* held across everything below */
+    item.cat = ML_LIFE_CAT_CONTEXT;
+    PyObject *dev = PyObject_GetAttrString(storage, "device");
+    PyObject *type = dev != NULL ? PyObject_GetAttrString(dev, "type") : NULL;
+    PyObject *nbytes = type != NULL ? PyObject_CallMethod(storage, "nbytes", NULL) : NULL;
+    PyObject *ptr = nbytes != NULL ? PyObject_CallMethod(storage, "data_ptr", NULL) : NULL;
+    int ok = ptr != NULL && PyUnicode_Check(type) &&
+             PyUnicode_CompareWithASCIIString(type, "meta") != 0 &&
+             ml_dev_from_torch_device(st, dev, &item.dev) == 0;
+    if (ok) {
+        item.bytes = PyLong_AsLongLong(nbytes);
+        item.ptr = (uintptr_t)PyLong_AsVoidPtr(ptr);
+        ok = !PyErr_Occurred() && item.bytes > 0;
+    }
+    Py_XDECREF(ptr);
+    Py_XDECREF(nbytes);
+    Py_XDECREF(type);
+    Py_XDECREF(dev);
+    if (!ok) {
+        /* an unreadable or empty storage: nothing to count */
+        PyErr_Clear();
+        Py_DECREF(item.key);
+        Py_RETURN_NONE;
+    }
+    ml_lords lords;
+    if (ml_lords_acquire(ml_disp.py_lord_refs, &lords) < 0) {
+        ml_write_unraisable(NULL);
+        Py_DECREF(item.key);
+        Py_RETURN_NONE;
+    }
+    ml_site site = {0};
+    int captured = 0;
+    for (Py_ssize_t j = 0; j < lords.n; j++) {
+        ml_book *lord = (ml_book *)lords.v[j];
+        if (!ml_life_active(lord)) {
+            continue;
+        }
+        if (lord->track_callsite && !captured) {
+            ml_site_capture(st, &site);
+            captured = 1;
+        }
+        ml_site none = {0};
+        if (ml_life_count(lord, &item, 1, 0, lord->track_callsite ? &site : &none,
+                          ML_SRC_FACTORY, NULL) < 0) {
+            ml_write_unraisable((PyObject *)lord);
+        }
+    }
+    ml_site_clear(&site);
+    ml_lords_release(&lords);
+    Py_DECREF(item.key);
+    ml_safe_point();
+    Py_RETURN_NONE;
+}
+
 /* _core._storage_resized(storage, nbytes): torch.UntypedStorage.resize_ ran
  * (it is no aten operator: the mode never sees it; FSDP2 frees and
  * re-allocates parameters with it).  A storage the lords of the ops group

@@ -171,14 +171,8 @@ def test_an_existing_storage_set_into_a_tensor_is_found_not_made(how):
     frees = sum(e["bytes"] for e in recs if e["kind"] == "free")  # deepcopy's new_empty([])
     found = {(e["address"], e["bytes"], e["category"]) for e in allocs if e["source"] == "found"}
     old_storage = (old.untyped_storage().data_ptr(), old.untyped_storage().nbytes(), "other")
-    if how == "deepcopy":
-        # the copy's storage comes from torch.UntypedStorage(n), which no source sees
-        # (docs/guide.md): found too when set_ puts it in a tensor
-        copied = (t.untyped_storage().data_ptr(), t.untyped_storage().nbytes(), "other")
-        assert found == {old_storage, copied}
-        made -= copied[1]
-    else:
-        assert found == {old_storage}
+    # deepcopy's copy is made by torch.UntypedStorage(n): counted there, at this line
+    assert found == {old_storage}
     assert sum(e["bytes"] for e in allocs if e["source"] != "found") - frees == made
     assert lord.allocated("cpu")[0] == new_bytes(before) + old.untyped_storage().nbytes()
     top = lord.top_alloc_site()
@@ -311,14 +305,17 @@ PATHS = {
         ),
         False,
     ),
-    "deepcopy_tensor": (_deepcopy(lambda: torch.randn(16, 16)), False),
-    "pickle_loads": (_pickled, False),
+    "deepcopy_tensor": (_deepcopy(lambda: torch.randn(16, 16)), True),
+    "pickle_loads": (_pickled, True),
+    "untyped_storage": (lambda k: k.append(torch.UntypedStorage(1000)), True),
+    "typed_storage": (lambda k: k.append(torch.FloatStorage(100)), True),
 }
 
 
 @OPS
 @pytest.mark.parametrize("name", list(PATHS))
 @pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor:UserWarning")
+@pytest.mark.filterwarnings("ignore:TypedStorage is deprecated:UserWarning")
 def test_each_creation_path_is_counted_exactly(name, ops, tmp_path):
     """With both hooks on, the ledger equals the bytes of the storages each path leaves the
     program holding (found from outside); without ``ops`` only the paths a factory,
@@ -368,3 +365,24 @@ def test_memory_torch_did_not_allocate_is_not_counted(view, memtracker_sees):
         t = view()
     theirs = mt.get_tracker_snapshot().get(torch.device("cpu"), {}).get("Total", 0)
     assert theirs == (t.untyped_storage().nbytes() if memtracker_sees else 0)
+
+
+def test_a_storage_made_without_a_tensor_is_the_callers_allocation():
+    """``torch.UntypedStorage(n)`` is counted at the line that called it (not memlord's,
+    not torch's), credited when it dies, and the class is torch's own again after."""
+    from conftest import here
+
+    own_before = "__new__" in torch.UntypedStorage.__dict__
+    lord = MemLord(auto_gc_bytes=None)
+    with lord.hook_into_python():
+        with torch_memory() as seen:
+            s, line = torch.UntypedStorage(4096), here()
+        assert s.nbytes() == seen.net == lord.allocated("cpu")[0]
+        _dev, site, nbytes = lord.top_alloc_site()
+        assert nbytes == 4096
+        assert site.endswith(f"test_creation_paths.py:{line}"), site
+        del s
+        gc.collect()
+        assert lord.allocated("cpu")[0] == 0
+    assert ("__new__" in torch.UntypedStorage.__dict__) == own_before
+    assert torch.UntypedStorage(8).nbytes() == 8
