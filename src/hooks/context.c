@@ -104,9 +104,9 @@ static void ckpt_look_up(void)
     Py_XDECREF(hook);
     PyErr_Clear();
     PyObject *autograd = ml_import_attr("torch._C", "_autograd");
-    top_saved_hooks =
-        autograd != NULL ? PyObject_GetAttrString(autograd, "_top_saved_tensors_default_hooks")
-                         : NULL;
+    top_saved_hooks = autograd != NULL
+                          ? PyObject_GetAttrString(autograd, "_top_saved_tensors_default_hooks")
+                          : NULL;
     Py_XDECREF(autograd);
     PyErr_Clear();
     current_node = ml_import_attr("torch._C", "_current_autograd_node");

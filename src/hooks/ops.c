@@ -1389,8 +1389,8 @@ PyObject *ml_ops_storage_made(PyObject *module, PyObject *storage)
             captured = 1;
         }
         ml_site none = {0};
-        if (ml_life_count(lord, &item, 1, 0, lord->track_callsite ? &site : &none,
-                          ML_SRC_FACTORY, NULL) < 0) {
+        if (ml_life_count(lord, &item, 1, 0, lord->track_callsite ? &site : &none, ML_SRC_FACTORY,
+                          NULL) < 0) {
             ml_write_unraisable((PyObject *)lord);
         }
     }
