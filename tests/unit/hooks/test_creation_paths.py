@@ -85,6 +85,13 @@ def test_rng_state_is_counted_as_torch_allocates_it(owner, ops):
         del state
         gc.collect()
         assert lord.allocated("cpu")[0] == 0  # credited when it dies
+    mem_tracker = pytest.importorskip("torch.distributed._tools.mem_tracker")
+    mt = mem_tracker.MemTracker()
+    with mt:
+        state = owner.get_rng_state()
+    # MemTracker sees no operator make it (docs/guide.md says so)
+    assert state.numel() > 0
+    assert mt.get_tracker_snapshot().get(torch.device("cpu"), {}).get("Total", 0) == 0
 
 
 @OPS
@@ -386,3 +393,19 @@ def test_a_storage_made_without_a_tensor_is_the_callers_allocation():
         assert lord.allocated("cpu")[0] == 0
     assert ("__new__" in torch.UntypedStorage.__dict__) == own_before
     assert torch.UntypedStorage(8).nbytes() == 8
+
+
+@OPS
+def test_mmap_load_counts_the_loaded_storages(ops, tmp_path):
+    """``torch.load(mmap=True)``: each loaded tensor's storage counts its bytes (``loaded``),
+    as without mmap; the mapping of the whole file (a storage torch keeps besides) does
+    not."""
+    path = tmp_path / "w.pt"
+    torch.save({"a": torch.randn(50, 50), "b": torch.randn(10)}, path)
+    lord = MemLord(auto_gc_bytes=None)
+    with lord.hook_into_torch(), lord.hook_into_python(ops=ops):
+        sd = torch.load(path, mmap=True)
+        want = sum(t.untyped_storage().nbytes() for t in sd.values())
+        assert want == 50 * 50 * 4 + 10 * 4
+        assert lord.allocated("cpu")[0] == want
+        assert lord.categories("cpu")["loaded"]["current"] == want
