@@ -238,47 +238,40 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
  * attribute is something else or missing. */
 static int patch_alias(PyObject *owner, const char *name)
 {
-    if (ml_disp.npatches == 0 || ml_disp.npatches == ML_MAX_PATCHES) {
+    if (ml_disp.npatches == 0 || ml_disp.npatches == ML_MAX_PATCHES || PyType_Check(owner)) {
         return 0;
     }
+    /* strong references to the last patch's objects before anything that may
+     * allocate or run Python (the registry may change meanwhile) */
     const ml_patch *last = &ml_disp.patches[ml_disp.npatches - 1];
-    PyObject *pname = PyUnicode_InternFromString(name);
-    if (pname == NULL) {
-        return -1;
-    }
-    PyObject *original = PyObject_GetAttr(owner, pname);
-    if (original == NULL) {
-        Py_DECREF(pname);
-        if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
-            PyErr_Clear();
-            return 0;
-        }
-        return -1;
-    }
-    if (original != last->original || PyType_Check(owner)) {
-        Py_DECREF(original);
-        Py_DECREF(pname);
-        return 0;
-    }
+    PyObject *want = Py_NewRef(last->original);
     PyObject *hook = Py_NewRef(last->hook);
     PyObject *put = Py_NewRef(last->put);
+    PyObject *pname = PyUnicode_InternFromString(name);
+    PyObject *original = pname != NULL ? PyObject_GetAttr(owner, pname) : NULL;
+    int rc = 0;
+    if (original == NULL) {
+        if (pname != NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear(); /* not in this torch */
+        } else {
+            rc = -1;
+        }
+        goto done;
+    }
+    if (original != want) {
+        goto done; /* another function there: nothing to alias */
+    }
     if (PyObject_SetAttr(owner, pname, put) < 0) {
-        Py_DECREF(hook);
-        Py_DECREF(put);
-        Py_DECREF(original);
-        Py_DECREF(pname);
-        return -1;
+        rc = -1;
+        goto done;
     }
     if (ml_disp.npatches == ML_MAX_PATCHES) { /* filled while Python ran */
         if (PyObject_SetAttr(owner, pname, original) < 0) {
             PyErr_Clear();
         }
-        Py_DECREF(hook);
-        Py_DECREF(put);
-        Py_DECREF(original);
-        Py_DECREF(pname);
         PyErr_SetString(PyExc_RuntimeError, "memlord: too many patches");
-        return -1;
+        rc = -1;
+        goto done;
     }
     ml_patch *p = &ml_disp.patches[ml_disp.npatches++];
     p->owner = Py_NewRef(owner);
@@ -291,7 +284,15 @@ static int patch_alias(PyObject *owner, const char *name)
     p->alias_own = NULL;
     p->alias_put = NULL;
     p->group = installing_group;
+    Py_DECREF(want);
     return 0;
+done:
+    Py_XDECREF(original);
+    Py_XDECREF(pname);
+    Py_DECREF(want);
+    Py_DECREF(hook);
+    Py_DECREF(put);
+    return rc;
 }
 
 PyObject *ml_hook_after_new(ml_state *st, PyObject *owner, PyObject *name, PyObject *original,
