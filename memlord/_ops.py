@@ -575,6 +575,7 @@ def _patch_storage_new(on: bool) -> None:
     owner = torch.UntypedStorage
     if on:
         if _new_patch is None:
+            _core._storage_new_slot(owner, False)
             own = owner.__dict__.get("__new__", _NEW_NOT_OWN)
             hook = _core._after_hook(owner, "__new__", owner.__new__, _storage_made)
             owner.__new__ = hook  # type: ignore[method-assign]
@@ -585,6 +586,9 @@ def _patch_storage_new(on: bool) -> None:
         if owner.__dict__.get("__new__") is hook:
             if own is _NEW_NOT_OWN:
                 del owner.__new__
+                # CPython keeps its generic constructor slot after the delete: torch's own
+                # goes back, so storages are made exactly as fast as before the hooks
+                _core._storage_new_slot(owner, True)
             else:
                 owner.__new__ = own  # type: ignore[method-assign]
 
