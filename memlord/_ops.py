@@ -550,6 +550,49 @@ def _wrap_load(owner: Any, original: Any) -> Any:
     return _core._after_hook(owner, "load", original, _after_load)
 
 
+def _storage_made(storage: Any) -> None:
+    """After ``torch.UntypedStorage(...)``: a storage no tensor holds yet, which no factory,
+    operator or dispatch mode sees (``copy.deepcopy`` and ``pickle`` of a tensor, the typed
+    storages make theirs so): counted like a factory's result."""
+    if _state.sources_on:
+        try:
+            _core._storage_made(storage)
+        except Exception:  # noqa: BLE001 - accounting never raises into the caller
+            _report("torch.UntypedStorage")
+
+
+#: what ``UntypedStorage`` held as its own ``__new__`` before memlord's hook (none: torch's
+#: is inherited from StorageBase), and the hook; None while not patched
+_new_patch: tuple[Any, Any] | None = None
+_NEW_NOT_OWN = object()
+
+
+def _patch_storage_new(on: bool) -> None:
+    """``torch.UntypedStorage.__new__``: a C hook calls torch's with the arguments exactly as
+    given, then counts the new storage. Off: put back what the class held as its own (or
+    nothing: torch's is inherited), unless someone put a wrapper over memlord's meanwhile."""
+    global _new_patch
+    owner = torch.UntypedStorage
+    if on:
+        if _new_patch is None:
+            _core._storage_new_slot(owner, False)
+            own = owner.__dict__.get("__new__", _NEW_NOT_OWN)
+            hook = _core._after_hook(owner, "__new__", owner.__new__, _storage_made)
+            owner.__new__ = hook  # type: ignore[method-assign]
+            _new_patch = (own, hook)
+    elif _new_patch is not None:
+        own, hook = _new_patch
+        _new_patch = None
+        if owner.__dict__.get("__new__") is hook:
+            if own is _NEW_NOT_OWN:
+                del owner.__new__
+                # CPython keeps its generic constructor slot after the delete: torch's own
+                # goes back, so storages are made exactly as fast as before the hooks
+                _core._storage_new_slot(owner, True)
+            else:
+                owner.__new__ = own  # type: ignore[method-assign]
+
+
 def _install_sources() -> None:
     from torch.nn.modules import module as torch_module
     from torch.optim import optimizer as torch_optimizer
@@ -572,6 +615,7 @@ def _install_sources() -> None:
             # torch.jit.script finds torch.load (aten::load) by id(): the hook takes its
             # entry while installed, as the C hooks do
             _core._jit_builtin_alias(wrapped, original, True)
+        _patch_storage_new(True)
     except BaseException:
         _uninstall_sources()
         raise
@@ -592,6 +636,7 @@ def _uninstall_sources() -> None:
         if getattr(owner, name, None) is wrapped:
             setattr(owner, name, original)
     _state.load_patches.clear()
+    _patch_storage_new(False)
     _core._optimizer_step(False)
 
 

@@ -555,6 +555,12 @@ static PyMethodDef core_methods[] = {
      "_categorize(objs, category, source, from_mask)\n--\n\n"
      "The category sources: storages tracked become of category; others are counted (source "
      "-1: not)."},
+    {"_storage_new_slot", (PyCFunction)(void (*)(void))ml_ops_storage_new_slot, METH_FASTCALL,
+     "_storage_new_slot(cls, restore)\n--\n\nRemember cls's constructor slot before memlord's "
+     "__new__ hook (restore False); put it back once the hook is off (True)."},
+    {"_storage_made", (PyCFunction)ml_ops_storage_made, METH_O,
+     "_storage_made(storage)\n--\n\ntorch.UntypedStorage(...) made storage (no tensor holds it "
+     "yet): counted and tracked like a factory's result for the lords of the python hooks."},
     {"_storage_resized", (PyCFunction)(void (*)(void))ml_ops_storage_resized, METH_FASTCALL,
      "_storage_resized(storage, nbytes)\n--\n\nUntypedStorage.resize_ ran: a tracked storage "
      "counts its change of size."},

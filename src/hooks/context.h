@@ -12,8 +12,8 @@
  * nn.Parameter, or a factory, op or conversion whose result is a parameter:
  * parameter; a factory, op or conversion inside optimizer.step() on this
  * thread: optimizer_state; in backward (the autograd engine runs a graph
- * task on this thread), outside a tracked module's forward: temporary; else
- * activation.  May call torch
+ * task on this thread), outside a tracked module's forward and outside
+ * torch.utils.checkpoint's recomputation: temporary; else activation.  May call torch
  * (torch._C._current_graph_task_id); never fails. */
 int ml_context_cat(ml_state *st, enum ml_ev_source source, PyObject *tensor);
 /* optimizer.step() of this thread begins (1) or ends (0): its hooks. */

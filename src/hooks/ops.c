@@ -14,6 +14,7 @@
  * OpOverload.__call__ calls (its _op), the bit mask of the returns that are
  * new (no alias annotation in the schema), and flags. */
 #define OP_RESIZE 1 /* resize_, resize_as_, set_: the storage may change size */
+#define OP_SET 32   /* set_: the storage it puts in the tensor existed (not made here) */
 #define OP_OUT 2    /* an out= overload: torch resizes an out tensor that is too small */
 /* Written arguments (in-place, out=: a sparse one may get new component
  * tensors): bit OP_WRITES_SHIFT + i for positional argument i (as torch's
@@ -89,9 +90,10 @@ static long fresh_returns(PyObject *func, int *flags)
         mask = -1;
         goto done;
     }
-    if (strcmp(n, "aten::resize_") == 0 || strcmp(n, "aten::resize_as_") == 0 ||
-        strcmp(n, "aten::set_") == 0) {
+    if (strcmp(n, "aten::resize_") == 0 || strcmp(n, "aten::resize_as_") == 0) {
         *flags |= OP_RESIZE;
+    } else if (strcmp(n, "aten::set_") == 0) {
+        *flags |= OP_RESIZE | OP_SET;
     }
     PyObject *arguments = PyObject_GetAttrString(schema, "arguments");
     PyObject *aseq = arguments != NULL ? PySequence_Fast(arguments, "arguments") : NULL;
@@ -280,6 +282,8 @@ enum {
                           * grown in place); the others as OPS_COUNT */
     OPS_RESIZE_ONLY = 2, /* items[0]'s storage counts its change of size when
                           * tracked; nothing else (UntypedStorage.resize_) */
+    OPS_SET = 3,         /* as OPS_RESIZE, but a storage not tracked yet existed
+                          * before (set_ allocates nothing): found, with no site */
 };
 
 /* Count items (n of them; their keys and tensors held by the caller) for
@@ -308,13 +312,14 @@ static void count_for_ops_lords(ml_state *st, const ml_life_item *items, Py_ssiz
         ml_site none = {0};
         const ml_site *s = lord->track_callsite ? &site : &none;
         int r = 0;
-        Py_ssize_t nresize = how == OPS_COUNT ? 0 : how == OPS_RESIZE ? n : 1;
+        Py_ssize_t nresize = how == OPS_COUNT ? 0 : how == OPS_RESIZE_ONLY ? 1 : n;
         for (Py_ssize_t i = 0; r >= 0 && i < nresize; i++) {
             r = ml_life_resize(lord, items[i].key, items[i].bytes, s);
         }
         if (r >= 0 && how != OPS_RESIZE_ONLY) {
             /* storages tracked already (resized above) add nothing */
-            r = ml_life_count(lord, items, n, 0, s, ML_SRC_OP, NULL);
+            r = how == OPS_SET ? ml_life_count(lord, items, n, 0, &none, ML_SRC_FOUND, NULL)
+                               : ml_life_count(lord, items, n, 0, s, ML_SRC_OP, NULL);
         }
         if (r < 0) {
             ml_write_unraisable((PyObject *)lord);
@@ -384,7 +389,10 @@ static void count_outputs(ml_state *st, PyObject *result, long fresh, int flags)
     }
     /* resize_, set_: a tracked storage that changed size counts the change; one
      * not tracked yet is counted whole */
-    count_for_ops_lords(st, items, n, (flags & OP_RESIZE) ? OPS_RESIZE : OPS_COUNT);
+    count_for_ops_lords(st, items, n,
+                        (flags & OP_SET)      ? OPS_SET
+                        : (flags & OP_RESIZE) ? OPS_RESIZE
+                                              : OPS_COUNT);
     for (Py_ssize_t i = 0; i < n; i++) {
         Py_DECREF(items[i].key);
     }
@@ -1369,6 +1377,108 @@ PyType_Spec ml_ops_mode_base_spec = {
     .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .slots = base_slots,
 };
+
+/* _core._storage_made(storage): torch.UntypedStorage(...) (a typed
+ * storage's too, copy.deepcopy's and pickle's of a tensor) made a storage
+ * with no tensor, which no factory, operator or dispatch mode sees: counted
+ * and tracked like a factory's result for every lord of the python hooks
+ * with lifetime tracking on.  Accounting errors are reported as unraisable. */
+PyObject *ml_ops_storage_made(PyObject *module, PyObject *storage)
+{
+    ml_state *st = PyModule_GetState(module);
+    if (st == NULL || ml_disp.py_lord_refs == NULL) {
+        Py_RETURN_NONE;
+    }
+    ml_life_item item = {0};
+    item.key = Py_NewRef(storage); /* held across everything below */
+    item.cat = ML_LIFE_CAT_CONTEXT;
+    PyObject *dev = PyObject_GetAttrString(storage, "device");
+    PyObject *type = dev != NULL ? PyObject_GetAttrString(dev, "type") : NULL;
+    PyObject *nbytes = type != NULL ? PyObject_CallMethod(storage, "nbytes", NULL) : NULL;
+    PyObject *ptr = nbytes != NULL ? PyObject_CallMethod(storage, "data_ptr", NULL) : NULL;
+    int ok = ptr != NULL && PyUnicode_Check(type) &&
+             PyUnicode_CompareWithASCIIString(type, "meta") != 0 &&
+             ml_dev_from_torch_device(st, dev, &item.dev) == 0;
+    if (ok) {
+        item.bytes = PyLong_AsLongLong(nbytes);
+        item.ptr = (uintptr_t)PyLong_AsVoidPtr(ptr);
+        ok = !PyErr_Occurred() && item.bytes > 0;
+    }
+    Py_XDECREF(ptr);
+    Py_XDECREF(nbytes);
+    Py_XDECREF(type);
+    Py_XDECREF(dev);
+    if (!ok) {
+        /* an unreadable or empty storage: nothing to count */
+        PyErr_Clear();
+        Py_DECREF(item.key);
+        Py_RETURN_NONE;
+    }
+    ml_lords lords;
+    if (ml_lords_acquire(ml_disp.py_lord_refs, &lords) < 0) {
+        ml_write_unraisable(NULL);
+        Py_DECREF(item.key);
+        Py_RETURN_NONE;
+    }
+    ml_site site = {0};
+    int captured = 0;
+    for (Py_ssize_t j = 0; j < lords.n; j++) {
+        ml_book *lord = (ml_book *)lords.v[j];
+        if (!ml_life_active(lord)) {
+            continue;
+        }
+        if (lord->track_callsite && !captured) {
+            ml_site_capture(st, &site);
+            captured = 1;
+        }
+        ml_site none = {0};
+        if (ml_life_count(lord, &item, 1, 0, lord->track_callsite ? &site : &none, ML_SRC_FACTORY,
+                          NULL) < 0) {
+            ml_write_unraisable((PyObject *)lord);
+        }
+    }
+    ml_site_clear(&site);
+    ml_lords_release(&lords);
+    Py_DECREF(item.key);
+    ml_safe_point();
+    Py_RETURN_NONE;
+}
+
+/* torch.UntypedStorage's own tp_new (torch's C constructor, inherited), saved
+ * before memlord's __new__ hook made it CPython's generic slot */
+static newfunc storage_tp_new;
+static const PyTypeObject *storage_tp_new_of; /* compared only */
+
+/* _core._storage_new_slot(cls, restore): before the hook goes on (restore
+ * False), remember cls's tp_new; after it came off (True), and cls has no
+ * __new__ of its own again, put that tp_new back.  Deleting the hook leaves
+ * CPython's generic slot in place (it keeps whatever tp_new the type has
+ * when the inherited __new__ is torch's builtin), which looks __new__ up on
+ * every construction: 50 ns more per storage than bare, for good. */
+PyObject *ml_ops_storage_new_slot(PyObject *Py_UNUSED(module), PyObject *const *args,
+                                  Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyType_Check(args[0]) || !PyBool_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "_storage_new_slot(cls, restore): cls a type, restore a bool");
+        return NULL;
+    }
+    PyTypeObject *cls = (PyTypeObject *)args[0];
+    if (args[1] == Py_False) {
+        if (storage_tp_new == NULL) {
+            storage_tp_new = cls->tp_new;
+            storage_tp_new_of = cls;
+        }
+        Py_RETURN_NONE;
+    }
+    /* a borrowed entry, only tested for presence */
+    const PyObject *own = PyDict_GetItemString(cls->tp_dict, "__new__");
+    if (own == NULL && storage_tp_new != NULL && storage_tp_new_of == cls) {
+        cls->tp_new = storage_tp_new;
+        PyType_Modified(cls);
+    }
+    Py_RETURN_NONE;
+}
 
 /* _core._storage_resized(storage, nbytes): torch.UntypedStorage.resize_ ran
  * (it is no aten operator: the mode never sees it; FSDP2 frees and

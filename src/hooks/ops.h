@@ -42,6 +42,12 @@ extern PyType_Spec ml_ops_mode_base_spec;
  * category is one of from_mask); a storage it does not track is counted
  * and tracked with source (an event source code), unless source is -1. */
 PyObject *ml_ops_categorize(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* _core._storage_made(storage): torch.UntypedStorage(...) made a storage
+ * (no tensor holds it yet): counted and tracked like a factory's result. */
+PyObject *ml_ops_storage_made(PyObject *module, PyObject *storage);
+/* _core._storage_new_slot(cls, restore): remember cls's tp_new before the
+ * __new__ hook goes on; put it back once the hook is off. */
+PyObject *ml_ops_storage_new_slot(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* _core._storage_resized(storage, nbytes): UntypedStorage.resize_ ran; a
  * tracked storage counts its change of size (memlord/_ops.py patches it
  * while the ops group is installed). */

@@ -232,6 +232,69 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
     return 0;
 }
 
+/* owner.name = the hook of the patch made last, where owner.name is that
+ * patch's original too (torch.random.get_rng_state is torch.get_rng_state):
+ * both names keep naming one object, as bare.  Nothing done where the
+ * attribute is something else or missing. */
+static int patch_alias(PyObject *owner, const char *name)
+{
+    if (ml_disp.npatches == 0 || ml_disp.npatches == ML_MAX_PATCHES || PyType_Check(owner)) {
+        return 0;
+    }
+    /* strong references to the last patch's objects before anything that may
+     * allocate or run Python (the registry may change meanwhile) */
+    const ml_patch *last = &ml_disp.patches[ml_disp.npatches - 1];
+    PyObject *want = Py_NewRef(last->original);
+    PyObject *hook = Py_NewRef(last->hook);
+    PyObject *put = Py_NewRef(last->put);
+    PyObject *pname = PyUnicode_InternFromString(name);
+    PyObject *original = pname != NULL ? PyObject_GetAttr(owner, pname) : NULL;
+    int rc = 0;
+    if (original == NULL) {
+        if (pname != NULL && PyErr_ExceptionMatches(PyExc_AttributeError)) {
+            PyErr_Clear(); /* not in this torch */
+        } else {
+            rc = -1;
+        }
+        goto done;
+    }
+    if (original != want) {
+        goto done; /* another function there: nothing to alias */
+    }
+    if (PyObject_SetAttr(owner, pname, put) < 0) {
+        rc = -1;
+        goto done;
+    }
+    if (ml_disp.npatches == ML_MAX_PATCHES) { /* filled while Python ran */
+        if (PyObject_SetAttr(owner, pname, original) < 0) {
+            PyErr_Clear();
+        }
+        PyErr_SetString(PyExc_RuntimeError, "memlord: too many patches");
+        rc = -1;
+        goto done;
+    }
+    ml_patch *p = &ml_disp.patches[ml_disp.npatches++];
+    p->owner = Py_NewRef(owner);
+    p->name = pname;
+    p->own = Py_NewRef(original);
+    p->original = original;
+    p->hook = hook;
+    p->put = put;
+    p->alias_type = NULL;
+    p->alias_own = NULL;
+    p->alias_put = NULL;
+    p->group = installing_group;
+    Py_DECREF(want);
+    return 0;
+done:
+    Py_XDECREF(original);
+    Py_XDECREF(pname);
+    Py_DECREF(want);
+    Py_DECREF(hook);
+    Py_DECREF(put);
+    return rc;
+}
+
 PyObject *ml_hook_after_new(ml_state *st, PyObject *owner, PyObject *name, PyObject *original,
                             PyObject *after)
 {
@@ -425,8 +488,8 @@ void ml_uninstall_torch(void)
 }
 
 /* The factories of hook_into_python (torch.<name>, torch.as_tensor of
- * Python data), Tensor.clone, Tensor.new_tensor (always a copy) and
- * nn.Parameter.__new__. */
+ * Python data, torch.get_rng_state), Tensor.clone, Tensor.new_tensor (always
+ * a copy), Tensor.new_empty and its kin, and nn.Parameter.__new__. */
 int ml_install_py(PyObject *module)
 {
     static const char *const factories[] = {
@@ -461,6 +524,36 @@ int ml_install_py(PyObject *module)
         Py_DECREF(torch);
         goto fail;
     }
+    /* the generators' states: a tensor made in C++ that no dispatch mode sees
+     * (torch.utils.checkpoint and fork_rng call torch.get_rng_state, and
+     * torch.cuda's for each device).  Generator.get_state itself belongs to
+     * an immutable C type and stays as it is. */
+    static const char *const rng_owners[] = {"torch.random", "torch.cuda", "torch.cuda.random"};
+    if (patch_one(st, torch, "get_rng_state", HK_FACTORY) < 0) {
+        Py_DECREF(torch);
+        goto fail;
+    }
+    for (size_t i = 0; i < sizeof(rng_owners) / sizeof(rng_owners[0]); i++) {
+        /* only a module torch has imported (it imports all three) */
+        PyObject *mname = PyUnicode_FromString(rng_owners[i]);
+        PyObject *owner = mname != NULL ? PyImport_GetModule(mname) : NULL;
+        Py_XDECREF(mname);
+        if (owner == NULL) {
+            if (PyErr_Occurred()) {
+                Py_DECREF(torch);
+                goto fail;
+            }
+            continue;
+        }
+        /* torch.random's is torch's; torch.cuda.random's is torch.cuda's */
+        int rc = i == 1 ? patch_one(st, owner, "get_rng_state", HK_FACTORY)
+                        : patch_alias(owner, "get_rng_state");
+        Py_DECREF(owner);
+        if (rc < 0) {
+            Py_DECREF(torch);
+            goto fail;
+        }
+    }
     Py_DECREF(torch);
     /* the allocations of the code inductor generates (torch.compile): its buffers
      * come from these, not from an operator, so no dispatch mode sees them; the
@@ -480,9 +573,15 @@ int ml_install_py(PyObject *module)
         }
         Py_DECREF(guards);
     }
-    if (patch_one(st, st->tensor_type, "clone", HK_FACTORY_LIKE) < 0 ||
-        patch_one(st, st->tensor_type, "new_tensor", HK_FACTORY_LIKE) < 0 ||
-        patch_one(st, st->parameter_type, "__new__", HK_PARAM) < 0) {
+    /* Tensor.new_*: factories taking the tensor's dtype and device */
+    static const char *const news[] = {"clone",    "new_tensor", "new_empty",        "new_zeros",
+                                       "new_ones", "new_full",   "new_empty_strided"};
+    for (size_t i = 0; i < sizeof(news) / sizeof(news[0]); i++) {
+        if (patch_one(st, st->tensor_type, news[i], HK_FACTORY_LIKE) < 0) {
+            goto fail;
+        }
+    }
+    if (patch_one(st, st->parameter_type, "__new__", HK_PARAM) < 0) {
         goto fail;
     }
     return 0;
