@@ -10,7 +10,7 @@ peak.  ``device_traces`` comes from the events: ``alloc``, ``free`` (as
 ``free_requested`` + ``free_completed``), ``free_requested``, ``free_completed`` and
 ``oom``.  Device indices: ``cuda:N`` is index N (as in torch); other devices (cpu, ...)
 follow the highest cuda index, in order; ``memlord_devices`` lists the name of each
-index.
+index at its position (None at an index no device has).
 """
 
 from __future__ import annotations
@@ -63,6 +63,16 @@ def device_indices(devices: list[str]) -> dict[str, int]:
         if d not in out:
             top += 1
             out[d] = top
+    return out
+
+
+def device_names(index: dict[str, int]) -> list[str | None]:
+    """``memlord_devices``: the name of each device index, at its position (that of its
+    ``device_traces`` entry); None at an index no device has (``cuda:0`` where only
+    ``cuda:1`` held memory)."""
+    out: list[str | None] = [None] * (max(index.values(), default=-1) + 1)
+    for d, i in index.items():
+        out[i] = d
     return out
 
 
@@ -297,7 +307,7 @@ def to_snapshot(doc: Profile, progress: Progress = no_progress) -> dict[str, Any
             "backend": "memlord (synthetic segments: one per device)",
             "expandable_segments": False,
         },
-        "memlord_devices": [d for d, _ in sorted(index.items(), key=lambda kv: kv[1])],
+        "memlord_devices": device_names(index),
     }
 
 

@@ -743,6 +743,7 @@ def synthetic_snapshot(
         SEGMENT_STRIDE,
         _frames,
         device_indices,
+        device_names,
         live_at_end,
         remap_traces,
         segment,
@@ -782,8 +783,8 @@ def synthetic_snapshot(
     layout: dict[str, tuple[int, int]] = {}
     blocks_of: dict[str, list[dict[str, Any]]] = {}
     block_at: dict[int, int] = {}  # a ring allocation's alloc event -> its block's address
-    # in the order of the devices' indices: segments[i] is memlord_devices[i]'s (CUDA
-    # devices first, at their own index; a GPU host's post-mortem lists every one)
+    # in the order of the devices' indices (CUDA devices first, at their own index; a GPU
+    # host's post-mortem lists every one, so segments[i] is memlord_devices[i]'s there)
     for dev in sorted(devices, key=index.__getitem__):
         entries = by_dev.get(dev, [])
         alive = dict(ring_live.get(dev, {}))
@@ -910,7 +911,7 @@ def synthetic_snapshot(
             "backend": "memlord (synthetic segments: one per device, a block per live storage)",
             "expandable_segments": False,
         },
-        "memlord_devices": [d for d, _ in sorted(index.items(), key=lambda kv: kv[1])],
+        "memlord_devices": device_names(index),
     }
 
 

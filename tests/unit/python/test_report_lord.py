@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.cuda._memory_viz as memory_viz
+from conftest import fake_cuda
 from support.ledger import storage_bytes, torch_memory
 from support.lord_work import Work
 from support.memory_viz import page_live_bytes, trace_live_allocations
@@ -327,3 +328,39 @@ def test_pickle_pairs_every_allocation_of_a_training_step_with_its_free(tmp_path
     assert sorted(e["size"] for e in still) == sorted(t.untyped_storage().nbytes() for t in live)
     assert page_live_bytes(snap, cpu) == storage_bytes(*live)
     del model, live
+
+
+def test_pickle_names_each_device_index_at_its_position(tmp_path):
+    """A CUDA tensor on cuda:1 alive at the export (no cuda:0) put the profile's devices at
+    indices 1 (cuda:1) and 2 (cpu), while ``memlord_devices`` listed them without the gap
+    (``["cuda:1", "cpu"]``): ``device_traces[memlord_devices.index("cpu")]`` read cuda:0's
+    empty trace, and torch's memory_viz read no CPU memory at all.  The reference is the
+    events themselves, read through torch's memory_viz: the CPU trace's allocations net to
+    the ledger's bytes."""
+    keep = fake_cuda(7, 1)  # a live tensor on cuda:1, found by the export's scan
+    lord = MemLord()
+    lord.record_events(1 << 16)
+    with lord.hook_into_python(ops=True):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(64, 256)
+        model(torch.randn(32, 64)).sum().backward()
+    gc.collect()
+    path = tmp_path / "m.pickle"
+    lord.export(path)
+    snap = pickle.loads(path.read_bytes())
+    names = snap["memlord_devices"]
+    assert len(names) == len(snap["device_traces"])
+    for seg in snap["segments"]:
+        assert names[seg["device"]] == seg["memlord_device"]
+    cpu = names.index("cpu")
+    level = sum(
+        {"alloc": e["size"], "free_completed": -e["size"]}.get(e["action"], 0)
+        for e in snap["device_traces"][cpu]
+    )
+    assert (
+        level
+        == lord.allocated("cpu")[0]
+        == storage_bytes(*model.parameters(), *(p.grad for p in model.parameters()))
+    )
+    assert names[0] is None  # no cuda:0
+    del keep
