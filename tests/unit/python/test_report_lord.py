@@ -362,5 +362,6 @@ def test_pickle_names_each_device_index_at_its_position(tmp_path):
         == lord.allocated("cpu")[0]
         == storage_bytes(*model.parameters(), *(p.grad for p in model.parameters()))
     )
-    assert names[1] == "cuda:1"  # cuda:N at index N (cuda:0 None, unless another
-    del keep  # test left a cuda:0 tensor alive in this process)
+    # cuda:N at index N (cuda:0 is None, unless another test left a cuda:0 tensor alive)
+    assert names[1] == "cuda:1"
+    del keep
