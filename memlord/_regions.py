@@ -82,11 +82,16 @@ class _Aggregate:
     one (what ``lord.export()`` draws as slices)."""
 
     def __init__(self, history: int = 0) -> None:
-        # Re-entrant: a finalizer run by the cyclic GC in the middle of a fold may close
-        # a region, and a region's exit may ask for a fold; that nested fold returns at
-        # once (the items wait for the next one), so a drain is never interleaved.
+        # Re-entrant: a finalizer run by the cyclic GC (or a signal handler) in the
+        # middle of a fold may close a region, and a region's exit may ask for a fold;
+        # that nested fold returns at once (the items wait for the next one), so a drain
+        # is never interleaved. A fold builds the new aggregate aside and publishes it
+        # with one assignment: a nested read sees the last complete fold, and an
+        # exception in the middle (KeyboardInterrupt) puts the items back, unfolded.
         self._lock = threading.RLock()
         self._folding = False
+        self._gen = 0  # bumped by every clear: a fold that saw one folds again
+        self._inflight: list[_Closed] = []  # the items a fold is taking in
         # name -> [count, total ns, {device: [total, max, max peak, {category: [...]}]}]
         self._by_name: dict[str, list[Any]] = {}
         self._history: deque[_Closed] | None = deque(maxlen=history) if history > 0 else None
@@ -103,16 +108,48 @@ class _Aggregate:
                 self._folding = False
 
     def _fold_locked(self, done: list[_Closed]) -> None:
-        by_name = self._by_name
         items = _drain(done)
+        if not items:
+            return
+        self._inflight = items
+        try:
+            while True:
+                gen = self._gen
+                by_name = self._folded(self._by_name, items)
+                if gen == self._gen:  # no clear meanwhile: publish
+                    break
+        except BaseException:
+            done[:0] = items  # unfolded: the next fold takes them in
+            raise
+        finally:
+            self._inflight = []
+        self._by_name = by_name
         if self._history is not None:
             self._history.extend(items)
         self._seen += len(items)
+
+    @staticmethod
+    def _folded(base: dict[str, list[Any]], items: list[_Closed]) -> dict[str, list[Any]]:
+        """base with items folded in, as a new dict: base and the lists it holds are
+        left as they are (those of the names items touch are copied first)."""
+        by_name = dict(base)
+        copied: set[str] = set()
         for name, raw in items:
             duration_ns, rows = raw[0], raw[1]
             agg = by_name.get(name)
             if agg is None:
                 agg = by_name[name] = [0, 0, {}]  # count, total ns, devices
+                copied.add(name)
+            elif name not in copied:
+                agg = by_name[name] = [
+                    agg[0],
+                    agg[1],
+                    {
+                        dev: [d[0], d[1], d[2], {ix: list(c) for ix, c in d[3].items()}]
+                        for dev, d in agg[2].items()
+                    },
+                ]
+                copied.add(name)
             agg[0] += 1
             agg[1] += duration_ns
             devices = agg[2]
@@ -138,6 +175,7 @@ class _Aggregate:
                             c[1] = cnet
                         if cpeak > c[2]:
                             c[2] = cpeak
+        return by_name
 
     def history(self, done: list[_Closed]) -> tuple[list[_Closed], int]:
         """The kept closed regions, oldest first, as ``(name, raw)``, and how many
@@ -145,8 +183,8 @@ class _Aggregate:
         with self._lock:
             if self._folding:
                 # asked from a finalizer or a signal handler in the middle of a fold: the
-                # kept items and those still waiting, without draining
-                waiting = list(done)
+                # kept items, those being folded and those still waiting, without draining
+                waiting = list(self._inflight) + list(done)
                 kept = list(self._history or ())
                 return kept + waiting, self._seen + len(waiting)
             self._folding = True
@@ -158,11 +196,13 @@ class _Aggregate:
 
     def result(self, done: list[_Closed], clear: bool) -> dict[str, dict[str, Any]]:
         with self._lock:
-            if self._folding:  # asked from a finalizer in the middle of a fold
-                raise RuntimeError("memlord: regions() called while regions are being folded")
+            # asked from a finalizer or a signal handler in the middle of a fold: the
+            # last complete fold (the items being folded count from the next call)
+            nested = self._folding
             self._folding = True
             try:
-                self._fold_locked(done)
+                if not nested:
+                    self._fold_locked(done)
                 out = {}
                 for name, (count, total_ns, devs) in self._by_name.items():
                     devices = {
@@ -187,13 +227,14 @@ class _Aggregate:
                     }
                     out[name] = {"count": count, "total_s": total_ns / 1e9, "devices": devices}
                 if clear:
+                    self._gen += 1
                     self._by_name = {}
                     if self._history is not None:
                         self._history = deque(maxlen=self._history.maxlen)
                     self._seen = 0
                 return out
             finally:
-                self._folding = False
+                self._folding = nested
 
 
 def _decorate(region: Region, fn: Callable[..., Any]) -> Callable[..., Any]:
