@@ -447,7 +447,8 @@ class _TaskCalls(list[_BackwardCall]):
 #: graph task id -> its calls; the strong reference is the callback queued on the task
 #: (dropped with the task, also when its backward raises)
 _TASKS: weakref.WeakValueDictionary[int, _TaskCalls] = weakref.WeakValueDictionary()
-_TASKS_LOCK = threading.Lock()
+# re-entrant: a finalizer that a collection runs meanwhile may end a backward's calls
+_TASKS_LOCK = threading.RLock()
 
 
 def _finish_calls(calls: _TaskCalls) -> None:
@@ -714,7 +715,9 @@ class ModuleSpans:
         # every thread's stack (a thread's is dropped with the thread, and the spans in
         # it with it): disable() closes the spans of all of them
         self._stacks: weakref.WeakSet[_Stack] = weakref.WeakSet()
-        self._stacks_lock = threading.Lock()
+        # re-entrant: a finalizer or signal handler run while this thread registers its
+        # stack (an allocation, so a collection) may disable() the tracker
+        self._stacks_lock = threading.RLock()
         self._handles: list[Any] = []
         # Global hooks in both cases, never hooks on the model's modules: a hook a module
         # holds goes with it into pickle.dumps(model) and torch.save(model) (memlord's
