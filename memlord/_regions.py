@@ -857,6 +857,10 @@ class ModuleSpans:
         again = _core._module_forward(True)
         # more_after: the keyword inputs were not seen, the hook after the call adds them
         stack.append((id(module), token, nodes, more_after, again))
+        if not self.enabled:
+            # disable()d meanwhile (on another thread, in a finalizer), maybe before the
+            # span was on the stack: the hook that would close it is gone
+            self._close_stack(stack)
 
     def _exit(self, module: Any, name: str, output: Any, more_inputs: Any) -> None:
         stack = self._stack()
@@ -885,6 +889,8 @@ class ModuleSpans:
         stack = self._stack()
         entry: _Span = (None, token, None, False, False)
         stack.append(entry)
+        if not self.enabled:  # disable()d meanwhile: as in _enter
+            self._close_stack(stack)
         return stack, entry
 
     def _close_backward(self, handle: tuple[_Stack, _Span]) -> None:
@@ -931,12 +937,15 @@ class ModuleSpans:
         with self._stacks_lock:
             stacks = list(self._stacks)
         for stack in stacks:
-            while True:
-                try:  # the owning thread may pop at the same time
-                    token = stack.pop()[1]
-                except IndexError:
-                    break
-                self._close_span(token)
+            self._close_stack(stack)
+
+    def _close_stack(self, stack: _Stack) -> None:
+        while True:
+            try:  # the owning thread may pop at the same time
+                token = stack.pop()[1]
+            except IndexError:
+                break
+            self._close_span(token)
 
 
 class ModuleTracker(ModuleSpans):

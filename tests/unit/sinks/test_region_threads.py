@@ -210,3 +210,42 @@ def test_disable_from_the_same_thread_still_closes_its_regions(backward: bool) -
     lord.record_events(10)
     lord.allocate(torch.empty(8, dtype=torch.uint8))
     assert lord.decode_events(lord.events())[-1]["region"] == ""
+
+
+def test_disable_while_a_forward_enters_leaves_no_region_open() -> None:
+    """disable() on another thread (or in a finalizer) between a forward's entry hook and
+    its span going on the thread's stack: the span it opens is closed at once, so the
+    thread's later work is in no region of the tracker's. A trace function stands in for
+    the other thread, at the line where the GIL can pass to it."""
+    import inspect
+
+    from memlord._regions import ModuleSpans
+
+    lord = MemLord()
+    lord.record_events(64)
+    model = nn.Linear(4, 4)
+    tracker = lord.track_modules(model)
+    lines, start = inspect.getsourcelines(ModuleSpans._enter)
+    line = start + next(i for i, text in enumerate(lines) if "stack.append(" in text)
+    code = ModuleSpans._enter.__code__
+    fired: list[bool] = []
+
+    def local(frame, event, arg):
+        if event == "line" and frame.f_lineno == line and not fired:
+            fired.append(True)
+            tracker.disable()
+        return local
+
+    sys.settrace(lambda frame, event, arg: local if frame.f_code is code else None)
+    try:
+        model(torch.randn(2, 4))
+    finally:
+        sys.settrace(None)
+    assert fired == [True]
+    assert tracker.regions()["Linear"]["count"] == 1
+    lord.events(clear=True)
+    t = torch.empty(16, dtype=torch.uint8)
+    lord.allocate(t)
+    ev = lord.events()
+    assert len(ev) == 1
+    assert lord.event_region(int(ev["region"][0])) == ""
