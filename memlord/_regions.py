@@ -82,11 +82,16 @@ class _Aggregate:
     one (what ``lord.export()`` draws as slices)."""
 
     def __init__(self, history: int = 0) -> None:
-        # Re-entrant: a finalizer run by the cyclic GC in the middle of a fold may close
-        # a region, and a region's exit may ask for a fold; that nested fold returns at
-        # once (the items wait for the next one), so a drain is never interleaved.
+        # Re-entrant: a finalizer run by the cyclic GC (or a signal handler) in the
+        # middle of a fold may close a region, and a region's exit may ask for a fold;
+        # that nested fold returns at once (the items wait for the next one), so a drain
+        # is never interleaved. A fold builds the new aggregate aside and publishes it
+        # with one assignment: a nested read sees the last complete fold, and an
+        # exception in the middle (KeyboardInterrupt) puts the items back, unfolded.
         self._lock = threading.RLock()
         self._folding = False
+        self._gen = 0  # bumped by every clear: a fold that saw one folds again
+        self._inflight: list[_Closed] = []  # the items a fold is taking in
         # name -> [count, total ns, {device: [total, max, max peak, {category: [...]}]}]
         self._by_name: dict[str, list[Any]] = {}
         self._history: deque[_Closed] | None = deque(maxlen=history) if history > 0 else None
@@ -103,16 +108,48 @@ class _Aggregate:
                 self._folding = False
 
     def _fold_locked(self, done: list[_Closed]) -> None:
-        by_name = self._by_name
         items = _drain(done)
+        if not items:
+            return
+        self._inflight = items
+        try:
+            while True:
+                gen = self._gen
+                by_name = self._folded(self._by_name, items)
+                if gen == self._gen:  # no clear meanwhile: publish
+                    break
+        except BaseException:
+            done[:0] = items  # unfolded: the next fold takes them in
+            raise
+        finally:
+            self._inflight = []
+        self._by_name = by_name
         if self._history is not None:
             self._history.extend(items)
         self._seen += len(items)
+
+    @staticmethod
+    def _folded(base: dict[str, list[Any]], items: list[_Closed]) -> dict[str, list[Any]]:
+        """base with items folded in, as a new dict: base and the lists it holds are
+        left as they are (those of the names items touch are copied first)."""
+        by_name = dict(base)
+        copied: set[str] = set()
         for name, raw in items:
             duration_ns, rows = raw[0], raw[1]
             agg = by_name.get(name)
             if agg is None:
                 agg = by_name[name] = [0, 0, {}]  # count, total ns, devices
+                copied.add(name)
+            elif name not in copied:
+                agg = by_name[name] = [
+                    agg[0],
+                    agg[1],
+                    {
+                        dev: [d[0], d[1], d[2], {ix: list(c) for ix, c in d[3].items()}]
+                        for dev, d in agg[2].items()
+                    },
+                ]
+                copied.add(name)
             agg[0] += 1
             agg[1] += duration_ns
             devices = agg[2]
@@ -138,6 +175,7 @@ class _Aggregate:
                             c[1] = cnet
                         if cpeak > c[2]:
                             c[2] = cpeak
+        return by_name
 
     def history(self, done: list[_Closed]) -> tuple[list[_Closed], int]:
         """The kept closed regions, oldest first, as ``(name, raw)``, and how many
@@ -145,8 +183,8 @@ class _Aggregate:
         with self._lock:
             if self._folding:
                 # asked from a finalizer or a signal handler in the middle of a fold: the
-                # kept items and those still waiting, without draining
-                waiting = list(done)
+                # kept items, those being folded and those still waiting, without draining
+                waiting = list(self._inflight) + list(done)
                 kept = list(self._history or ())
                 return kept + waiting, self._seen + len(waiting)
             self._folding = True
@@ -158,11 +196,13 @@ class _Aggregate:
 
     def result(self, done: list[_Closed], clear: bool) -> dict[str, dict[str, Any]]:
         with self._lock:
-            if self._folding:  # asked from a finalizer in the middle of a fold
-                raise RuntimeError("memlord: regions() called while regions are being folded")
+            # asked from a finalizer or a signal handler in the middle of a fold: the
+            # last complete fold (the items being folded count from the next call)
+            nested = self._folding
             self._folding = True
             try:
-                self._fold_locked(done)
+                if not nested:
+                    self._fold_locked(done)
                 out = {}
                 for name, (count, total_ns, devs) in self._by_name.items():
                     devices = {
@@ -187,13 +227,14 @@ class _Aggregate:
                     }
                     out[name] = {"count": count, "total_s": total_ns / 1e9, "devices": devices}
                 if clear:
+                    self._gen += 1
                     self._by_name = {}
                     if self._history is not None:
                         self._history = deque(maxlen=self._history.maxlen)
                     self._seen = 0
                 return out
             finally:
-                self._folding = False
+                self._folding = nested
 
 
 def _decorate(region: Region, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -406,7 +447,8 @@ class _TaskCalls(list[_BackwardCall]):
 #: graph task id -> its calls; the strong reference is the callback queued on the task
 #: (dropped with the task, also when its backward raises)
 _TASKS: weakref.WeakValueDictionary[int, _TaskCalls] = weakref.WeakValueDictionary()
-_TASKS_LOCK = threading.Lock()
+# re-entrant: a finalizer that a collection runs meanwhile may end a backward's calls
+_TASKS_LOCK = threading.RLock()
 
 
 def _finish_calls(calls: _TaskCalls) -> None:
@@ -673,7 +715,9 @@ class ModuleSpans:
         # every thread's stack (a thread's is dropped with the thread, and the spans in
         # it with it): disable() closes the spans of all of them
         self._stacks: weakref.WeakSet[_Stack] = weakref.WeakSet()
-        self._stacks_lock = threading.Lock()
+        # re-entrant: a finalizer or signal handler run while this thread registers its
+        # stack (an allocation, so a collection) may disable() the tracker
+        self._stacks_lock = threading.RLock()
         self._handles: list[Any] = []
         # Global hooks in both cases, never hooks on the model's modules: a hook a module
         # holds goes with it into pickle.dumps(model) and torch.save(model) (memlord's
@@ -813,6 +857,10 @@ class ModuleSpans:
         again = _core._module_forward(True)
         # more_after: the keyword inputs were not seen, the hook after the call adds them
         stack.append((id(module), token, nodes, more_after, again))
+        if not self.enabled:
+            # disable()d meanwhile (on another thread, in a finalizer), maybe before the
+            # span was on the stack: the hook that would close it is gone
+            self._close_stack(stack)
 
     def _exit(self, module: Any, name: str, output: Any, more_inputs: Any) -> None:
         stack = self._stack()
@@ -841,6 +889,8 @@ class ModuleSpans:
         stack = self._stack()
         entry: _Span = (None, token, None, False, False)
         stack.append(entry)
+        if not self.enabled:  # disable()d meanwhile: as in _enter
+            self._close_stack(stack)
         return stack, entry
 
     def _close_backward(self, handle: tuple[_Stack, _Span]) -> None:
@@ -887,12 +937,15 @@ class ModuleSpans:
         with self._stacks_lock:
             stacks = list(self._stacks)
         for stack in stacks:
-            while True:
-                try:  # the owning thread may pop at the same time
-                    token = stack.pop()[1]
-                except IndexError:
-                    break
-                self._close_span(token)
+            self._close_stack(stack)
+
+    def _close_stack(self, stack: _Stack) -> None:
+        while True:
+            try:  # the owning thread may pop at the same time
+                token = stack.pop()[1]
+            except IndexError:
+                break
+            self._close_span(token)
 
 
 class ModuleTracker(ModuleSpans):

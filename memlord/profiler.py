@@ -720,7 +720,8 @@ class MemoryTracker:
 # ---- the module-level API (the memory profiler's) ------------------------------------------
 
 _tracker: MemoryTracker | None = None
-_tracker_lock = threading.Lock()
+# re-entrant: a finalizer run while the disabled tracker is made may ask for it
+_tracker_lock = threading.RLock()
 
 
 def initialize_memory_tracker(
@@ -747,7 +748,9 @@ def get_memory_tracker() -> MemoryTracker:
     global _tracker
     with _tracker_lock:
         if _tracker is None:
-            _tracker = MemoryTracker(enabled=False)
+            disabled = MemoryTracker(enabled=False)
+            if _tracker is None:  # a finalizer meanwhile may have made one
+                _tracker = disabled
         return _tracker
 
 

@@ -85,13 +85,16 @@ static PyObject *record_object(MemLordObject *self, PyObject *obj, int is_free)
      * track yet; free credits each storage once and stops tracking it. */
     int track = !is_free && ml_life_active(&self->book);
     int untrack = is_free && self->book.registry != NULL;
+    /* tracking off (disable()d) with storages still tracked: those credit
+     * their bytes when they die, so allocate counts them no second time */
+    int skip_tracked = !is_free && !track && self->book.registry != NULL;
     ml_walk w;
     ml_deltas ds;
     ml_site site = {0};
     PyObject *result = NULL;
     ml_walk_init(&w);
     deltas_init(&ds);
-    w.collect_keys = track || untrack;
+    w.collect_keys = track || untrack || skip_tracked;
     if (ml_walk_object(st, &w, obj, what) < 0) {
         goto done;
     }
@@ -110,6 +113,9 @@ static PyObject *record_object(MemLordObject *self, PyObject *obj, int is_free)
     int64_t now = untrack ? ml_now_ns() : 0;
     int apart = ml_book_records_addresses(&self->book);
     for (Py_ssize_t i = 0; i < w.n; i++) {
+        if (skip_tracked && ml_life_tracks(&self->book, w.keys[i])) {
+            continue;
+        }
         /* a tracked storage's free carries its lifetime (no Python runs) */
         int64_t born = untrack ? ml_life_born_ns(&self->book, w.keys[i]) : 0;
         int64_t life = born > 0 && now > born ? now - born : 0;

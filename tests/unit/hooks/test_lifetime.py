@@ -900,6 +900,25 @@ def test_allocate_after_disable_does_not_register(lord):
     del keep
 
 
+def test_allocate_after_disable_of_a_storage_still_tracked_adds_nothing(lord):
+    """A storage tracked before disable() still credits its bytes when it dies, so an
+    allocate() of it after disable() (a thread allocating while another turns the hooks
+    off) adds nothing: the ledger equals the live storage, and after free() and its death
+    nothing is left."""
+    h = lord.hook_into_python()
+    t = torch.empty(64)
+    h.disable()
+    lord.allocate([t, t[1:]])
+    assert cpu(lord, "allocated") == storage_bytes(t) == 256
+    assert cpu(lord, "allocs") == 1
+    lord.free(t)
+    assert cpu(lord, "allocated") == 0
+    del t
+    gc.collect()
+    assert cpu(lord, "allocated") == 0
+    assert cpu(lord, "freed") == 256
+
+
 def test_enable_after_disable_gives_a_new_handle(lord, hooks):
     h1 = lord.hook_into_python()
     h1.disable()

@@ -4,6 +4,7 @@ regions the tracker left open on every thread, not only its own (repros r28, r29
 
 from __future__ import annotations
 
+import gc
 import os
 import queue
 import sys
@@ -12,6 +13,7 @@ import time
 
 import pytest
 import torch
+from support.ledger import storage_bytes
 from torch import nn
 
 from memlord import MemLord
@@ -210,3 +212,103 @@ def test_disable_from_the_same_thread_still_closes_its_regions(backward: bool) -
     lord.record_events(10)
     lord.allocate(torch.empty(8, dtype=torch.uint8))
     assert lord.decode_events(lord.events())[-1]["region"] == ""
+
+
+def test_disable_while_a_forward_enters_leaves_no_region_open() -> None:
+    """disable() on another thread (or in a finalizer) between a forward's entry hook and
+    its span going on the thread's stack: the span it opens is closed at once, so the
+    thread's later work is in no region of the tracker's. A trace function stands in for
+    the other thread, at the line where the GIL can pass to it."""
+    import inspect
+
+    from memlord._regions import ModuleSpans
+
+    lord = MemLord()
+    lord.record_events(64)
+    model = nn.Linear(4, 4)
+    tracker = lord.track_modules(model)
+    lines, start = inspect.getsourcelines(ModuleSpans._enter)
+    line = start + next(i for i, text in enumerate(lines) if "stack.append(" in text)
+    code = ModuleSpans._enter.__code__
+    fired: list[bool] = []
+
+    def local(frame, event, arg):
+        if event == "line" and frame.f_lineno == line and not fired:
+            fired.append(True)
+            tracker.disable()
+        return local
+
+    sys.settrace(lambda frame, event, arg: local if frame.f_code is code else None)
+    try:
+        model(torch.randn(2, 4))
+    finally:
+        sys.settrace(None)
+    assert fired == [True]
+    assert tracker.regions()["Linear"]["count"] == 1
+    lord.events(clear=True)
+    t = torch.empty(16, dtype=torch.uint8)
+    lord.allocate(t)
+    ev = lord.events()
+    assert len(ev) == 1
+    assert lord.event_region(int(ev["region"][0])) == ""
+
+
+def _pool_run(workers: int, calls: int = 48) -> tuple[dict, int, int]:
+    """track_modules' figures for `calls` forward+backward calls of one model mapped by
+    a thread pool of `workers` threads, the lord's CPU ledger after, and the bytes of the
+    live storages it should hold (the parameters and the kept outputs), from torch."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    torch.manual_seed(0)
+    lord = MemLord()
+    hp = lord.hook_into_python(ops=True)
+    ht = lord.hook_into_torch()
+    try:
+        model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+        tracker = lord.track_modules(model)
+
+        def call(_i: int) -> torch.Tensor:
+            x = torch.randn(8, 16, requires_grad=True)
+            out = model(x)
+            out.sum().backward()
+            return out.detach().clone()
+
+        # the parameters' .grad made first, here: which of two concurrent backwards makes
+        # a .grad is up to the threads' order, and the bytes are in that one's region
+        outs = [call(-1)]
+        with ThreadPoolExecutor(workers) as ex:
+            outs += ex.map(call, range(calls))
+        figures = {
+            name: (
+                agg["count"],
+                {
+                    dev: (d["total_delta"], d["max_delta"], d["max_peak_delta"])
+                    for dev, d in agg["devices"].items()
+                },
+            )
+            for name, agg in tracker.regions().items()
+        }
+        tracker.disable()
+        model.zero_grad(set_to_none=True)
+        gc.collect()
+        expected = storage_bytes(*model.parameters(), *outs)
+        return figures, int(lord.allocated("cpu")[0]), expected
+    finally:
+        hp.disable()
+        ht.disable()
+
+
+def test_track_modules_from_a_thread_pool_counts_each_call_as_one_thread_does() -> None:
+    """The same model mapped over inputs by 6 threads at once (forward and backward in
+    each): every module's regions count each call's own work, as one thread calling it
+    does, and the ledger ends at the bytes of the live parameters and outputs."""
+    one, ledger_one, expected_one = _pool_run(1)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # threads take turns inside the hooks, often
+    try:
+        many, ledger_many, expected_many = _pool_run(6)
+    finally:
+        sys.setswitchinterval(interval)
+    assert ledger_one == expected_one
+    assert ledger_many == expected_many == expected_one
+    assert many == one
