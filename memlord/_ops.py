@@ -561,38 +561,6 @@ def _storage_made(storage: Any) -> None:
             _report("torch.UntypedStorage")
 
 
-#: what ``UntypedStorage`` held as its own ``__new__`` before memlord's hook (none: torch's
-#: is inherited from StorageBase), and the hook; None while not patched
-_new_patch: tuple[Any, Any] | None = None
-_NEW_NOT_OWN = object()
-
-
-def _patch_storage_new(on: bool) -> None:
-    """``torch.UntypedStorage.__new__``: a C hook calls torch's with the arguments exactly as
-    given, then counts the new storage. Off: put back what the class held as its own (or
-    nothing: torch's is inherited), unless someone put a wrapper over memlord's meanwhile."""
-    global _new_patch
-    owner = torch.UntypedStorage
-    if on:
-        if _new_patch is None:
-            _core._storage_new_slot(owner, False)
-            own = owner.__dict__.get("__new__", _NEW_NOT_OWN)
-            hook = _core._after_hook(owner, "__new__", owner.__new__, _storage_made)
-            owner.__new__ = hook  # type: ignore[method-assign]
-            _new_patch = (own, hook)
-    elif _new_patch is not None:
-        own, hook = _new_patch
-        _new_patch = None
-        if owner.__dict__.get("__new__") is hook:
-            if own is _NEW_NOT_OWN:
-                del owner.__new__
-                # CPython keeps its generic constructor slot after the delete: torch's own
-                # goes back, so storages are made exactly as fast as before the hooks
-                _core._storage_new_slot(owner, True)
-            else:
-                owner.__new__ = own  # type: ignore[method-assign]
-
-
 def _install_sources() -> None:
     from torch.nn.modules import module as torch_module
     from torch.optim import optimizer as torch_optimizer
@@ -615,7 +583,7 @@ def _install_sources() -> None:
             # torch.jit.script finds torch.load (aten::load) by id(): the hook takes its
             # entry while installed, as the C hooks do
             _core._jit_builtin_alias(wrapped, original, True)
-        _patch_storage_new(True)
+        _patch_storage("__new__", _storage_made, True)
     except BaseException:
         _uninstall_sources()
         raise
@@ -636,7 +604,7 @@ def _uninstall_sources() -> None:
         if getattr(owner, name, None) is wrapped:
             setattr(owner, name, original)
     _state.load_patches.clear()
-    _patch_storage_new(False)
+    _patch_storage("__new__", _storage_made, False)
     _core._optimizer_step(False)
 
 
@@ -649,35 +617,44 @@ def _storage_resized(storage: Any) -> None:
         _report("UntypedStorage.resize_")
 
 
-#: what ``UntypedStorage`` held as its own ``resize_`` before memlord's hook (none: torch's
-#: is inherited from StorageBase), and the hook; None while not patched
-_resize_patch: tuple[Any, Any] | None = None
-_RESIZE_NOT_OWN = object()
+#: the ``torch.UntypedStorage`` attributes memlord hooks while installed: name -> (what the
+#: class held as its own before the hook, or ``_NOT_OWN``: torch's is inherited from
+#: StorageBase; the hook)
+_storage_patches: dict[str, tuple[Any, Any]] = {}
+_NOT_OWN = object()
 
 
-def _patch_storage_resize(on: bool) -> None:
-    """``torch.UntypedStorage.resize_`` is no aten operator (the mode never sees it; FSDP2
-    frees and re-allocates parameters with it): with ops on, a C hook (as torch.load's)
-    calls it with the arguments exactly as given and then counts a tracked storage's new
-    size, so that no frame of memlord's stands in the traceback of an error it raises.
-    Off: put back what the class held as its own (or nothing: torch's is inherited),
-    unless someone put a wrapper over memlord's meanwhile (MemTracker): that stays."""
-    global _resize_patch
+def _patch_storage(name: str, after: Callable[[Any], None], on: bool) -> None:
+    """A C hook on ``torch.UntypedStorage.<name>`` (on), or the class as it was (off).
+
+    The hook calls torch's with the arguments exactly as given, then ``after(result)``, so
+    that no frame of memlord's stands in the traceback of an error torch raises (as
+    torch.load's).  ``resize_`` (with ops on) is no aten operator: the mode never sees it,
+    and FSDP2 frees and re-allocates parameters with it.  ``__new__`` (with the sources on)
+    makes a storage no tensor holds yet (``copy.deepcopy`` and ``pickle`` of a tensor, the
+    typed storages), which no factory, operator or dispatch mode sees.  Off: put back what
+    the class held as its own (or nothing), unless someone put a wrapper over memlord's
+    meanwhile (MemTracker, over ``resize_``): that stays."""
     owner = torch.UntypedStorage
     if on:
-        if _resize_patch is None:
-            own = owner.__dict__.get("resize_", _RESIZE_NOT_OWN)
-            hook = _core._after_hook(owner, "resize_", owner.resize_, _storage_resized)
-            owner.resize_ = hook  # type: ignore[method-assign]
-            _resize_patch = (own, hook)
-    elif _resize_patch is not None:
-        own, hook = _resize_patch
-        _resize_patch = None
-        if owner.__dict__.get("resize_") is hook:
-            if own is _RESIZE_NOT_OWN:
-                del owner.resize_
+        if name not in _storage_patches:
+            if name == "__new__":
+                _core._storage_new_slot(owner, False)
+            own = owner.__dict__.get(name, _NOT_OWN)
+            hook = _core._after_hook(owner, name, getattr(owner, name), after)
+            setattr(owner, name, hook)
+            _storage_patches[name] = (own, hook)
+    elif name in _storage_patches:
+        own, hook = _storage_patches.pop(name)
+        if owner.__dict__.get(name) is hook:
+            if own is not _NOT_OWN:
+                setattr(owner, name, own)
             else:
-                owner.resize_ = own  # type: ignore[method-assign]
+                delattr(owner, name)
+                if name == "__new__":
+                    # CPython keeps its generic constructor slot after the delete: torch's
+                    # own goes back, so storages are made exactly as fast as before the hooks
+                    _core._storage_new_slot(owner, True)
 
 
 def _install(group: str, on: bool) -> None:
@@ -686,9 +663,9 @@ def _install(group: str, on: bool) -> None:
         if group == "ops":
             if on:
                 _push_mode()
-                _patch_storage_resize(True)
+                _patch_storage("resize_", _storage_resized, True)
             else:
-                _patch_storage_resize(False)
+                _patch_storage("resize_", _storage_resized, False)
                 _pop_mode()
         elif group == "sources":
             if on:

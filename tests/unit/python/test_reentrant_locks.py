@@ -7,13 +7,13 @@ line where it could run, so the tests are deterministic."""
 
 from __future__ import annotations
 
-import inspect
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from support.tracing import line_of, run_at
 from torch import nn
 
 from memlord import MemLord, profiler
@@ -24,22 +24,7 @@ HANG_S = 20  # far beyond the milliseconds the call takes: only a deadlock reach
 
 def _run_at(fn: Callable[..., Any], needle: str, action: Callable[[], None]) -> Callable[..., Any]:
     """A trace function that runs action once, at fn's line holding needle."""
-    lines, start = inspect.getsourcelines(fn)
-    line = start + next(i for i, text in enumerate(lines) if needle in text)
-    code = fn.__code__
-    fired: list[bool] = []
-
-    def local(frame: Any, event: str, arg: Any) -> Any:
-        if event == "line" and frame.f_lineno == line and not fired:
-            fired.append(True)
-            action()
-        return local
-
-    def tracer(frame: Any, event: str, arg: Any) -> Any:
-        return local if frame.f_code is code else None
-
-    tracer.fired = fired  # type: ignore[attr-defined]
-    return tracer
+    return run_at(*line_of(fn, needle), action)
 
 
 def _in_thread(body: Callable[[], None]) -> list[BaseException]:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from support.ledger import storage_bytes
+from support.tracing import run_at
 
 from memlord import MemLord
 from memlord._regions import _Aggregate
@@ -34,19 +35,7 @@ def _fold_line() -> tuple[Any, int]:
 
 def _at_fold_line(action: Callable[[], None]) -> Callable[..., Any]:
     """A trace function that runs action once, at the fold's row line."""
-    code, line = _fold_line()
-    fired = []
-
-    def local(frame: Any, event: str, arg: Any) -> Any:
-        if event == "line" and frame.f_lineno == line and not fired:
-            fired.append(True)
-            action()
-        return local
-
-    def tracer(frame: Any, event: str, arg: Any) -> Any:
-        return local if frame.f_code is code else None
-
-    return tracer
+    return run_at(*_fold_line(), action)
 
 
 def _close_regions(lord: MemLord, n: int, keep: list[torch.Tensor]) -> None:
