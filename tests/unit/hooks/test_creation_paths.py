@@ -409,3 +409,27 @@ def test_mmap_load_counts_the_loaded_storages(ops, tmp_path):
         assert want == 50 * 50 * 4 + 10 * 4
         assert lord.allocated("cpu")[0] == want
         assert lord.categories("cpu")["loaded"]["current"] == want
+
+
+def test_the_storage_helpers_check_their_arguments_and_change_nothing():
+    """The core's helpers behind the UntypedStorage hook: a bad argument to the slot
+    helper is a TypeError naming what it takes; something that is no storage given to the
+    counter is not counted and raises nothing (it runs inside torch's constructor); the
+    argument's reference count is unchanged either way."""
+    import sys
+
+    from memlord import _core
+
+    lord = MemLord(auto_gc_bytes=None)
+    with lord.hook_into_python():
+        before = lord.allocated("cpu")[0]
+        for args in ((3, True), (torch.UntypedStorage, 1), (torch.UntypedStorage,)):
+            with pytest.raises(TypeError, match=r"_storage_new_slot\(cls, restore\)"):
+                _core._storage_new_slot(*args)
+        thing = object()
+        refs = sys.getrefcount(thing)
+        for bad in (thing, "storage", None, torch.empty(0).untyped_storage()):
+            assert _core._storage_made(bad) is None
+        assert sys.getrefcount(thing) == refs
+        assert lord.allocated("cpu")[0] == before
+    assert "__new__" not in torch.UntypedStorage.__dict__  # the hook came off as usual
