@@ -138,6 +138,25 @@ static void alias_restore(PyObject *cls, PyObject *name, PyObject *own, const Py
     PyErr_Clear();
 }
 
+/* The next registry entry (the caller checked there is room; no Python runs
+ * here): it takes over the references to every object but owner. */
+static void patch_record(PyObject *owner, PyObject *pname, PyObject *own, PyObject *original,
+                         PyObject *hook, PyObject *put, PyObject *acls, PyObject *aown,
+                         PyObject *aput)
+{
+    ml_patch *p = &ml_disp.patches[ml_disp.npatches++];
+    p->owner = Py_NewRef(owner);
+    p->name = pname;
+    p->own = own;
+    p->original = original;
+    p->hook = hook;
+    p->put = put;
+    p->alias_type = acls;
+    p->alias_own = aown;
+    p->alias_put = aput;
+    p->group = installing_group;
+}
+
 static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
 {
     if (ml_disp.npatches == ML_MAX_PATCHES) {
@@ -218,17 +237,7 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
         PyErr_SetString(PyExc_RuntimeError, "memlord: too many patches");
         return -1;
     }
-    ml_patch *p = &ml_disp.patches[ml_disp.npatches++];
-    p->owner = Py_NewRef(owner);
-    p->name = pname;
-    p->own = own;
-    p->original = original;
-    p->hook = (PyObject *)hook;
-    p->put = put;
-    p->alias_type = acls;
-    p->alias_own = aown;
-    p->alias_put = aput;
-    p->group = installing_group;
+    patch_record(owner, pname, own, original, (PyObject *)hook, put, acls, aown, aput);
     return 0;
 }
 
@@ -273,17 +282,7 @@ static int patch_alias(PyObject *owner, const char *name)
         rc = -1;
         goto done;
     }
-    ml_patch *p = &ml_disp.patches[ml_disp.npatches++];
-    p->owner = Py_NewRef(owner);
-    p->name = pname;
-    p->own = Py_NewRef(original);
-    p->original = original;
-    p->hook = hook;
-    p->put = put;
-    p->alias_type = NULL;
-    p->alias_own = NULL;
-    p->alias_put = NULL;
-    p->group = installing_group;
+    patch_record(owner, pname, Py_NewRef(original), original, hook, put, NULL, NULL, NULL);
     Py_DECREF(want);
     return 0;
 done:

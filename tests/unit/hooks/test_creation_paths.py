@@ -433,3 +433,29 @@ def test_the_storage_helpers_check_their_arguments_and_change_nothing():
         assert sys.getrefcount(thing) == refs
         assert lord.allocated("cpu")[0] == before
     assert "__new__" not in torch.UntypedStorage.__dict__  # the hook came off as usual
+
+
+def test_cuda_generator_state_is_hooked_under_both_names_and_put_back():
+    """torch.cuda.get_rng_state is hooked too (on a GPU its CPU tensor is counted as
+    torch.get_rng_state's is, above): torch.cuda.random's name keeps naming the same
+    function, as bare, a CPU-only torch raises exactly what it raises bare, and
+    disable() puts the very functions back."""
+    import torch.cuda.random as cuda_random
+
+    original = torch.cuda.get_rng_state
+    assert cuda_random.get_rng_state is original
+
+    def outcome():
+        try:
+            return type(torch.cuda.get_rng_state()).__name__
+        except Exception as e:  # noqa: BLE001 - the error is the observation
+            return f"{type(e).__name__}: {e}"
+
+    bare = outcome()
+    lord = MemLord(auto_gc_bytes=None)
+    with lord.hook_into_python():
+        assert torch.cuda.get_rng_state is not original
+        assert cuda_random.get_rng_state is torch.cuda.get_rng_state
+        assert outcome() == bare
+    assert torch.cuda.get_rng_state is original
+    assert cuda_random.get_rng_state is original
