@@ -67,6 +67,14 @@ MAX_CATEGORY_ROWS = 200
 # the top of the timeline.  A legend anchored by its top (y above 1 with the default
 # anchor) hangs down into the plot area.
 _LEGEND = {"orientation": "h", "x": 0, "xanchor": "left", "y": 1.02, "yanchor": "bottom"}
+# The legend is the only thing that moves a chart's margins.  Its wrapping width is the
+# plot area's width, so a margin an axis pushed (plotly_white's axes have automargin on)
+# feeds back into the legend's rows, the top margin, the plot's height, the tick labels
+# and that axis's margin again: plotly redraws until it gives up and logs "Too many
+# auto-margin redraws".  The axes' margins are fixed instead, wide enough for any tick
+# label plotly writes for seconds, MiB or lanes (its labels stay within 7 characters).
+_MARGIN = {"l": 72, "r": 32, "t": 30, "b": 56}
+_XAXIS = {"title": {"text": "seconds since start"}, "automargin": False}
 
 
 def _plotly() -> Any:
@@ -553,9 +561,9 @@ def render_html(
         data=tl_traces,
         layout={
             "height": 380,
-            "margin": {"l": 60, "r": 20, "t": 30, "b": 40},
-            "xaxis": {"title": {"text": "seconds since start"}},
-            "yaxis": {"title": {"text": "MiB"}, "rangemode": "tozero"},
+            "margin": _MARGIN,
+            "xaxis": _XAXIS,
+            "yaxis": {"title": {"text": "MiB"}, "rangemode": "tozero", "automargin": False},
             "legend": _LEGEND,
             "hovermode": "closest",
             "template": "plotly_white",
@@ -565,11 +573,16 @@ def render_html(
         data=gt_traces,
         layout={
             "height": max(200, 60 + 22 * n_lanes) + _legend_px(gt_traces),
-            "margin": {"l": 60, "r": 20, "t": 30, "b": 40},
+            "margin": _MARGIN,
             "barmode": "overlay",
             "bargap": 0.15,
-            "xaxis": {"title": {"text": "seconds since start"}},
-            "yaxis": {"title": {"text": "lane"}, "autorange": "reversed", "dtick": 1},
+            "xaxis": _XAXIS,
+            "yaxis": {
+                "title": {"text": "lane"},
+                "autorange": "reversed",
+                "dtick": 1,
+                "automargin": False,
+            },
             "legend": _LEGEND,
             "template": "plotly_white",
         },

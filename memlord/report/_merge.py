@@ -546,8 +546,11 @@ def render_merged_html(doc: dict[str, Any]) -> str:
         layout={
             "height": 380,
             "barmode": "stack",
-            "margin": {"l": 60, "r": 20, "t": 30, "b": 60},
-            "yaxis": {"title": {"text": "MiB at the peak"}},
+            "margin": {"l": 72, "r": 20, "t": 30, "b": 60},
+            # a fixed left margin (see _html._MARGIN: an axis moving a margin as well as
+            # the legend can keep plotly redrawing); the x axis keeps automargin for its
+            # labels, whatever their length
+            "yaxis": {"title": {"text": "MiB at the peak"}, "automargin": False},
             "legend": {"orientation": "h", "x": 0, "y": 1.02, "yanchor": "bottom"},
             "template": "plotly_white",
         },

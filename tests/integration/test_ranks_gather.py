@@ -247,7 +247,7 @@ def test_merge_trace_refuses_bad_names_and_needs_an_output(tmp_path):
 @pytest.mark.parametrize("job", [2], indirect=True, ids=["2 ranks"])
 def test_merged_html_in_a_browser(job, tmp_path, browser):
     pytest.importorskip("plotly", reason="the HTML report needs the report extra (plotly)")
-    from support.browser import load_page
+    from support.browser import load_page, probe_charts
 
     world, _, reports = job
     page = tmp_path / "merged.html"
@@ -269,6 +269,11 @@ def test_merged_html_in_a_browser(job, tmp_path, browser):
     # the chart drew a stacked bar per rank
     chart = dom.partition('id="peaks"')[2].partition("</section>")[0]
     assert len(re.findall(r'class="point"', chart)) >= world
+    # the y axis's margin is fixed (with the legend's, it could keep plotly redrawing);
+    # every label shows, none over another (plotly's own record and the drawn boxes)
+    got = probe_charts(page, browser, ("peaks",))["peaks"]
+    assert "y.automargin" not in got["pushers"], got["pushers"]
+    assert got["outside"] == [] and got["overlaps"] == [], got
 
 
 TRAIN = """

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 import pytest
-from support.browser import load_page
+from support.browser import load_page, probe_charts
 from support.synthetic import synthetic_profile
 
 from memlord.report import KNOWN_KINDS, Events, Profile, Span, export
@@ -119,3 +119,54 @@ def test_report_without_a_chart_finishes_in_chromium(browser, tmp_path, make):
     loaded = load_page(page, browser=browser)
     assert loaded.console == [], f"console messages: {loaded.console}"
     assert loaded.ready_ms is not None, "the report's script did not finish"
+
+
+def _scaled(seconds: float, mib: float, names: int) -> Profile:
+    """A synthetic profile stretched to last ``seconds`` and peak near ``mib``, with
+    ``names`` span names of growing length (legend entries)."""
+    import numpy as np
+
+    doc = synthetic_profile(
+        400, steps=3, names=tuple("n" * (4 + 3 * k) + str(k) for k in range(names))
+    )
+    ev = doc.events
+    t = ev["t_ns"].astype(np.float64)
+    t0, span = t.min(), max(1.0, float(np.ptp(t)))
+    f = seconds * 1e9 / span
+    ev["t_ns"][:] = (t0 + (t - t0) * f).astype(ev["t_ns"].dtype)
+    held = max(1.0, float(np.abs(ev["bytes"]).sum()))
+    ev["bytes"][:] = np.maximum(1, ev["bytes"] * (mib * 2**20 / held)).astype(ev["bytes"].dtype)
+    for s in doc.spans():
+        s.start_ns = int(t0 + (s.start_ns - t0) * f)
+        s.end_ns = max(s.start_ns + 1, int(t0 + (s.end_ns - t0) * f))
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("seconds", "mib", "names"),
+    [
+        pytest.param(2e-6, 1e-5, 1, id="microseconds, bytes"),
+        pytest.param(0.0025, 0.02, 3, id="a lord's milliseconds, KiB"),
+        pytest.param(3.7, 750.0, 6, id="seconds, MiB"),
+        pytest.param(86_400.0 * 9, 3.0e6, 9, id="days, TiB"),
+    ],
+)
+def test_margins_are_moved_by_the_legend_alone_and_every_label_shows(
+    browser, tmp_path, seconds, mib, names
+):
+    """An axis that moves a margin feeds back, through the legend's wrapping width, into
+    the other margins: plotly redraws until it gives up ("Too many auto-margin redraws",
+    seen on a loaded CI machine).  plotly's own record of what pushed each chart's margins
+    names the legend alone, and no tick label or axis title falls outside its chart at any
+    scale of time and bytes, nor over another label."""
+    page = tmp_path / "report.html"
+    export(_scaled(seconds, mib, names), page)
+    probe = probe_charts(page, browser, ("timeline", "gantt"))
+    assert set(probe) == {"timeline", "gantt"}
+    for chart, got in probe.items():
+        assert got["pushers"] == ["base", "legend"] or got["pushers"] == ["legend"], (
+            chart,
+            got["pushers"],
+        )
+        assert got["outside"] == [], (chart, got["outside"])
+        assert got["overlaps"] == [], (chart, got["overlaps"])

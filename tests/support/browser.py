@@ -5,6 +5,8 @@ test and the report benchmark; ``tools/ensure_chromium.sh`` installs the browser
 from __future__ import annotations
 
 import dataclasses
+import html
+import json
 import os
 import re
 import shutil
@@ -12,6 +14,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from support import cbuild
 
@@ -116,3 +119,54 @@ def load_page(
         float(ready.group(1)) if ready else None,
         float(draw.group(1)) if draw else None,
     )
+
+
+# Runs in the page after the report's own script: for each chart, the ids of what pushed
+# its margins (plotly's own record) and every axis label or title drawn outside the
+# chart's SVG (clipped: the reader cannot see it) or over another (plotly moves a title
+# that has no room onto the tick labels), written to the body as JSON.
+_PROBE = """<script>
+(function probe() {
+  if (!document.body.hasAttribute('data-memlord-ready')) { setTimeout(probe, 20); return; }
+  var out = {};
+  CHARTS.forEach(function(id) {
+    var gd = document.getElementById(id);
+    if (!gd || !gd._fullLayout) return;
+    var svg = gd.querySelector('svg.main-svg').getBoundingClientRect();
+    var outside = [], overlaps = [], boxes = [];
+    gd.querySelectorAll('.xtick text, .ytick text, .g-xtitle text, .g-ytitle text')
+      .forEach(function(el) {
+        var r = el.getBoundingClientRect(), kind = el.parentNode.getAttribute('class');
+        if (!r.width) return;
+        if (r.left < svg.left - 0.5 || r.right > svg.right + 0.5 ||
+            r.top < svg.top - 0.5 || r.bottom > svg.bottom + 0.5)
+          outside.push(el.textContent);
+        boxes.forEach(function(b) {
+          // the x axis's first label and the y axis's first label may touch at the corner
+          if (b.kind === kind || b.kind.indexOf('title') >= 0 || kind.indexOf('title') >= 0)
+          if (r.left < b.r.right - 0.5 && b.r.left < r.right - 0.5 &&
+              r.top < b.r.bottom - 0.5 && b.r.top < r.bottom - 0.5)
+            overlaps.push([b.text, el.textContent]);
+        });
+        boxes.push({r: r, text: el.textContent, kind: kind});
+      });
+    out[id] = {pushers: Object.keys(gd._fullLayout._pushmarginIds || {}).sort(),
+               outside: outside, overlaps: overlaps};
+  });
+  document.body.setAttribute('data-probe', JSON.stringify(out));
+})();
+</script></body>"""
+
+
+def probe_charts(page: Path, browser: str | None, charts: tuple[str, ...]) -> dict[str, Any]:
+    """Load a copy of ``page`` with _PROBE added: per chart id, ``pushers`` (what moved its
+    margins, plotly's own record), ``outside`` and ``overlaps`` (labels clipped or drawn
+    over another); asserts the page logged nothing."""
+    probed = page.with_suffix(".probe.html")
+    probe = _PROBE.replace("CHARTS", json.dumps(list(charts)))
+    probed.write_text(page.read_text(encoding="utf-8").replace("</body>", probe), "utf-8")
+    loaded = load_page(probed, browser=browser)
+    assert loaded.console == [], f"console messages: {loaded.console}"
+    found = re.search(r'data-probe="([^"]*)"', loaded.dom)
+    assert found, "the probe did not run"
+    return json.loads(html.unescape(found.group(1)))
