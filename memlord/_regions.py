@@ -678,9 +678,14 @@ _Span = tuple[int | None, Any, list[Node] | None, bool, bool]
 
 
 class _Stack(list[_Span]):
-    """One thread's open spans of a ModuleSpans, innermost last."""
+    """One thread's open spans of a ModuleSpans, innermost last; ``owner`` is that
+    thread's ident."""
 
-    __slots__ = ("__weakref__",)
+    __slots__ = ("__weakref__", "owner")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.owner = threading.get_ident()
     # by identity, in a WeakSet (list's __hash__ is None: mypy sees no method to override)
     __hash__ = object.__hash__  # type: ignore[assignment]
     __eq__ = object.__eq__
@@ -940,11 +945,17 @@ class ModuleSpans:
             self._close_stack(stack)
 
     def _close_stack(self, stack: _Stack) -> None:
+        mine = stack.owner == threading.get_ident()
         while True:
             try:  # the owning thread may pop at the same time
-                token = stack.pop()[1]
+                _, token, _, _, again = stack.pop()
             except IndexError:
                 break
+            if again and mine:
+                # a recomputed forward whose end no hook will see: what the rest of the
+                # backward makes is a temporary again.  The note is the thread's own; on
+                # another thread's stack it lasts until that backward ends.
+                _core._module_forward(False)
             self._close_span(token)
 
 

@@ -66,3 +66,58 @@ def test_bad_input_is_refused_and_changes_nothing():
         _core._module_forward(Bad())  # type: ignore[arg-type]
     # nothing noted: a tensor made in a backward is a temporary, as without the calls
     assert _category_made_in_backward(note=False) == (None, "temporary")
+
+
+class _MadeInBackward(torch.autograd.Function):
+    """Passes its input through; its backward makes a tensor (kept in ``made``)."""
+
+    made: list = []
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1
+
+    @staticmethod
+    def backward(ctx, g):
+        _MadeInBackward.made.append(torch.ones(64))
+        return g
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
+@pytest.mark.parametrize("disable", [False, True], ids=["tracking", "disabled_in_recompute"])
+def test_backward_after_a_recomputed_forward_that_disabled_the_tracker_is_temporary(
+    reentrant, disable
+):
+    """A tracker disable()d inside a recomputed forward (its hook after the call never
+    runs) no longer counts that forward as open: what the rest of the backward makes is a
+    temporary, as torch's MemTracker counts backward's own tensors (TEMP), and as when
+    the tracker stays on."""
+    import torch.utils.checkpoint as cp
+
+    class Inner(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 16)
+            self.calls = 0
+
+        def forward(self, x):
+            self.calls += 1
+            if disable and self.calls == 2:  # the recomputation, in backward
+                tracker.disable()
+            return self.lin(x).relu()
+
+    inner = Inner()
+    lord = MemLord(auto_gc_bytes=None)
+    lord.record_events(4096)
+    _MadeInBackward.made.clear()
+    with lord.hook_into_python(ops=True):
+        tracker = lord.track_modules(inner)
+        x = _MadeInBackward.apply(torch.randn(4, 16, requires_grad=True))
+        cp.checkpoint(inner, x, use_reentrant=reentrant).sum().backward()
+        tracker.disable()
+        recs = lord.decode_events(lord.events())
+    assert inner.calls == 2
+    (made,) = _MadeInBackward.made  # made after the recomputation, in the same backward
+    ptr = made.untyped_storage().data_ptr()
+    (born,) = [e for e in recs if e["kind"] == "alloc" and e["address"] == ptr]
+    assert born["category"] == "temporary"
