@@ -681,11 +681,13 @@ class _Stack(list[_Span]):
     """One thread's open spans of a ModuleSpans, innermost last; ``owner`` is that
     thread's ident."""
 
-    __slots__ = ("__weakref__", "owner")
+    __slots__ = ("__weakref__", "owner", "listed")
 
     def __init__(self) -> None:
         super().__init__()
         self.owner = threading.get_ident()
+        self.listed = False  # in its ModuleSpans' _stacks
+
     # by identity, in a WeakSet (list's __hash__ is None: mypy sees no method to override)
     __hash__ = object.__hash__  # type: ignore[assignment]
     __eq__ = object.__eq__
@@ -717,9 +719,12 @@ class ModuleSpans:
         self._open_span, self._close_span = open, close
         self._backward = backward
         self._local = threading.local()
-        # every thread's stack (a thread's is dropped with the thread, and the spans in
-        # it with it): disable() closes the spans of all of them
-        self._stacks: weakref.WeakSet[_Stack] = weakref.WeakSet()
+        # every thread's stack that may hold spans, held strongly: a thread that ended
+        # with spans open (a backward that raised there, its graph since freed) leaves
+        # them to disable(), which closes the spans of all of them.  Empty stacks are
+        # dropped when a thread makes its own; a dropped stack is listed again when its
+        # thread opens a span in it (_push)
+        self._stacks: set[_Stack] = set()
         # re-entrant: a finalizer or signal handler run while this thread registers its
         # stack (an allocation, so a collection) may disable() the tracker
         self._stacks_lock = threading.RLock()
@@ -846,8 +851,19 @@ class ModuleSpans:
         if stack is None:
             stack = self._local.stack = _Stack()
             with self._stacks_lock:
-                self._stacks.add(stack)
+                for old in [s for s in self._stacks if not s]:
+                    old.listed = False
+                    self._stacks.discard(old)
         return stack
+
+    def _push(self, stack: _Stack, entry: _Span) -> None:
+        """Push a span and make sure the stack is listed: both under the lock, so that no
+        thread drops the stack as empty in between."""
+        with self._stacks_lock:
+            stack.append(entry)
+            if not stack.listed:
+                stack.listed = True
+                self._stacks.add(stack)
 
     def _enter(self, module: Any, name: str, inputs: Any, more_after: bool) -> None:
         # the autograd nodes of the inputs, before the forward can change them in place
@@ -861,7 +877,7 @@ class ModuleSpans:
         # activations, as MemTracker counts them: noted for the categories
         again = _core._module_forward(True)
         # more_after: the keyword inputs were not seen, the hook after the call adds them
-        stack.append((id(module), token, nodes, more_after, again))
+        self._push(stack, (id(module), token, nodes, more_after, again))
         if not self.enabled:
             # disable()d meanwhile (on another thread, in a finalizer), maybe before the
             # span was on the stack: the hook that would close it is gone
@@ -893,7 +909,7 @@ class ModuleSpans:
         token = self._open_span(bname)
         stack = self._stack()
         entry: _Span = (None, token, None, False, False)
-        stack.append(entry)
+        self._push(stack, entry)
         if not self.enabled:  # disable()d meanwhile: as in _enter
             self._close_stack(stack)
         return stack, entry

@@ -51,7 +51,7 @@ def test_tracker_disabled_by_a_finalizer_while_its_thread_registers_does_not_han
     lord = MemLord()
     model = nn.Linear(4, 4)
     tracker = lord.track_modules(model)
-    tracer = _run_at(ModuleSpans._stack, "self._stacks.add", tracker.disable)
+    tracer = _run_at(ModuleSpans._push, "self._stacks.add", tracker.disable)
 
     def body() -> None:
         sys.settrace(tracer)

@@ -194,6 +194,50 @@ def test_disable_closes_backward_regions_left_open_on_another_thread() -> None:
         th.join()
 
 
+def test_disable_closes_backward_regions_of_a_thread_that_ended() -> None:
+    """The thread whose backward failed has ended and the graph is freed: nothing but the
+    tracker still knows the regions that backward left open, and ``disable()`` closes
+    them (they stayed open for good: the tracker held that thread's spans weakly)."""
+
+    class Fails(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 1
+
+        @staticmethod
+        def backward(ctx, g):
+            raise RuntimeError("backward failed")
+
+    class Bad(nn.Module):
+        def forward(self, x):
+            return Fails.apply(x)
+
+    lord = MemLord()
+    m = nn.Sequential(nn.Linear(4, 4), Bad(), nn.Linear(4, 4))
+    tracker = lord.track_modules(m)
+    got: list = []
+
+    out = [m(torch.randn(2, 4, requires_grad=True)).sum()]  # the forward on this thread
+
+    def step() -> None:  # the backward on another
+        try:
+            out[0].backward()
+        except RuntimeError as exc:
+            got.append(str(exc))  # not the exception: its traceback holds the spans
+
+    th = threading.Thread(target=step)
+    th.start()
+    th.join()
+    _exited(th)
+    out.clear()  # the graph, and the hooks that held the thread's spans
+    gc.collect()
+    assert len(got) == 1
+    assert "1 (backward)" not in tracker.regions()  # still open
+    tracker.disable()
+    names = tracker.regions()
+    assert {"1 (backward)", "Sequential (backward)"} <= set(names), names
+
+
 @pytest.mark.parametrize("backward", [True, False])
 def test_disable_from_the_same_thread_still_closes_its_regions(backward: bool) -> None:
     lord = MemLord()
@@ -228,7 +272,7 @@ def test_disable_while_a_forward_enters_leaves_no_region_open() -> None:
     model = nn.Linear(4, 4)
     tracker = lord.track_modules(model)
     lines, start = inspect.getsourcelines(ModuleSpans._enter)
-    line = start + next(i for i, text in enumerate(lines) if "stack.append(" in text)
+    line = start + next(i for i, text in enumerate(lines) if "self._push(stack" in text)
     code = ModuleSpans._enter.__code__
     fired: list[bool] = []
 
