@@ -43,7 +43,9 @@ def _category_made_in_backward(note: bool) -> tuple[object, str]:
         recs = lord.decode_events(lord.events())
     ((began, kept),) = _Probe.seen
     ptr = kept.untyped_storage().data_ptr()
-    (made,) = [e for e in recs if e["kind"] == "alloc" and e["address"] == ptr]
+    # its address may have served a storage freed before: its own is the last alloc
+    made = [e for e in recs if e["kind"] == "alloc" and e["address"] == ptr][-1]
+    assert made["bytes"] == kept.untyped_storage().nbytes()
     return began, made["category"]
 
 

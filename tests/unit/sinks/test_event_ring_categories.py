@@ -26,7 +26,9 @@ def test_allocate_is_other_and_a_gradient_is_born_temporary_and_dies_a_gradient(
         recs = lord.events()
     first = lord.decode_events(recs[:1])[0]
     assert first["kind"] == "alloc" and first["bytes"] == 100 and first["category"] == "other"
-    mine = recs[recs["address"] == ptr]
+    # the gradient's own alloc and free are the last events at its address (a storage
+    # freed earlier in the step may have had the same address)
+    mine = recs[recs["address"] == ptr][-2:]
     kinds = [EVENT_KINDS[k] for k in mine["kind"].tolist()]
     cats = [CATEGORIES[c] for c in mine["category"].tolist()]
     assert (kinds, cats) == (["alloc", "free"], ["temporary", "gradient"])
