@@ -409,6 +409,43 @@ def _error_of(call):
     raise AssertionError("expected an error")
 
 
+def _outcome(call):
+    """What a program sees of call(): its result described, or its exception's type and
+    message (pinned memory needs an accelerator: on a CPU-only torch it raises)."""
+    try:
+        return ["ok", describe(call())]
+    except Exception as e:  # noqa: BLE001 - the observation of an error
+        return [type(e).__name__, str(e)]
+
+
+@row
+def pinned_memory():
+    """``pin_memory()``, ``is_pinned()``, a factory's ``pin_memory=True`` and a
+    DataLoader that pins its batches: what torch does, pinned or refused."""
+
+    def pinned(x):
+        return [x.is_pinned(), describe(x)]
+
+    def loaded():
+        data = torch.utils.data.TensorDataset(torch.arange(8.0).reshape(4, 2))
+        with warnings.catch_warnings(record=True) as caught:  # no accelerator: one warns
+            warnings.simplefilter("always")
+            batches = [
+                pinned(b)
+                for (b,) in torch.utils.data.DataLoader(data, batch_size=2, pin_memory=True)
+            ]
+        return [batches, [str(w.message) for w in caught]]
+
+    return [
+        T.is_pinned(),
+        _outcome(lambda: pinned(T.pin_memory())),
+        _outcome(lambda: pinned(torch.empty(3, pin_memory=True).zero_())),
+        _outcome(lambda: pinned(torch.zeros(3, pin_memory=True))),
+        _outcome(lambda: pinned(T.untyped_storage().pin_memory())),
+        _outcome(loaded),
+    ]
+
+
 @row
 def errors_of_the_originals_own_call():
     """The hooks call torch's C functions directly where CPython allows it: a wrong or
