@@ -104,6 +104,24 @@ static int alias_set(PyObject *cls, PyObject *name, PyObject *value)
     return 0;
 }
 
+/* owner.name = value, or del owner.name where value is NULL.  An immutable
+ * static type (torch._C.Generator: setattr refuses) has its dict written as
+ * alias_set does. */
+static int owner_set(PyObject *owner, PyObject *name, PyObject *value)
+{
+    if (PyType_Check(owner) && (((PyTypeObject *)owner)->tp_flags & Py_TPFLAGS_IMMUTABLETYPE)) {
+        if (value != NULL) {
+            return alias_set(owner, name, value);
+        }
+        if (PyDict_DelItem(((PyTypeObject *)owner)->tp_dict, name) < 0) {
+            return -1;
+        }
+        PyType_Modified((PyTypeObject *)owner);
+        return 0;
+    }
+    return value != NULL ? PyObject_SetAttr(owner, name, value) : PyObject_DelAttr(owner, name);
+}
+
 /* A new hook of kind over original (owner.pname), tracked by the GC; after
  * for HK_AFTER, else NULL.  NULL with an exception set on failure. */
 static HookObject *hook_new(const ml_state *st, PyTypeObject *type, PyObject *owner,
@@ -203,7 +221,7 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
     PyObject *put = own != NULL && PyObject_TypeCheck(own, &PyStaticMethod_Type)
                         ? PyStaticMethod_New((PyObject *)hook)
                         : Py_NewRef((PyObject *)hook);
-    if (put == NULL || PyObject_SetAttr(owner, pname, put) < 0) {
+    if (put == NULL || owner_set(owner, pname, put) < 0) {
         Py_XDECREF(put);
         Py_DECREF(hook);
         Py_DECREF(pname);
@@ -226,7 +244,7 @@ static int patch_one(ml_state *st, PyObject *owner, const char *name, int kind)
         Py_XDECREF(aown);
         Py_XDECREF(aput);
         ml_jit_builtin_alias((PyObject *)hook, original, 0);
-        if (PyObject_SetAttr(owner, pname, own != NULL ? own : original) < 0) {
+        if (owner_set(owner, pname, own != NULL ? own : original) < 0) {
             PyErr_Clear();
         }
         Py_DECREF(put);
@@ -361,8 +379,7 @@ int ml_unpatch_group(int group)
         int ours = holds_hook(p.owner, p.name, p.put);
         int r = 0;
         if (ours > 0) {
-            r = p.own != NULL ? PyObject_SetAttr(p.owner, p.name, p.own)
-                              : PyObject_DelAttr(p.owner, p.name);
+            r = owner_set(p.owner, p.name, p.own);
         }
         if (ours < 0 || r < 0) {
             rc = -1;
@@ -525,8 +542,9 @@ int ml_install_py(PyObject *module)
     }
     /* the generators' states: a tensor made in C++ that no dispatch mode sees
      * (torch.utils.checkpoint and fork_rng call torch.get_rng_state, and
-     * torch.cuda's for each device).  Generator.get_state itself belongs to
-     * an immutable C type and stays as it is. */
+     * torch.cuda's for each device; a generator of one's own, a sampler's or
+     * a data loader's, is asked with get_state, a method of the immutable
+     * torch._C.Generator, whose dict owner_set writes). */
     static const char *const rng_owners[] = {"torch.random", "torch.cuda", "torch.cuda.random"};
     if (patch_one(st, torch, "get_rng_state", HK_FACTORY) < 0) {
         Py_DECREF(torch);
@@ -548,6 +566,19 @@ int ml_install_py(PyObject *module)
         int rc = i == 1 ? patch_one(st, owner, "get_rng_state", HK_FACTORY)
                         : patch_alias(owner, "get_rng_state");
         Py_DECREF(owner);
+        if (rc < 0) {
+            Py_DECREF(torch);
+            goto fail;
+        }
+    }
+    /* after the aliases above, which name the patch made last */
+    PyObject *generator = PyObject_GetAttrString(torch, "Generator");
+    if (generator == NULL || !PyType_Check(generator)) {
+        Py_XDECREF(generator);
+        PyErr_Clear(); /* not a type in this torch: left as it is */
+    } else {
+        int rc = patch_one(st, generator, "get_state", HK_FACTORY);
+        Py_DECREF(generator);
         if (rc < 0) {
             Py_DECREF(torch);
             goto fail;

@@ -95,6 +95,45 @@ def test_rng_state_is_counted_as_torch_allocates_it(owner, ops):
 
 
 @OPS
+@pytest.mark.parametrize("how", ["bound", "unbound"])
+def test_a_generators_own_state_is_counted_and_the_method_put_back(how, ops):
+    """``Generator.get_state()`` (a generator of one's own: a sampler's, a data loader's)
+    makes its tensor in C++ as ``torch.get_rng_state()`` does: counted as torch's
+    profiler sees it allocated, credited when it dies; ``set_state`` takes it back as
+    bare; a bad call raises what it raises bare; ``disable()`` puts the very method
+    descriptor back in the immutable C type."""
+    original = torch.Generator.__dict__["get_state"]
+    g = torch.Generator().manual_seed(7)
+    bare_state = g.get_state()
+    bare_error = _error_of(lambda: torch.Generator.get_state(5))
+    lord = MemLord(auto_gc_bytes=None)
+    before = live_storages()
+    with lord.hook_into_python(ops=ops):
+        assert torch.Generator.__dict__["get_state"] is not original
+        with torch_memory() as seen:
+            state = g.get_state() if how == "bound" else torch.Generator.get_state(g)
+        assert torch.equal(state, bare_state)
+        assert state.untyped_storage().nbytes() == seen.net > 0
+        assert lord.allocated("cpu")[0] == new_bytes(before) == seen.net
+        g.set_state(state)
+        assert torch.equal(g.get_state(), bare_state)
+        assert _error_of(lambda: torch.Generator.get_state(5)) == bare_error
+        del state
+        gc.collect()
+        assert lord.allocated("cpu")[0] == 0  # credited when it dies
+    assert torch.Generator.__dict__["get_state"] is original
+    assert torch.Generator.get_state is original
+
+
+def _error_of(call) -> list[str]:
+    try:
+        call()
+    except Exception as e:  # noqa: BLE001 - the error is the observation
+        return [type(e).__name__, str(e)]
+    raise AssertionError("expected an error")
+
+
+@OPS
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
 def test_checkpoints_saved_rng_state_is_counted_while_held(ops, reentrant):
     """A checkpointed call keeps the generator's state for its recomputation: counted
