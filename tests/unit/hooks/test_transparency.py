@@ -419,6 +419,31 @@ def _outcome(call):
 
 
 @row
+def generator_state():
+    """A generator's own state (``Generator.get_state``, hooked in torch's immutable C
+    type): its values, ``set_state``, pickling and copying a generator (which read the
+    state), the method's name and documentation, a bad call's error."""
+    import copy
+    import pickle
+
+    g = torch.Generator().manual_seed(3)
+    state = g.get_state()
+    g.set_state(state)
+    return [
+        describe(state),
+        describe(torch.Generator.get_state(g)),
+        pickle.loads(pickle.dumps(g)).get_state().sum().item(),
+        copy.deepcopy(g).initial_seed(),
+        torch.randn(3, generator=g).tolist(),
+        g.get_state.__name__,
+        torch.Generator.get_state.__name__,
+        torch.Generator.get_state.__doc__,
+        _outcome(lambda: torch.Generator.get_state(5)),
+        _outcome(lambda: g.get_state(1)),
+    ]
+
+
+@row
 def pinned_memory():
     """``pin_memory()``, ``is_pinned()``, a factory's ``pin_memory=True`` and a
     DataLoader that pins its batches: what torch does, pinned or refused."""
