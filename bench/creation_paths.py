@@ -1,6 +1,6 @@
 """The creation paths the python hooks wrap since 2026-11-27 (``Tensor.new_*``,
-``torch.UntypedStorage(...)``, ``torch.get_rng_state()``), beside ``torch.zeros`` (a
-factory wrapped all along), each hooked (``hook_into_python()``, lifetime tracking on)
+``torch.UntypedStorage(...)``, ``torch.get_rng_state()``, ``Generator.get_state()``),
+beside ``torch.zeros`` (a factory wrapped all along), each hooked (``hook_into_python()``, lifetime tracking on)
 against the same call bare, in the same run: the floor is torch's own call.  Then an
 optimizer's step (AdamW, foreach, 500 small parameters) with ``track_modules`` and both
 hooks against bare: what the optimizer sources' walk over parameters, gradients and
@@ -38,12 +38,14 @@ def main() -> None:
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 9
     torch.set_num_threads(1)
     x = torch.ones(4)
+    g = torch.Generator().manual_seed(0)
     cases: dict[str, Callable[[], Any]] = {
         "torch.zeros(4)": lambda: torch.zeros(4),
         "x.new_zeros(4)": lambda: x.new_zeros(4),
         "x.new_empty(4)": lambda: x.new_empty(4),
         "torch.UntypedStorage(16)": lambda: torch.UntypedStorage(16),
         "torch.get_rng_state()": lambda: torch.get_rng_state(),
+        "g.get_state()": lambda: g.get_state(),
     }
     lord = MemLord(auto_gc_bytes=None)
     times: dict[str, dict[str, list[float]]] = {k: {"bare": [], "hooked": []} for k in cases}
@@ -51,7 +53,7 @@ def main() -> None:
         for how in ("bare", "hooked") if i % 2 == 0 else ("hooked", "bare"):
             hooks = lord.hook_into_python() if how == "hooked" else None
             for name, fn in cases.items():
-                n = CALLS // 10 if "rng" in name else CALLS
+                n = CALLS // 10 if "state" in name else CALLS
                 times[name][how].append(per_call_ns(fn, n))
             if hooks is not None:
                 hooks.disable()
