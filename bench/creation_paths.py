@@ -1,10 +1,11 @@
 """The creation paths the python hooks wrap since 2026-11-27 (``Tensor.new_*``,
 ``torch.UntypedStorage(...)``, ``torch.get_rng_state()``, ``Generator.get_state()``),
-beside ``torch.zeros`` (a factory wrapped all along), each hooked (``hook_into_python()``, lifetime tracking on)
-against the same call bare, in the same run: the floor is torch's own call.  Then an
-optimizer's step (AdamW, foreach, 500 small parameters) with ``track_modules`` and both
-hooks against bare: what the optimizer sources' walk over parameters, gradients and
-state costs a step (docs/benchmarks.md, "creation-paths").
+beside ``torch.zeros`` (a factory wrapped all along), each hooked
+(``hook_into_python()``, lifetime tracking on) against the same call bare, in the same
+run: the floor is torch's own call.  Then an optimizer's step (AdamW, foreach, 500 small
+parameters) with ``track_modules`` and both hooks against bare: what the optimizer
+sources' walk over parameters, gradients and state costs a step (docs/benchmarks.md,
+"creation-paths").
 
     python bench/creation_paths.py [ROUNDS]
 
