@@ -318,14 +318,18 @@ class Checkpointed(nn.Module):
         return self.b(h).square().mean()
 
 
-@pytest.mark.parametrize("tracked", [True, False], ids=["track_modules", "ops_alone"])
+@pytest.mark.parametrize(
+    "tracked",
+    ["track_modules", "ops_alone", "disabled_in_recompute"],
+)
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
 def test_checkpoint_recomputation_is_activation_as_memtracker_counts_it(reentrant, tracked):
     """Under activation checkpointing, the forward that backward runs again makes
     activations (MemTracker's Pre-Forward-AC to Post-Forward-AC, its ACT), not temporaries:
     each category at the step's peak is MemTracker's, with track_modules on or with
     ops=True alone (memlord then knows the recomputation from torch.utils.checkpoint's
-    own state, MemTracker from its module hooks)."""
+    own state, MemTracker from its module hooks), and with a tracker disable()d inside
+    the recomputed forward (the rest of that backward is temporary again)."""
     torch.manual_seed(0)
     lord = MemLord()
     x = torch.randn(32, 64)
@@ -337,9 +341,17 @@ def test_checkpoint_recomputation_is_activation_as_memtracker_counts_it(reentran
         model(x).backward()
         model.zero_grad(set_to_none=True)
 
-    modules = lord.track_modules(model) if tracked else None
+    modules = lord.track_modules(model) if tracked != "ops_alone" else None
+    if tracked == "disabled_in_recompute":
+
+        def disable_in_backward(*_):
+            if torch._C._current_graph_task_id() != -1 and modules is not None:
+                modules.disable()  # inside the recomputed block, the measured step's
+
+        model.block[2].register_forward_pre_hook(disable_in_backward)
     try:
-        step()  # warm-up
+        if tracked != "disabled_in_recompute":
+            step()  # warm-up (which would disable the tracker before the measured step)
         gc.collect()
         lord.reset_peak_memory_stats("cpu")
         mt = MemTracker()
