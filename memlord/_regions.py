@@ -688,7 +688,7 @@ class _Stack(list[_Span]):
         self.owner = threading.get_ident()
         self.listed = False  # in its ModuleSpans' _stacks
 
-    # by identity, in a WeakSet (list's __hash__ is None: mypy sees no method to override)
+    # by identity, in a set (list's __hash__ is None: mypy sees no method to override)
     __hash__ = object.__hash__  # type: ignore[assignment]
     __eq__ = object.__eq__
 
