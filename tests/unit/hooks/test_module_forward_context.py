@@ -70,21 +70,6 @@ def test_bad_input_is_refused_and_changes_nothing():
     assert _category_made_in_backward(note=False) == (None, "temporary")
 
 
-class _MadeInBackward(torch.autograd.Function):
-    """Passes its input through; its backward makes a tensor (kept in ``made``)."""
-
-    made: list = []
-
-    @staticmethod
-    def forward(ctx, x):
-        return x * 1
-
-    @staticmethod
-    def backward(ctx, g):
-        _MadeInBackward.made.append(torch.ones(64))
-        return g
-
-
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non_reentrant", "reentrant"])
 @pytest.mark.parametrize("disable", [False, True], ids=["tracking", "disabled_in_recompute"])
 def test_backward_after_a_recomputed_forward_that_disabled_the_tracker_is_temporary(
@@ -111,15 +96,16 @@ def test_backward_after_a_recomputed_forward_that_disabled_the_tracker_is_tempor
     inner = Inner()
     lord = MemLord(auto_gc_bytes=None)
     lord.record_events(4096)
-    _MadeInBackward.made.clear()
+    _Probe.seen.clear()
+    _Probe.note = False  # its backward only makes its tensor
     with lord.hook_into_python(ops=True):
         tracker = lord.track_modules(inner)
-        x = _MadeInBackward.apply(torch.randn(4, 16, requires_grad=True))
+        x = _Probe.apply(torch.randn(4, 16, requires_grad=True))
         cp.checkpoint(inner, x, use_reentrant=reentrant).sum().backward()
         tracker.disable()
         recs = lord.decode_events(lord.events())
     assert inner.calls == 2
-    (made,) = _MadeInBackward.made  # made after the recomputation, in the same backward
+    ((_, made),) = _Probe.seen  # made after the recomputation, in the same backward
     ptr = made.untyped_storage().data_ptr()
     # its address may have served a storage freed before: its own is the last alloc
     born = [e for e in recs if e["kind"] == "alloc" and e["address"] == ptr][-1]
