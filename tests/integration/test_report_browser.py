@@ -170,3 +170,28 @@ def test_margins_are_moved_by_the_legend_alone_and_every_label_shows(
         )
         assert got["outside"] == [], (chart, got["outside"])
         assert got["overlaps"] == [], (chart, got["overlaps"])
+
+
+@pytest.mark.parametrize("ranks", [1, 8, 16, 64])
+def test_a_merged_reports_chart_settles_for_any_number_of_ranks(browser, tmp_path, ranks):
+    """``memlord merge`` of 1 to 64 ranks: plotly lays the bar chart's labels flat, at
+    30 degrees or upright as they fit, and settles without a console message; the y axis
+    never moves a margin, and no label falls outside the chart."""
+    import json
+
+    from test_merge_post_mortems import MiB, _documented_post_mortem
+
+    from memlord.__main__ import main
+
+    files = []
+    for rank in range(ranks):
+        pm = _documented_post_mortem(rank, (rank + 1) * 10 * MiB, (rank + 2) * 10 * MiB)
+        pm["world_size"] = ranks
+        path = tmp_path / f"memlord-oom-{rank}.json"
+        path.write_text(json.dumps(pm))
+        files.append(str(path))
+    page = tmp_path / "merged.html"
+    assert main(["merge", *files, "-o", str(page)]) == 0
+    got = probe_charts(page, browser, ("peaks",))["peaks"]  # asserts an empty console
+    assert "y.automargin" not in got["pushers"], got["pushers"]
+    assert got["outside"] == [], got["outside"]

@@ -161,7 +161,9 @@ _PROBE = """<script>
 def probe_charts(page: Path, browser: str | None, charts: tuple[str, ...]) -> dict[str, Any]:
     """Load a copy of ``page`` with _PROBE added: per chart id, ``pushers`` (what moved its
     margins, plotly's own record), ``outside`` and ``overlaps`` (labels clipped or drawn
-    over another); asserts the page logged nothing."""
+    over another); asserts the page logged nothing.  The boxes are the labels' screen
+    rectangles: labels plotly rotated (many categories) overlap there while their text
+    does not, so ``overlaps`` means something for unrotated labels only."""
     probed = page.with_suffix(".probe.html")
     probe = _PROBE.replace("CHARTS", json.dumps(list(charts)))
     probed.write_text(page.read_text(encoding="utf-8").replace("</body>", probe), "utf-8")
