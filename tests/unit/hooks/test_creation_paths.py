@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.utils.checkpoint as cp
 from support.ledger import torch_memory
+from support.outcomes import error_of, outcome
 
 from memlord import MemLord
 
@@ -105,7 +106,7 @@ def test_a_generators_own_state_is_counted_and_the_method_put_back(how, ops):
     original = torch.Generator.__dict__["get_state"]
     g = torch.Generator().manual_seed(7)
     bare_state = g.get_state()
-    bare_error = _error_of(lambda: torch.Generator.get_state(5))
+    bare_error = error_of(lambda: torch.Generator.get_state(5))
     lord = MemLord(auto_gc_bytes=None)
     before = live_storages()
     with lord.hook_into_python(ops=ops):
@@ -117,20 +118,12 @@ def test_a_generators_own_state_is_counted_and_the_method_put_back(how, ops):
         assert lord.allocated("cpu")[0] == new_bytes(before) == seen.net
         g.set_state(state)
         assert torch.equal(g.get_state(), bare_state)
-        assert _error_of(lambda: torch.Generator.get_state(5)) == bare_error
+        assert error_of(lambda: torch.Generator.get_state(5)) == bare_error
         del state
         gc.collect()
         assert lord.allocated("cpu")[0] == 0  # credited when it dies
     assert torch.Generator.__dict__["get_state"] is original
     assert torch.Generator.get_state is original
-
-
-def _error_of(call) -> list[str]:
-    try:
-        call()
-    except Exception as e:  # noqa: BLE001 - the error is the observation
-        return [type(e).__name__, str(e)]
-    raise AssertionError("expected an error")
 
 
 @OPS
@@ -484,17 +477,14 @@ def test_cuda_generator_state_is_hooked_under_both_names_and_put_back():
     original = torch.cuda.get_rng_state
     assert cuda_random.get_rng_state is original
 
-    def outcome():
-        try:
-            return type(torch.cuda.get_rng_state()).__name__
-        except Exception as e:  # noqa: BLE001 - the error is the observation
-            return f"{type(e).__name__}: {e}"
+    def state_type():
+        return outcome(lambda: type(torch.cuda.get_rng_state()).__name__)
 
-    bare = outcome()
+    bare = state_type()
     lord = MemLord(auto_gc_bytes=None)
     with lord.hook_into_python():
         assert torch.cuda.get_rng_state is not original
         assert cuda_random.get_rng_state is torch.cuda.get_rng_state
-        assert outcome() == bare
+        assert state_type() == bare
     assert torch.cuda.get_rng_state is original
     assert cuda_random.get_rng_state is original

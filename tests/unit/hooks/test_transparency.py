@@ -400,6 +400,8 @@ def unbound_and_bound_spellings():
     ]
 
 
+# support/outcomes.py's error_of and outcome, here again: this module imports nothing from
+# support at its top (a fresh process imports it from its own folder)
 def _error_of(call):
     """What a program sees of call()'s exception (it must raise)."""
     try:
