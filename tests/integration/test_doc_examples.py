@@ -514,6 +514,14 @@ def _payload(chain: list[Block]) -> str:
 
 
 _WARNING = re.compile(r"^.*\b\w*Warning\b:.*$", re.M)
+# torch's own, not the example's: torch 2.11 warns at the first cycle of any profile made
+# without acc_events (2.13 only when a profile object is started again); an example that
+# uses torch.profiler (the profiler's track_pytorch_ops) gets it there
+_TORCH_PROFILER_QUIRK = "Profiler clears events at the end of each cycle"
+
+
+def _warnings_of(stderr: str) -> list[str]:
+    return [w for w in _WARNING.findall(stderr) if _TORCH_PROFILER_QUIRK not in w]
 
 
 def _env() -> dict[str, str]:
@@ -582,7 +590,7 @@ def test_doc_example_runs(chain: list[Block], tmp_path, waiting):
     assert r.returncode == 0, report
     assert "Traceback" not in r.stderr, report
     assert "Exception ignored" not in r.stderr, report
-    assert not _WARNING.findall(r.stderr), report
+    assert not _warnings_of(r.stderr), report
 
 
 def test_skipped_blocks_are_few_and_say_why():
