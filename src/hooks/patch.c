@@ -91,13 +91,15 @@ static void alias_of(PyObject *owner, PyObject *name, PyObject *original, PyObje
     *put = p;
 }
 
-/* Write cls.__dict__[name] = value.  These classes are immutable static
- * types (setattr refuses), so their dict is written as CPython's own
- * setattr of a mutable type does, and the type's attribute caches are
- * invalidated.  name is never a special method (no slot to update). */
+/* Write cls.__dict__[name] = value, or delete it where value is NULL.  These
+ * classes are immutable static types (setattr refuses), so their dict is
+ * written as CPython's own setattr of a mutable type does, and the type's
+ * attribute caches are invalidated.  name is never a special method (no slot
+ * to update). */
 static int alias_set(PyObject *cls, PyObject *name, PyObject *value)
 {
-    if (PyDict_SetItem(((PyTypeObject *)cls)->tp_dict, name, value) < 0) {
+    PyObject *dict = ((PyTypeObject *)cls)->tp_dict;
+    if ((value != NULL ? PyDict_SetItem(dict, name, value) : PyDict_DelItem(dict, name)) < 0) {
         return -1;
     }
     PyType_Modified((PyTypeObject *)cls);
@@ -105,19 +107,12 @@ static int alias_set(PyObject *cls, PyObject *name, PyObject *value)
 }
 
 /* owner.name = value, or del owner.name where value is NULL.  An immutable
- * static type (torch._C.Generator: setattr refuses) has its dict written as
- * alias_set does. */
+ * static type (torch._C.Generator: setattr refuses) has its dict written by
+ * alias_set. */
 static int owner_set(PyObject *owner, PyObject *name, PyObject *value)
 {
     if (PyType_Check(owner) && (((PyTypeObject *)owner)->tp_flags & Py_TPFLAGS_IMMUTABLETYPE)) {
-        if (value != NULL) {
-            return alias_set(owner, name, value);
-        }
-        if (PyDict_DelItem(((PyTypeObject *)owner)->tp_dict, name) < 0) {
-            return -1;
-        }
-        PyType_Modified((PyTypeObject *)owner);
-        return 0;
+        return alias_set(owner, name, value);
     }
     return value != NULL ? PyObject_SetAttr(owner, name, value) : PyObject_DelAttr(owner, name);
 }
