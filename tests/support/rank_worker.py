@@ -7,9 +7,8 @@ name), and under a lord with ``hook_into_python()`` allocates ``(rank + 1)`` MiB
 and as much again as scratch (so its peak is twice what it keeps), rank ``r`` after
 ``r * STAGGER_S`` seconds, so the ranks peak one after another.  Then it stops the
 profiler, calls ``lord.gather()`` and the argument checks, and writes what it did and saw
-(its own pid, host, the tensors' own ``nbytes``, what torch's profiler saw the first
-barrier leave allocated, the wall clock around the peak, the gathered list) to
-``OUT_DIR/rank<r>.json``."""
+(its own pid, host, the tensors' own ``nbytes``, the wall clock around the peak, the
+gathered list) to ``OUT_DIR/rank<r>.json``."""
 
 from __future__ import annotations
 
@@ -22,9 +21,6 @@ import time
 
 import torch
 import torch.distributed as dist
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from support.ledger import torch_memory  # noqa: E402 - the tests' folder, put on the path
 
 MiB = 1 << 20
 STAGGER_S = 0.3
@@ -54,12 +50,7 @@ def main() -> int:
     lord = MemLord(auto_gc_bytes=None)
     report: dict = {"rank": rank, "pid": os.getpid(), "host": socket.gethostname()}
     with lord.hook_into_python():
-        # what torch itself still holds after the barrier, as torch's profiler sees it:
-        # torch 2.11 keeps the barrier's 1-byte tensor in a C++ static (the profile
-        # counts it, live to the end), 2.13 nothing
-        with torch_memory() as barrier:
-            dist.barrier()
-        report["held"] = barrier.net
+        dist.barrier()
         time.sleep(rank * STAGGER_S)
         amount = (rank + 1) * MiB
         report["before"] = time.time()
