@@ -319,6 +319,52 @@ def test_strided_nested_results_count_their_buffer(ops_lord):
     assert ledger(ops_lord) == base
 
 
+# --------------------------------------------- no storage to read; what a quantizer keeps
+
+
+def test_an_opaque_result_is_not_counted_though_torch_allocated_it(ops_lord):
+    """An mkldnn tensor has no storage torch can show (``untyped_storage()`` raises): not
+    counted, as docs/guide.md says, where torch's profiler sees its bytes; the call is as
+    without memlord, and nothing is credited when it dies."""
+    d = torch.randn(16, 16)
+    base = ledger(ops_lord)
+    m, grown = profiled(torch.Tensor.to_mkldnn, d)
+    assert m.layout == torch._mkldnn
+    with pytest.raises(NotImplementedError):
+        m.untyped_storage()
+    assert grown == 16 * 16 * 4
+    assert ledger(ops_lord) == base
+    assert torch.equal(m.to_dense(), d)
+    del m
+    assert ledger(ops_lord) == base
+
+
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
+def test_a_per_channel_quantized_result_counts_its_data_not_the_scales_torch_copies(ops_lord):
+    """A per-channel quantized tensor keeps its scales and zero points in its quantizer:
+    the zero points made here (int64 already) are the program's tensor, counted as it was
+    made; the float64 copy torch makes of float32 scales inside the operator is not
+    counted (docs/guide.md), the one storage the profiler sees that memlord does not,
+    until the program reads it (``q_per_channel_scales()`` is an operator whose result
+    memlord sees: counted from then on, once)."""
+    d = torch.randn(10, 10)
+    scales = torch.rand(10) + 0.1
+    zero_points = torch.zeros(10, dtype=torch.long)
+    base = ledger(ops_lord)
+    q, grown = profiled(torch.quantize_per_channel, d, scales, zero_points, 0, torch.quint8)
+    assert ledger(ops_lord) - base == q.untyped_storage().nbytes() == 100
+    assert grown == 100 + 80
+    assert q.q_per_channel_zero_points().data_ptr() == zero_points.data_ptr()
+    kept = q.q_per_channel_scales()
+    assert kept.dtype == torch.float64 and kept.untyped_storage().nbytes() == 80
+    assert q.q_per_channel_scales().data_ptr() == kept.data_ptr()
+    assert ledger(ops_lord) - base == 100 + 80
+    del zero_points  # the quantizer holds it: nothing credited
+    assert ledger(ops_lord) - base == 100 + 80
+    del q, kept  # data, scales and zero points
+    assert ledger(ops_lord) == base - 80
+
+
 # ----------------------------------------------------------------------- many results
 
 
