@@ -23,7 +23,7 @@ from ._model import (
     Span,
     check_arguments,
 )
-from ._util import Progress, atomic_write, no_progress
+from ._util import Progress, atomic_write, iso_time, no_progress
 from ._validate import ProfileError, problems
 
 
@@ -175,7 +175,7 @@ def _samples_from_seed(snapshots: list[Any]) -> Samples:
         if not isinstance(snap, dict) or not isinstance(snap.get("device_breakdown"), dict):
             continue
         try:
-            t_ns = int(_dt.datetime.fromisoformat(snap["timestamp"]).timestamp() * 1e9)
+            t_ns = int(iso_time(snap["timestamp"]) * 1e9)
         except (KeyError, TypeError, ValueError, OverflowError, OSError):
             continue
         for dev, info in snap["device_breakdown"].items():
@@ -198,8 +198,8 @@ def _operations_from_seed(allocs: dict[str, Any]) -> list[Span]:
     for name, calls in allocs.items():
         for call in calls:
             try:
-                start = _dt.datetime.fromisoformat(call["timestamp"]).timestamp()
-            except (KeyError, TypeError, ValueError):
+                start = iso_time(call["timestamp"])
+            except (KeyError, TypeError, ValueError, OverflowError, OSError):
                 continue
             start_ns = int(start * 1e9)
             dur_ns = int(float(call.get("duration_ms", 0.0)) * 1e6)

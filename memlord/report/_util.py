@@ -8,6 +8,7 @@ import errno
 import itertools
 import math
 import os
+import re
 import secrets
 import stat
 import sys
@@ -51,6 +52,29 @@ def iso_from_ns(metadata: dict[str, Any], t_ns: int) -> str:
         return _dt.datetime.fromtimestamp(unix).isoformat(timespec="microseconds")
     except (OverflowError, ValueError, OSError):  # before year 1 or after 9999
         return ""
+
+
+_BASIC = re.compile(r"^(\d{4})(\d{2})(\d{2})([T ])(\d{2})(\d{2})(\d{2})(?!\d)")
+_FRACTION = re.compile(r"(\d{2}:\d{2}:\d{2})[.,](\d+)")
+
+
+def iso_time(text: str) -> float:
+    """Seconds since the epoch of an ISO 8601 time as a file states it (a time without an
+    offset is local time), read alike on every supported CPython: 3.10's
+    ``datetime.fromisoformat`` reads only what ``isoformat()`` writes, so a ``Z`` for UTC,
+    a fraction of a second with other than 3 or 6 digits (``10:29:50.5``, ``,5``) and
+    the basic format's date and time (``20250113T102950``) are made its form first.
+    Raises ``ValueError`` (``OverflowError``, ``OSError`` out of range) for a string that
+    is no such time, ``TypeError`` for anything else."""
+    try:
+        return _dt.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        if sys.version_info >= (3, 11):
+            raise
+    norm = text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text
+    norm = _BASIC.sub(lambda m: f"{m[1]}-{m[2]}-{m[3]}{m[4]}{m[5]}:{m[6]}:{m[7]}", norm, count=1)
+    norm = _FRACTION.sub(lambda m: f"{m[1]}.{(m[2] + '00000')[:6]}", norm, count=1)
+    return _dt.datetime.fromisoformat(norm).timestamp()
 
 
 def no_progress(fraction: float, label: str) -> None:

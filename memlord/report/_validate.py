@@ -11,7 +11,6 @@ line per problem.
 
 from __future__ import annotations
 
-import datetime as _dt
 import math
 import re
 from typing import Any, cast
@@ -19,6 +18,7 @@ from typing import Any, cast
 import numpy as np
 
 from ._model import EVENT_COLUMNS, EVENT_TABLES, SAMPLE_COLUMNS, SCHEMA, SCHEMA_VERSION
+from ._util import iso_time
 
 #: At most this many problems are listed (a broken file can have millions).
 MAX_PROBLEMS = 20
@@ -236,7 +236,7 @@ class _Checker:
                 if self.string(f"{where}.timestamp", stamp):
                     text = cast(str, stamp)  # string() checked it
                     try:
-                        _dt.datetime.fromisoformat(text).timestamp()
+                        iso_time(text)
                     except (ValueError, OverflowError, OSError):
                         self.bad(f"{where}.timestamp", f"{text[:40]!r} is not an ISO time")
                 for key in _SEED_NUMBERS:

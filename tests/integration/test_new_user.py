@@ -52,6 +52,10 @@ def run(args, *, cwd, env_extra=None, drop=("DEBUG", "NO_COLOR", "FORCE_COLOR"))
     )
 
 
+# `python -P`: never the source tree of the working directory first (CPython 3.11 and later;
+# 3.10 has no such option, and these tests' working directories hold no memlord anyway)
+SAFE_PATH = ["-P"] if sys.version_info >= (3, 11) else []
+
 # An editable install of memlord (`pip install -e .`) adds a finder after the path-based
 # one that would serve its own built _core to any memlord package: drop it, so the copy
 # in the working directory is seen as a user without that install sees it.
@@ -136,11 +140,11 @@ def test_a_core_that_fails_to_load_keeps_its_own_error(tmp_path):
 
 
 def test_python_m_memlord_version(tmp_path):
-    r = run(["-P", "-m", "memlord", "--version"], cwd=tmp_path)
+    r = run([*SAFE_PATH, "-m", "memlord", "--version"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout == f"memlord {memlord.__version__}\n"
     assert memlord.__version__ == "0.1.0"
-    r = run(["-P", "-m", "memlord", "--help"], cwd=tmp_path)
+    r = run([*SAFE_PATH, "-m", "memlord", "--help"], cwd=tmp_path)
     assert "--version" in r.stdout
 
 
@@ -214,7 +218,7 @@ def mypy(tmp_path: Path, code: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # mypy loads no memlord C
     env.pop("PYTHONMALLOC", None)
     return subprocess.run(
-        [sys.executable, "-P", "-m", "mypy", "--config-file", "mypy.ini", "snippet.py"],
+        [sys.executable, *SAFE_PATH, "-m", "mypy", "--config-file", "mypy.ini", "snippet.py"],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -342,7 +346,7 @@ def test_debug_log_is_one_readable_line_per_event(tmp_path):
     the working directory, the tensor (shape, dtype), the bytes and the device's total;
     no escape codes when stderr is not a terminal; nothing on stdout."""
     (tmp_path / "train.py").write_text(DEBUG_SCRIPT)
-    r = run(["-P", "train.py"], cwd=tmp_path, env_extra={"DEBUG": "1"})
+    r = run([*SAFE_PATH, "train.py"], cwd=tmp_path, env_extra={"DEBUG": "1"})
     assert r.returncode == 0, r.stderr
     assert r.stdout == ""
     lines = r.stderr.splitlines()
@@ -356,10 +360,12 @@ def test_debug_log_is_one_readable_line_per_event(tmp_path):
 
 def test_debug_log_colors_follow_force_color_and_no_color(tmp_path):
     (tmp_path / "train.py").write_text(DEBUG_SCRIPT)
-    forced = run(["-P", "train.py"], cwd=tmp_path, env_extra={"DEBUG": "1", "FORCE_COLOR": "1"})
+    forced = run(
+        [*SAFE_PATH, "train.py"], cwd=tmp_path, env_extra={"DEBUG": "1", "FORCE_COLOR": "1"}
+    )
     assert "\x1b[" in forced.stderr
     plain = run(
-        ["-P", "train.py"],
+        [*SAFE_PATH, "train.py"],
         cwd=tmp_path,
         env_extra={"DEBUG": "1", "FORCE_COLOR": "1", "NO_COLOR": "1"},
     )
