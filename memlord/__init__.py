@@ -16,6 +16,11 @@ import os as _os
 import numpy as _numpy  # noqa: F401  (the C core uses the NumPy C API)
 import torch as _torch
 
+from ._nocore import old_torch_error as _old_torch_error
+
+if (_old_torch := _old_torch_error(_torch)) is not None:
+    raise _old_torch  # say which torch was found, and what to install
+
 try:
     from . import _core
 except ImportError:

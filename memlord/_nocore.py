@@ -1,4 +1,5 @@
-"""The error `import memlord` raises when the C extension memlord._core cannot be found.
+"""The errors `import memlord` raises when the C extension memlord._core cannot be found,
+and when the torch it finds is older than memlord supports.
 
 Python imports the folder `memlord/` it finds first on `sys.path`. Run from the root of a
 source checkout, that is the source folder itself, which holds no compiled `_core` until
@@ -54,3 +55,29 @@ def missing_core_error() -> ImportError | None:
             "(or, from a source checkout: python -m pip install -e .).",
         ]
     return ImportError("\n".join(lines), name="memlord._core", path=package)
+
+
+#: The oldest torch memlord runs on (README, Install). Lifetime tracking follows each
+#: storage through its Python object, which torch keeps alive for as long as the storage
+#: lives: torch 2.1 does not (memlord crashed there), and releases before this one fail
+#: memlord's tests (measured on 2.1.2, 2.2.2, 2.9.1, 2.10.0, 2.11, 2.13 and 2.14.1).
+TORCH_MIN = (2, 10)
+
+
+def old_torch_error(torch: object) -> ImportError | None:
+    """An ImportError naming the torch found and what to install when it is older than
+    TORCH_MIN, else None (a version it cannot read, a source build's included, passes)."""
+    version = str(getattr(torch, "__version__", ""))
+    parts = version.split("+", 1)[0].split(".")
+    try:
+        found = (int(parts[0]), int(parts[1]))
+    except (IndexError, ValueError):
+        return None
+    if found >= TORCH_MIN:
+        return None
+    want = ".".join(map(str, TORCH_MIN))
+    where = os.path.dirname(str(getattr(torch, "__file__", "") or "")) or "?"
+    return ImportError(
+        f"memlord needs torch {want} or newer; this Python has torch {version} ({where}). "
+        f"Upgrade it: {_quote(sys.executable)} -m pip install 'torch>={want}'"
+    )

@@ -2,7 +2,7 @@
 
 Used by tox (see tox.ini). It never resolves dependencies: tox installs the pinned
 torch==2.13.0, numpy and setuptools first, so no unpinned torch can ever be pulled
-in by the project's own ``torch>=2.1`` requirement; ``pip check`` then confirms
+in by the project's own ``torch>=2.10`` requirement; ``pip check`` then confirms
 that the installed set satisfies the project's metadata.
 
 Every call builds in a fresh temporary directory. setuptools skips an extension

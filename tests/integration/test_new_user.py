@@ -139,6 +139,34 @@ def test_a_core_that_fails_to_load_keeps_its_own_error(tmp_path):
 # ----------------------------------------------------------------------------- --version
 
 
+@pytest.mark.parametrize("old", ["2.1.2", "2.9.1+cu128"])
+def test_an_older_torch_than_memlord_supports_is_named_with_what_to_install(tmp_path, old):
+    """memlord crashed in lifetime tracking on torch 2.1 and fails its tests on releases
+    before 2.10: on one, ``import memlord`` says which torch it found and what to install,
+    before anything of memlord's runs. The child stands a real torch in for the old one
+    (its version string set: no older torch can be installed where the tests run; the
+    message was checked by hand on a real torch 2.9.1)."""
+    from memlord._nocore import TORCH_MIN
+
+    code = f"import torch; torch.__version__ = {old!r}; import memlord"
+    r = run([*SAFE_PATH, "-c", code], cwd=tmp_path)
+    assert r.returncode != 0
+    last = r.stderr.strip().splitlines()[-1]
+    want = ".".join(map(str, TORCH_MIN))
+    assert last.startswith(f"ImportError: memlord needs torch {want} or newer;"), r.stderr
+    assert f"this Python has torch {old} (" in last
+    assert f"-m pip install 'torch>={want}'" in last
+    assert "_core" not in r.stderr  # nothing of memlord's ran
+
+
+@pytest.mark.parametrize("newer", ["2.10.0", "2.10.0a0+gitabc", "2.14.1+cu130", "3.0.0", "dev"])
+def test_a_supported_or_unreadable_torch_version_imports(tmp_path, newer):
+    code = f"import torch; torch.__version__ = {newer!r}; import memlord; print('ok')"
+    r = run([*SAFE_PATH, "-c", code], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+
+
 def test_python_m_memlord_version(tmp_path):
     r = run([*SAFE_PATH, "-m", "memlord", "--version"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
