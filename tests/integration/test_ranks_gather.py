@@ -157,12 +157,12 @@ def test_merge_names_the_rank_that_peaked_when_and_the_imbalance(job, tmp_path):
     assert doc["schema"] == "memlord.merge/1"
     assert [r["rank"] for r in doc["ranks"]] == list(range(world))
     t0 = doc["t0_unix"]
+    # the profile counts what torch holds too (the worker's barrier: 1 byte on torch 2.11,
+    # none on 2.13)
+    held = _barrier_keeps()
     for row, me in zip(doc["ranks"], reports, strict=True):
         cpu = row["devices"]["cpu"]
         assert (row["pid"], row["host"], row["kind"]) == (me["pid"], me["host"], "profile")
-        # the profile counts what torch holds too (the worker's barrier: 1 byte on torch
-        # 2.11, none on 2.13)
-        held = _barrier_keeps()
         assert cpu["peak"] == me["kept"] + me["scratch"] + held
         assert cpu["live"] == me["kept"] + held
         # when it peaked, on the merged clock: inside the window it allocated in
@@ -172,7 +172,6 @@ def test_merge_names_the_rank_that_peaked_when_and_the_imbalance(job, tmp_path):
     times = [row["devices"]["cpu"]["peak_s"] for row in doc["ranks"]]
     assert times == sorted(times) and times[-1] - times[0] >= 0.2 * (world - 1)
     cpu = doc["imbalance"]["cpu"]
-    held = _barrier_keeps()
     peaks = (2 * MiB + held, 2 * world * MiB + held)  # about world to 1
     assert cpu["ratio"] == pytest.approx(peaks[1] / peaks[0])
     assert cpu["max"]["rank"] == world - 1 and cpu["min"]["rank"] == 0

@@ -395,6 +395,7 @@ def test_a_module_compiled_in_place_has_the_spans_of_what_runs_eagerly() -> None
     for name in eager:
         assert regions[name]["count"] == 2, name
         assert regions[name]["devices"]["cpu"]["total_delta"] == 2 * nbytes[name], name
+        assert regions[name]["devices"]["cpu"]["max_delta"] == nbytes[name], name
 
 
 def test_keyword_inputs_are_read_before_the_forward() -> None:
